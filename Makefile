@@ -1,0 +1,43 @@
+# sovereign-audit: every target does its own set-up on a fresh Debian machine.
+#   make demo   build our kernel, audit it, gather evidence and write the signed report
+#   make test   install everything the tests need, then run them
+PYTHON ?= python3
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# hipcc/libamdhip64/rocm-device-libs: build gfx* objects here; llvm-15: AMDGPU disassembly and the
+# offload bundler; libopenblas-dev: the vendor library the tests link on purpose; patchelf: the
+# verneed fixture; chromium: the report is rendered in a real browser.
+APT_PACKAGES := hipcc libamdhip64-dev rocm-device-libs libopenblas-dev patchelf llvm-15 chromium g++ openssl
+STAMP := .make
+
+.PHONY: all setup apt pip demo test bench clean
+
+all: test
+
+setup: $(STAMP)/apt $(STAMP)/pip
+
+$(STAMP)/apt:
+	@mkdir -p $(STAMP)
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:" $$missing; \
+	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing; \
+	fi
+	@touch $@
+
+$(STAMP)/pip: pyproject.toml
+	@mkdir -p $(STAMP)
+	$(PYTHON) -m pip install -q "torch==2.13.0"
+	$(PYTHON) -m pip install -q -e ".[test]"
+	@touch $@
+
+demo: setup
+	$(PYTHON) -m audit run --out out/demo
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+bench: setup
+	$(PYTHON) bench/audit_speed.py
+
+clean:
+	rm -rf build out $(STAMP) tests/_fixtures_build

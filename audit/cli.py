@@ -1,0 +1,79 @@
+"""The `sovereign-audit` command line.
+
+Commands load lazily (Click's documented LazyGroup pattern) so `--help` and
+`check` never import torch. Each command lives in the module of its stage.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from audit import __version__
+from audit.errors import EXIT_INTERNAL, AuditError
+
+# name -> "module:attribute"; the order is the data flow.
+COMMANDS = {
+    "build": "audit.build.command:build",
+    "inspect": "audit.linkage.commands:inspect_cmd",
+    "check": "audit.linkage.commands:check_cmd",
+    "policy": "audit.linkage.commands:policy_group",
+    "parity": "audit.evidence.commands:parity_cmd",
+    "bench": "audit.evidence.commands:bench_cmd",
+    "pipeline": "audit.evidence.pipeline_command:pipeline_cmd",
+    "run": "audit.report.commands:run_cmd",
+    "report": "audit.report.commands:report_cmd",
+    "verify": "audit.report.commands:verify_cmd",
+    "keygen": "audit.report.commands:keygen_cmd",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sovereign-audit")
+def cli():
+    """Prove that a GPU kernel build is sovereign and that its performance claim holds.
+
+    \b
+    Exit codes: 0 ok, 1 violation or failed gate, 2 usage/policy/config error,
+    3 unreadable input, 4 internal error.
+    """
+
+
+def main(argv=None):
+    """Entry point: turns every AuditError into one line and its exit code."""
+    try:
+        rv = cli.main(args=argv, prog_name="sovereign-audit", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:  # usage errors: Click's own message, exit 2
+        exc.show()
+        sys.exit(exc.exit_code)
+    except AuditError as exc:
+        click.echo(f"error: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("error: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug: say so in one line, never a traceback
+        click.echo(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", err=True)
+        sys.exit(EXIT_INTERNAL)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""What the ELF reader extracts from one file: the contract between `audit.elf` and `audit.linkage`.
+
+The reader (audit.elf.reader.read_elf) fills these; the linkage stage (resolution, policy,
+findings) consumes them and never opens an ELF itself except through the reader.
+All strings here are untrusted (they come from binaries): render them escaped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    defined: bool  # False: an import (st_shndx == SHN_UNDEF)
+    table: str  # ".dynsym" or ".symtab"
+    kind: str  # "FUNC", "OBJECT", ... (st_info.type)
+    bind: str  # "GLOBAL", "WEAK", "LOCAL"
+    version: str | None = None  # e.g. "GLIBC_2.2.5" from .gnu.version/.gnu.version_r
+    version_file: str | None = None  # the file .gnu.version_r names for that version
+
+
+@dataclass(frozen=True)
+class VersionNeed:
+    file: str  # e.g. "libopenblas.so.0": survives patchelf --remove-needed
+    versions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DeviceCode:
+    """One embedded device-code entry: an AMDGPU code object or an NVIDIA PTX/cubin."""
+
+    container: str  # "hip_fatbin" (clang offload bundle) or "nv_fatbin"
+    section: str  # section it was found in
+    offset: int  # file offset of the entry's payload
+    size: int
+    kind: str  # "amdgcn-code-object" | "cubin" | "ptx" | "host" | "unknown"
+    target: str  # "gfx1030", "gfx90a:xnack-", "sm_90", "sm_90a", "compute_90" (PTX) ...
+    bundle_id: str | None = None  # e.g. "hipv4-amdgcn-amd-amdhsa--gfx1030"
+    compressed: str | None = None  # None, "zlib", "zstd", "lz4"
+    kernels: tuple[str, ...] = ()  # kernel names (mangled), where readable
+    error: str | None = None  # why this entry could not be fully read (fail closed upstream)
+
+
+@dataclass(frozen=True)
+class StringHit:
+    section: str
+    offset: int
+    text: str  # a library-name-looking string from read-only data, e.g. "libcublas.so.12"
+
+
+@dataclass
+class ElfInfo:
+    path: str
+    sha256: str
+    size: int
+    build_id: str | None
+    elf_class: int  # 32 or 64
+    machine: str  # "EM_X86_64", "EM_AARCH64", "EM_AMDGPU" ...
+    endian: str  # "little" | "big"
+    elf_type: str  # "ET_DYN", "ET_EXEC", "ET_REL"
+    soname: str | None
+    needed: list[str] = field(default_factory=list)
+    rpath: list[str] = field(default_factory=list)  # DT_RPATH split on ':'
+    runpath: list[str] = field(default_factory=list)  # DT_RUNPATH split on ':'
+    interpreter: str | None = None
+    version_needs: list[VersionNeed] = field(default_factory=list)
+    # Only symbols worth reporting are kept as Symbol objects (the reader filters in bulk):
+    # imports and definitions whose names the caller's patterns select. Counts are of all.
+    symbols: list[Symbol] = field(default_factory=list)
+    symbol_counts: dict[str, int] = field(default_factory=dict)  # {".dynsym": n, ".symtab": m}
+    code_loading_imports: list[str] = field(default_factory=list)  # dlopen, hipModuleLoad, nvrtc...
+    library_strings: list[StringHit] = field(default_factory=list)
+    device_code: list[DeviceCode] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

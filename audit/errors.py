@@ -1,0 +1,46 @@
+"""Exit codes and the exceptions that carry them.
+
+Every command maps a failure to one documented exit code and a one-line message;
+nothing below the CLI prints or exits on its own.
+"""
+
+from __future__ import annotations
+
+# Documented in README.md ("Exit codes"); tests assert on these numbers.
+EXIT_OK = 0
+EXIT_VIOLATION = 1  # a policy violation, a failed gate, a failed signature
+EXIT_USAGE = 2  # bad command line, bad policy or config, malformed bundle
+EXIT_INPUT = 3  # an input that could not be read or parsed (fail closed)
+EXIT_INTERNAL = 4  # a bug in sovereign-audit itself (reported, never a traceback)
+
+
+class AuditError(Exception):
+    """An error with a one-line message and an exit code."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+    @property
+    def message(self) -> str:
+        # One line, always: messages may quote untrusted text (paths, binary strings).
+        return " ".join(str(self).split())
+
+
+class UsageError(AuditError):
+    exit_code = EXIT_USAGE
+
+
+class PolicyError(AuditError):
+    exit_code = EXIT_USAGE
+
+
+class InputError(AuditError):
+    exit_code = EXIT_INPUT
+
+
+class GateFailed(AuditError):
+    exit_code = EXIT_VIOLATION

@@ -1,0 +1,103 @@
+/* flash_kernel.h: the C ABI of the sovereign flash-attention library.
+ *
+ * One header for every target (gfx1030 and other AMD targets through HIP, sm_90/sm_80 through
+ * CUDA, and the CPU). Any library that exports these symbols can be audited, checked for parity
+ * and timed by sovereign-audit (`--lib PATH`).
+ *
+ * Computes O = softmax(scale * Q K^T) V, non-causal, per (batch, head), without materialising the
+ * Nq x Nk score matrix (fk_flash_forward), or by materialising it (fk_naive_forward: the
+ * "pre-flash" oracle path). Accumulation and softmax statistics are fp32 for every input dtype.
+ *
+ * Tensors are 4-D with logical shape (B, H, N, D). Strides are in ELEMENTS for the B, H and N
+ * dimensions; the D dimension must be contiguous (stride 1). (B,H,N,D) and (B,N,H,D) layouts are
+ * both expressed through strides. Q and O have N = nq; K and V have N = nk.
+ *
+ * Pointers are device pointers on GPU targets and host pointers on the CPU target. `stream` is a
+ * hipStream_t / cudaStream_t (NULL: the default stream); the CPU target ignores it. Calls are
+ * asynchronous on GPU targets: launch errors are reported, kernel faults surface at the next sync.
+ *
+ * Every function returns FK_OK (0) or an fk_status; fk_last_error() then describes the failure
+ * (thread-local, valid until the next call on that thread). No call reads or writes out of bounds
+ * for any argument values: bad arguments are rejected before any launch.
+ */
+#ifndef FLASH_KERNEL_H
+#define FLASH_KERNEL_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FK_ABI_VERSION 1
+
+typedef enum fk_dtype {
+    FK_DTYPE_F32 = 0,
+    FK_DTYPE_F16 = 1,
+    FK_DTYPE_BF16 = 2
+} fk_dtype;
+
+typedef enum fk_status {
+    FK_OK = 0,
+    FK_ERR_NULL_POINTER = 1,   /* args, q, k, v or o is NULL */
+    FK_ERR_DTYPE = 2,          /* dtype not one of fk_dtype */
+    FK_ERR_HEAD_DIM = 3,       /* head_dim not supported by this build (see fk_supported_head_dims) */
+    FK_ERR_SIZE = 4,           /* a size <= 0, or sizes/strides whose extents overflow int64 */
+    FK_ERR_STRIDE = 5,         /* a negative stride, or a layout the kernels cannot address */
+    FK_ERR_ALIGNMENT = 6,      /* a pointer or stride misaligned for the vector path */
+    FK_ERR_SCALE = 7,          /* scale negative, NaN or infinite */
+    FK_ERR_LAUNCH = 8,         /* the runtime refused the launch (message carries its text) */
+    FK_ERR_NO_MEMORY = 9,      /* fk_naive_forward could not allocate its score workspace */
+    FK_ERR_ABI = 10            /* args->abi_version differs from FK_ABI_VERSION */
+} fk_status;
+
+typedef struct fk_attention_args {
+    int32_t abi_version;       /* must be FK_ABI_VERSION */
+    int32_t dtype;             /* fk_dtype: q, k, v and o share it */
+    const void *q;
+    const void *k;
+    const void *v;
+    void *o;
+    int64_t batch;             /* B >= 1 */
+    int64_t heads;             /* H >= 1 */
+    int64_t nq;                /* query tokens >= 1 */
+    int64_t nk;                /* key/value tokens >= 1 */
+    int64_t head_dim;          /* D */
+    int64_t q_stride[3];       /* element strides of Q for B, H, N */
+    int64_t k_stride[3];
+    int64_t v_stride[3];
+    int64_t o_stride[3];
+    float scale;               /* 0: default 1/sqrt(D); otherwise > 0 and finite */
+    void *stream;              /* hipStream_t / cudaStream_t, or NULL */
+} fk_attention_args;
+
+/* FK_ABI_VERSION of the library: a caller refuses a library whose version differs. */
+int32_t fk_abi_version(void);
+
+/* The target the library was built for: "gfx1030", "gfx90a", "sm_90", "sm_80", "cpu", ... */
+const char *fk_target(void);
+
+/* The flash path compiled in: "mma_sync" (NVIDIA tensor cores), "generic" (the tiled FMA path:
+ * the RDNA2 kernel; on NVIDIA only when forced with -DFK_FORCE_GENERIC) or "cpu". */
+const char *fk_flash_path(void);
+
+/* Head dims this build supports, written into dims[0..n); returns how many there are (call with
+ * dims NULL to count). */
+int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity);
+
+/* The message of the last failed call on this thread ("" if none). */
+const char *fk_last_error(void);
+
+/* Flash forward: tiled online softmax, never materialising Nq x Nk. CUDA-graph safe (no
+ * allocation, no synchronisation). */
+int32_t fk_flash_forward(const fk_attention_args *args);
+
+/* Naive (pre-flash) forward: S = scale * Q K^T into an fp32 workspace it allocates per head
+ * group, row softmax, then S V. The oracle the seed measured against. Not graph safe. */
+int32_t fk_naive_forward(const fk_attention_args *args);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FLASH_KERNEL_H */

@@ -1,0 +1,1 @@
+"""Deny-list policies (TOML), installed with the package."""

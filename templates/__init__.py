@@ -1,0 +1,1 @@
+"""Jinja2 templates for the HTML report, installed with the package."""
