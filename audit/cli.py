@@ -25,8 +25,8 @@ COMMANDS = {
     "pipeline": "audit.evidence.pipeline_command:pipeline_cmd",
     "run": "audit.report.commands:run_cmd",
     "report": "audit.report.commands:report_cmd",
-    "verify": "audit.report.commands:verify_cmd",
-    "keygen": "audit.report.commands:keygen_cmd",
+    "verify": "audit.report.sign_commands:verify_cmd",
+    "keygen": "audit.report.sign_commands:keygen_cmd",
 }
 
 
