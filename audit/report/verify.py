@@ -1,0 +1,205 @@
+"""`verify`: check a bundle offline — every envelope's signature, every subject digest, the manifest.
+
+Outcome: VerifyResult.ok when everything holds; otherwise one failure line per problem, each naming
+the file. A bundle that is not one at all (no manifest, bad JSON, bad base64, wrong payloadType)
+raises MalformedBundle (exit 2). Names are never trusted: a subject or manifest entry that is
+absolute, has `..`, or goes through a symlink is a failure, and nothing outside the bundle is read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from audit.errors import UsageError
+from audit.report import dsse
+from audit.report.keys import keyid_of, load_public_key, public_key_from_pem
+from audit.report.manifest import (
+    MANIFEST, MANIFEST_ENVELOPE, PUBLIC_KEY, SCHEMA, STATEMENT_TYPE, UNLISTED, UnsafePath,
+    hash_member, name_problem, read_member, walk_bundle,
+)
+
+INTEGRITY_ONLY = ("no --key given: checked against the bundle's own public.pem, which proves integrity "
+                  "only (nothing changed since signing), not identity (who signed)")
+EPHEMERAL = "signed with an ephemeral key: integrity only, no identity"
+
+
+class MalformedBundle(UsageError):
+    """Not a bundle we can check at all: exit 2."""
+
+
+def printable(text: str) -> str:
+    """`text` safe for a terminal line: control and other non-printable characters escaped."""
+    out = []
+    for c in str(text):
+        if c.isprintable() and c != "\\":
+            out.append(c)
+        else:
+            out.append(repr(c)[1:-1] if c != "\\" else "\\\\")
+    return "".join(out)
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    failures: list[str] = field(default_factory=list)  # one line each, naming the file
+    checked: int = 0  # signatures, subject digests and manifest entries checked
+    ephemeral: bool = False  # the manifest says the signing key was ephemeral
+    keyid: str = ""  # of the key the signatures were checked against
+    identity: bool = False  # True only when the verifier supplied the key (--key)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"schema": "sovereign-audit.verify/1", **asdict(self)}
+
+
+class _Checker:
+    def __init__(self, root: Path, public, key_desc: str):
+        self.root, self.public, self.key_desc = root, public, key_desc
+        self.failures: list[str] = []
+        self.checked = 0
+
+    def fail(self, line: str) -> None:
+        if line not in self.failures:
+            self.failures.append(line)
+
+    def digest(self, name: str, expected: str, claimed_by: str, size: int | None = None) -> None:
+        self.checked += 1
+        try:
+            actual, actual_size = hash_member(self.root, name)
+        except UnsafePath as exc:
+            self.fail(f"{printable(name)}: {exc} (named by {claimed_by})")
+            return
+        if actual != expected:
+            self.fail(f"{printable(name)}: sha256 does not match {claimed_by}")
+        elif size is not None and actual_size != size:
+            self.fail(f"{printable(name)}: size {actual_size} does not match {claimed_by} ({size})")
+
+    def envelope(self, name: str) -> dict | None:
+        """Check one envelope's signature and subjects; its Statement when the signature holds."""
+        try:
+            data = read_member(self.root, name)
+        except UnsafePath as exc:
+            self.fail(f"{printable(name)}: {exc}")
+            return None
+        env = dsse.loads(data, printable(name))  # MalformedEnvelope: a UsageError, exit 2
+        if env.payload_type != dsse.PAYLOAD_TYPE:
+            raise MalformedBundle(f"{printable(name)}: payloadType {printable(env.payload_type)!r} is not "
+                                  f"{dsse.PAYLOAD_TYPE}")
+        self.checked += 1
+        if not env.verify(self.public):
+            self.fail(f"{printable(name)}: signature does not verify with {self.key_desc}")
+            return None  # an unauthenticated payload is not read further
+        try:
+            st = json.loads(env.payload)
+        except (ValueError, UnicodeDecodeError):
+            raise MalformedBundle(f"{printable(name)}: payload is not JSON") from None
+        if not isinstance(st, dict) or st.get("_type") != STATEMENT_TYPE or not isinstance(st.get("subject"), list):
+            raise MalformedBundle(f"{printable(name)}: payload is not an in-toto Statement v1")
+        for s in st["subject"]:
+            sname = s.get("name") if isinstance(s, dict) else None
+            problem = name_problem(sname)
+            if problem:
+                self.fail(f"{printable(name)}: subject {printable(repr(sname))}: {problem}")
+                continue
+            digest = s.get("digest", {}).get("sha256") if isinstance(s.get("digest"), dict) else None
+            if not isinstance(digest, str):
+                self.fail(f"{printable(name)}: subject {printable(sname)!r} has no sha256 digest")
+                continue
+            self.digest(sname, digest.lower(), name)
+        return st
+
+
+def _load_key(root: Path, pubkey, notes: list[str]):
+    if pubkey is not None:
+        public = load_public_key(pubkey)
+        try:
+            bundled = public_key_from_pem(read_member(root, PUBLIC_KEY, 64 << 10), PUBLIC_KEY)
+            if keyid_of(bundled) != keyid_of(public):
+                notes.append(f"the bundle's {PUBLIC_KEY} is not the key given with --key (only --key is trusted)")
+        except (UnsafePath, UsageError):
+            pass
+        return public, f"--key {printable(str(pubkey))}", True
+    notes.append(INTEGRITY_ONLY)
+    try:
+        data = read_member(root, PUBLIC_KEY, 64 << 10)
+    except UnsafePath as exc:
+        if str(exc).startswith("missing"):
+            raise MalformedBundle(f"{printable(str(root))}: no {PUBLIC_KEY} in the bundle; pass --key PUB") from None
+        return None, f"{PUBLIC_KEY} ({exc})", False
+    return public_key_from_pem(data, f"{printable(str(root))}/{PUBLIC_KEY}"), f"the bundle's {PUBLIC_KEY}", False
+
+
+def _load_manifest(root: Path) -> list[dict]:
+    try:
+        data = read_member(root, MANIFEST)
+    except UnsafePath as exc:
+        if str(exc).startswith("missing"):
+            raise MalformedBundle(f"{printable(str(root))}: no {MANIFEST}: not a sovereign-audit bundle") from None
+        raise MalformedBundle(f"{MANIFEST}: {exc}") from None
+    try:
+        m = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedBundle(f"{MANIFEST}: not JSON ({exc})") from None
+    if not isinstance(m, dict) or m.get("schema") != SCHEMA or not isinstance(m.get("files"), list):
+        raise MalformedBundle(f"{MANIFEST}: not a {SCHEMA} manifest")
+    for i, e in enumerate(m["files"]):
+        if not (isinstance(e, dict) and isinstance(e.get("sha256"), str) and isinstance(e.get("size"), int)
+                and "path" in e):
+            raise MalformedBundle(f"{MANIFEST}: files[{i}] lacks path, sha256 or size")
+    return m
+
+
+def verify_bundle(dir: Path, pubkey: Path | None = None) -> VerifyResult:
+    """Verify the bundle in `dir` against `pubkey` (a SPKI PEM file) or, if None, its own public.pem."""
+    root = Path(dir)
+    if not root.is_dir():
+        raise MalformedBundle(f"{printable(str(root))}: not a folder")
+    notes: list[str] = []
+    public, key_desc, identity = _load_key(root, pubkey, notes)
+    manifest = _load_manifest(root)
+    files, problems = walk_bundle(root)
+    if MANIFEST_ENVELOPE not in files and not any(n == MANIFEST_ENVELOPE for n, _ in problems):
+        raise MalformedBundle(f"{printable(str(root))}: no {MANIFEST_ENVELOPE}: the manifest is unsigned")
+    c = _Checker(root, public, key_desc)
+    if public is None:
+        c.fail(f"{PUBLIC_KEY}: {key_desc}; no signature can be checked (pass --key PUB)")
+
+    envelopes = [MANIFEST_ENVELOPE] + [n for n in files if n.startswith("attestations/") and n.endswith(".dsse.json")]
+    manifest_statement = None
+    for name in envelopes:
+        if public is None:
+            break
+        st = c.envelope(name)
+        if name == MANIFEST_ENVELOPE:
+            manifest_statement = st
+    if manifest_statement is not None:
+        if not any(isinstance(s, dict) and s.get("name") == MANIFEST for s in manifest_statement["subject"]):
+            c.fail(f"{MANIFEST}: not a subject of {MANIFEST_ENVELOPE}, so it is not signed")
+
+    listed = set()
+    for e in manifest["files"]:
+        path = e["path"]
+        problem = name_problem(path)
+        if problem:
+            c.fail(f"{MANIFEST}: entry {printable(repr(path))}: {problem}")
+            continue
+        if path in listed:
+            c.fail(f"{MANIFEST}: {printable(path)} is listed twice")
+            continue
+        listed.add(path)
+        c.digest(path, e["sha256"].lower(), MANIFEST, e["size"])
+    for name, problem in problems:
+        c.fail(f"{printable(name)}: {problem}")
+    for name in files:
+        if name not in listed and name not in UNLISTED:
+            c.fail(f"{printable(name)}: not listed in {MANIFEST}")
+
+    key = manifest.get("key") if isinstance(manifest.get("key"), dict) else {}
+    ephemeral = key.get("ephemeral") is True
+    if ephemeral:
+        notes.append(EPHEMERAL)
+    return VerifyResult(ok=not c.failures, failures=c.failures, checked=c.checked, ephemeral=ephemeral,
+                        keyid=keyid_of(public) if public is not None else "", identity=identity and not ephemeral,
+                        notes=notes)
