@@ -1,0 +1,365 @@
+"""`bench`: op timing of the selected kernel against our naive path, torch eager and (the vendor
+A/B, not sovereign) PyTorch SDPA's flash, cuDNN and efficient backends.
+
+Method: CUDA events on the GPU (perf_counter with nothing pending on the CPU); warm-up calls;
+several input sets rotated so a cache does not hold what is timed; the order of backends rotates
+every repeat (interleaved); raw samples kept; speedups as ratios of medians with seeded bootstrap
+95% CIs. A backend that is out of memory or unsupported is skipped with its reason.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+from audit.errors import UsageError
+from audit.evidence import metrics as M
+from audit.evidence.presets import Shape
+from audit.evidence.selection import Backend, Selection, oracle_supports, torch_dtype
+from audit.evidence.stats import RatioCI, Summary, bootstrap_ratio_ci, summarize
+
+SCHEMA = "sovereign-audit.bench/1"
+SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
+                 "sdpa-efficient": "EFFICIENT_ATTENTION"}
+BACKEND_NAMES = ("primary", "naive", "eager", *SDPA_BACKENDS)
+ROTATION_BYTES = 256 << 20  # input bytes rotated through: beyond any L2 (H200: 60 MB) / LLC
+MAX_SETS = 8
+
+
+@dataclass
+class BackendResult:
+    name: str
+    sovereign: bool
+    vendor: bool
+    about: str
+    status: str  # ok | skipped
+    reason: str = ""
+    summary: Summary | None = None  # milliseconds
+    tflops: float | None = None  # at the median
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "sovereign": self.sovereign, "vendor": self.vendor,
+                "about": self.about, "status": self.status, "reason": self.reason,
+                "unit": "ms", "timing": self.summary.to_dict() if self.summary else None,
+                "median_ms": self.summary.median if self.summary else None,
+                "tflops": self.tflops}
+
+
+@dataclass
+class Speedup:
+    """How many times faster `subject` is than `baseline`: median(baseline) / median(subject)."""
+
+    subject: str
+    baseline: str
+    ci: RatioCI
+
+    def to_dict(self) -> dict:
+        return {"subject": self.subject, "baseline": self.baseline, **self.ci.to_dict()}
+
+
+@dataclass
+class ShapeBench:
+    shape: Shape
+    input_sets: int
+    set_bytes: int
+    seed: int
+    backends: list[BackendResult] = field(default_factory=list)
+    speedups: list[Speedup] = field(default_factory=list)
+
+    def backend(self, name: str) -> BackendResult | None:
+        return next((b for b in self.backends if b.name == name), None)
+
+    def to_dict(self) -> dict:
+        return {"shape": self.shape.to_dict(), "input_sets": self.input_sets,
+                "set_bytes": self.set_bytes, "seed": self.seed,
+                "backends": [b.to_dict() for b in self.backends],
+                "speedups": [s.to_dict() for s in self.speedups]}
+
+
+@dataclass
+class BenchReport:
+    selection: dict
+    dtype: str
+    device: str
+    repeats: int
+    warmup: int
+    seed: int
+    timer: str
+    shapes: list[ShapeBench]
+    started: str
+    finished: str
+    torch_version: str = ""
+    device_name: str = ""
+    primary: str = ""
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "selection": self.selection, "primary": self.primary,
+                "dtype": self.dtype, "device": self.device, "device_name": self.device_name,
+                "torch": self.torch_version, "repeats": self.repeats, "warmup": self.warmup,
+                "seed": self.seed, "timer": self.timer,
+                "flops": "4*B*H*Nq*Nk*D per call", "order": "interleaved, rotated each repeat",
+                "started": self.started, "finished": self.finished,
+                "shapes": [s.to_dict() for s in self.shapes]}
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _sdpa(enum_name: str) -> Callable:
+    def fn(q, k, v, scale=None):
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(getattr(SDPBackend, enum_name)):
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    return fn
+
+
+def backends_for(sel: Selection, head_dim: int, wanted: tuple[str, ...] | None = None) -> list:
+    """(name, Backend or skip reason) in timing order; `wanted` filters BACKEND_NAMES."""
+    wanted = tuple(wanted or BACKEND_NAMES)
+    for w in wanted:
+        if w not in BACKEND_NAMES:
+            raise UsageError(f"unknown backend {w!r}; known: {', '.join(BACKEND_NAMES)}")
+    out: list = []
+    if "primary" in wanted:
+        out.append((sel.primary.name, sel.primary))
+    if "naive" in wanted and sel.primary.name != "naive":
+        if oracle_supports(sel, head_dim):
+            out.append(("naive", sel.oracle))
+        else:
+            out.append(("naive", sel.oracle_note or f"our naive path lacks head dim {head_dim}"))
+    if "eager" in wanted:
+        out.append(("eager", Backend(
+            "eager", lambda q, k, v, scale=None: M.eager_attention(q, k, v, scale),
+            sovereign=False, about="torch eager softmax(QK^T)V: matmuls in the input dtype, fp32 "
+            "softmax, chunked over heads/rows so the scores fit (framework BLAS)")))
+    for name, enum_name in SDPA_BACKENDS.items():
+        if name in wanted:
+            out.append((name, Backend(name, _sdpa(enum_name), sovereign=False, vendor=True,
+                                      about=f"PyTorch SDPA {enum_name} (vendor A/B, not sovereign)")))
+    return out
+
+
+def input_sets_for(shape: Shape, elem: int, device: str, sets: int | None) -> tuple[int, int]:
+    """(number of input sets, bytes per set): enough to exceed ROTATION_BYTES, within memory."""
+    set_bytes = (shape.numel_q() + 2 * shape.numel_kv()) * elem
+    if sets is not None:
+        return sets, set_bytes
+    n = max(2, min(MAX_SETS, math.ceil(ROTATION_BYTES / max(1, set_bytes))))
+    if device == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        limit = free // 4  # the rest is for outputs, workspaces and the eager scores
+    else:
+        limit = 2 << 30
+    while n > 1 and n * set_bytes > limit:
+        n -= 1
+    return n, set_bytes
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or isinstance(exc, MemoryError):
+        return True
+    if getattr(exc, "status", None) == 9 or getattr(exc, "code", None) == 9:  # FK_ERR_NO_MEMORY
+        return True
+    return "out of memory" in str(exc).lower()
+
+
+def _reason(exc: BaseException, caught: list) -> str:
+    msg = " ".join(str(exc).split())[:300]
+    head = "out of memory" if _is_oom(exc) else type(exc).__name__
+    why = [" ".join(str(w.message).split())[:200] for w in caught]
+    return f"{head}: {msg}" + (f" ({why[0]})" if why else "")
+
+
+class _Timer:
+    def __init__(self, device: str):
+        import torch
+
+        self.cuda = device == "cuda"
+        self.torch = torch
+        self.name = ("cuda events (ms), synchronised before each call" if self.cuda
+                     else "time.perf_counter (ms) around the call")
+
+    def time(self, fn, q, k, v) -> float:
+        torch = self.torch
+        if self.cuda:
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(q, k, v)
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            out = fn(q, k, v)
+            ms = (time.perf_counter() - t0) * 1e3
+        del out
+        return float(ms)
+
+
+def _call(be: Backend):
+    return lambda q, k, v: be.fn(q, k, v, scale=None)
+
+
+def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, warmup: int,
+                seed: int, sets: int | None = None, wanted=None, tick: Callable | None = None,
+                bootstrap_seed: int = 0) -> ShapeBench:
+    import torch
+
+    from audit.evidence.parity import random_inputs
+
+    dtype = torch_dtype(dtype_name)
+    timer = _Timer(sel.device)
+    n_sets, set_bytes = input_sets_for(shape, torch.empty((), dtype=dtype).element_size(),
+                                       sel.device, sets)
+    res = ShapeBench(shape, n_sets, set_bytes, seed)
+    try:
+        inputs = [random_inputs(shape, dtype, sel.device, seed + j) for j in range(n_sets)]
+    except Exception as exc:
+        if not _is_oom(exc):
+            raise
+        for name, be in backends_for(sel, shape.head_dim, wanted):
+            res.backends.append(BackendResult(name, getattr(be, "sovereign", False),
+                                              getattr(be, "vendor", False),
+                                              getattr(be, "about", ""), "skipped",
+                                              f"inputs do not fit: {_reason(exc, [])}"))
+        return res
+    active: list[tuple[BackendResult, Backend]] = []
+    samples: dict[str, list[float]] = {}
+    for name, be in backends_for(sel, shape.head_dim, wanted):
+        if isinstance(be, str):
+            res.backends.append(BackendResult(name, True, False, "our naive forward",
+                                              "skipped", be))
+            continue
+        br = BackendResult(name, be.sovereign, be.vendor, be.about, "ok")
+        res.backends.append(br)
+        fn = _call(be)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for w in range(max(1, warmup)):
+                    timer.time(fn, *inputs[w % n_sets])
+        except Exception as exc:  # unsupported or out of memory: recorded, the rest goes on
+            br.status, br.reason = "skipped", _reason(exc, caught)
+            _release(sel.device)
+            if tick:
+                tick(repeats + warmup)
+            continue
+        active.append((br, be))
+        samples[name] = []
+        if tick:
+            tick(warmup)
+    for r in range(repeats):
+        k = len(active)
+        order = active[r % k:] + active[: r % k] if k else []
+        for j, (br, be) in enumerate(order):
+            if br.status != "ok":
+                continue
+            try:
+                samples[br.name].append(timer.time(_call(be), *inputs[(r + j) % n_sets]))
+            except Exception as exc:
+                br.status, br.reason = "skipped", f"failed at repeat {r}: {_reason(exc, [])}"
+                _release(sel.device)
+            if tick:
+                tick(1)
+    del inputs
+    for br, _ in active:
+        if br.status == "ok" and samples[br.name]:
+            br.summary = summarize(samples[br.name])
+            br.tflops = shape.flops / (br.summary.median * 1e-3) / 1e12
+        elif br.status == "ok":
+            br.status, br.reason = "skipped", "no samples"
+    prim = res.backend(sel.primary.name)
+    if prim is not None and prim.summary is not None:
+        for i, br in enumerate(res.backends):
+            if br is prim or br.summary is None:
+                continue
+            ci = bootstrap_ratio_ci(br.summary.samples, prim.summary.samples,
+                                    seed=bootstrap_seed + i)
+            res.speedups.append(Speedup(prim.name, br.name, ci))
+    _release(sel.device)
+    return res
+
+
+def _release(device: str) -> None:
+    if device == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
+              device: str | None = None, repeats: int = 10, warmup: int = 2, seed: int = 0,
+              sets: int | None = None, backends: tuple[str, ...] | None = None,
+              progress: bool | None = None) -> BenchReport:
+    """Time every backend over `shapes`; shape i uses input seeds from `seed + 1000*i`.
+
+    progress: True/False, or None for a rich progress bar on stderr only when it is a terminal.
+    """
+    import torch
+
+    if device is not None and device != selection.device:
+        raise UsageError(f"run_bench: device {device} differs from the selection's "
+                         f"{selection.device}")
+    if repeats < 1:
+        raise UsageError("--repeats must be >= 1")
+    if warmup < 0:
+        raise UsageError("--warmup must be >= 0")
+    if sets is not None and not (1 <= sets <= 64):
+        raise UsageError("--sets must be between 1 and 64")
+    selection.check_shapes(shapes)
+    backends_for(selection, 0, backends)  # validates names early
+    started = _now()
+    results: list[ShapeBench] = []
+    per_shape = len(backends or BACKEND_NAMES) * (repeats + max(1, warmup))
+    with _progress(progress, len(shapes) * per_shape) as tick:
+        for i, shape in enumerate(shapes):
+            results.append(bench_shape(selection, shape, dtype, repeats, warmup,
+                                       seed + 1000 * i, sets, backends, tick,
+                                       bootstrap_seed=seed + 100 * i))
+    name = torch.cuda.get_device_name() if selection.device == "cuda" else ""
+    timer = _Timer(selection.device).name
+    return BenchReport(selection.to_dict(), dtype, selection.device, repeats, warmup, seed, timer,
+                       results, started, _now(), torch.__version__, name, selection.primary.name)
+
+
+class _progress:
+    """A rich progress bar on stderr, or nothing (not a terminal, or turned off)."""
+
+    def __init__(self, enabled: bool | None, total: int):
+        self.enabled, self.total, self.bar = enabled, total, None
+
+    def __enter__(self):
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        on = console.is_terminal if self.enabled is None else self.enabled
+        if not on:
+            return None
+        from rich.progress import Progress
+
+        self.bar = Progress(console=console, transient=True)
+        self.bar.start()
+        task = self.bar.add_task("bench", total=self.total)
+        return lambda n=1: self.bar.advance(task, n)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+        return False
