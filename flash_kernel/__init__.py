@@ -1,0 +1,91 @@
+"""flash_kernel: the Python binding of the sovereign flash-attention library (ctypes).
+
+    import flash_kernel
+    lib = flash_kernel.load("build/cpu/libflash_kernel.so")   # any .so exporting the C ABI
+    o = lib.attention(q, k, v)                                 # flash forward, (B,H,N,D) tensors
+    o = flash_kernel.attention(q, k, v, scale=None, layout="bhnd")   # library picked for q.device
+
+Library lookup: `load(PATH)` explicitly; else the build folder named by FLASH_KERNEL_BUILD
+(holding `<target>/libflash_kernel.so`); else the checkout's `build/` (the parent of this
+package's folder). CUDA tensors use FLASH_KERNEL_TARGET if set, else the first of sm_90, sm_80
+that is built; CPU tensors use `cpu`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from flash_kernel._binding import (
+    ABI_VERSION,
+    AbiMismatch,
+    KernelError,
+    Library,
+    LibraryNotFound,
+    load,
+)
+
+__all__ = ["ABI_VERSION", "AbiMismatch", "KernelError", "Library", "LibraryNotFound", "attention",
+           "build_dir", "library_for", "library_path", "load", "naive_attention"]
+
+LIBRARY_NAME = "libflash_kernel.so"
+CUDA_TARGETS = ("sm_90", "sm_80")  # preference order for CUDA tensors
+
+
+def build_dir() -> Path:
+    """Where built libraries are looked for: $FLASH_KERNEL_BUILD, else the checkout's build/."""
+    env = os.environ.get("FLASH_KERNEL_BUILD")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "build"
+
+
+def library_path(target: str) -> Path:
+    return build_dir() / target / LIBRARY_NAME
+
+
+def _device_type(device) -> str:
+    if isinstance(device, str):
+        return device.split(":", 1)[0]
+    t = getattr(device, "type", None)
+    if t is None:
+        raise KernelError(f"not a device: {device!r}")
+    return t
+
+
+def library_for(device) -> Library:
+    """The built library for a device ('cpu', 'cuda', 'cuda:1' or a torch.device)."""
+    kind = _device_type(device)
+    where = build_dir()
+    if kind == "cpu":
+        targets = ("cpu",)
+    elif kind == "cuda":
+        env = os.environ.get("FLASH_KERNEL_TARGET")
+        targets = (env,) if env else CUDA_TARGETS
+    else:
+        raise KernelError(f"no flash_kernel target runs on {kind!r} tensors (cpu or cuda only)")
+    for target in targets:
+        p = where / target / LIBRARY_NAME
+        if p.is_file():
+            return load(p)
+    looked = ", ".join(str(where / t / LIBRARY_NAME) for t in targets)
+    raise LibraryNotFound(f"no flash_kernel library for {kind} tensors (looked for {looked}); build it "
+                          f"with `sovereign-audit build --target {targets[0]}`"
+                          + (f" --out {where}" if os.environ.get("FLASH_KERNEL_BUILD") else ""))
+
+
+def attention(q, k, v, scale=None, layout: str = "bhnd"):
+    """softmax(scale * Q K^T) V through the flash path of the library for q.device."""
+    return library_for(_tensor_device(q)).attention(q, k, v, scale=scale, layout=layout)
+
+
+def naive_attention(q, k, v, scale=None, layout: str = "bhnd"):
+    """The naive (pre-flash) path of the library for q.device: materialises the score matrix."""
+    return library_for(_tensor_device(q)).naive_attention(q, k, v, scale=scale, layout=layout)
+
+
+def _tensor_device(q):
+    device = getattr(q, "device", None)
+    if device is None:
+        raise KernelError(f"q must be a torch.Tensor, not {type(q).__name__}")
+    return device

@@ -1,0 +1,301 @@
+"""ctypes view of flash_kernel.h: the argument struct, the errors and `Library`.
+
+Every check the C side makes (fk::validate in src/fk_common.h) is made here first, with the same
+status codes, so a bad call fails closed in Python with a clear message, and anything that slips
+past Python is still refused by the library. torch is imported only when tensors are used, so
+`load(path).target` works without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+from pathlib import Path
+
+ABI_VERSION = 1
+
+# fk_status (flash_kernel.h)
+FK_OK = 0
+FK_ERR_NULL_POINTER = 1
+FK_ERR_DTYPE = 2
+FK_ERR_HEAD_DIM = 3
+FK_ERR_SIZE = 4
+FK_ERR_STRIDE = 5
+FK_ERR_ALIGNMENT = 6
+FK_ERR_SCALE = 7
+FK_ERR_LAUNCH = 8
+FK_ERR_NO_MEMORY = 9
+FK_ERR_ABI = 10
+STATUS_NAMES = {
+    FK_OK: "FK_OK",
+    FK_ERR_NULL_POINTER: "FK_ERR_NULL_POINTER",
+    FK_ERR_DTYPE: "FK_ERR_DTYPE",
+    FK_ERR_HEAD_DIM: "FK_ERR_HEAD_DIM",
+    FK_ERR_SIZE: "FK_ERR_SIZE",
+    FK_ERR_STRIDE: "FK_ERR_STRIDE",
+    FK_ERR_ALIGNMENT: "FK_ERR_ALIGNMENT",
+    FK_ERR_SCALE: "FK_ERR_SCALE",
+    FK_ERR_LAUNCH: "FK_ERR_LAUNCH",
+    FK_ERR_NO_MEMORY: "FK_ERR_NO_MEMORY",
+    FK_ERR_ABI: "FK_ERR_ABI",
+}
+
+# fk_dtype
+FK_DTYPE_F32 = 0
+FK_DTYPE_F16 = 1
+FK_DTYPE_BF16 = 2
+
+LAYOUTS = ("bhnd", "bnhd")
+REQUIRED_SYMBOLS = ("fk_abi_version", "fk_target", "fk_flash_path", "fk_supported_head_dims",
+                    "fk_last_error", "fk_flash_forward", "fk_naive_forward")
+
+
+class KernelError(Exception):
+    """A refused or failed call: `status` is the fk_status code (None: not from a call)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, None) if status is not None else None
+        self.message = " ".join(str(message).split())  # one line: may quote untrusted text
+        super().__init__(self.message)
+
+
+class LibraryNotFound(KernelError):
+    """No library where one was looked for; the message says how to build it."""
+
+
+class AbiMismatch(KernelError):
+    """The library's fk_abi_version() is not the ABI this binding speaks."""
+
+
+class AttentionArgs(ctypes.Structure):
+    _fields_ = [
+        ("abi_version", ctypes.c_int32),
+        ("dtype", ctypes.c_int32),
+        ("q", ctypes.c_void_p),
+        ("k", ctypes.c_void_p),
+        ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p),
+        ("batch", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("nq", ctypes.c_int64),
+        ("nk", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("q_stride", ctypes.c_int64 * 3),
+        ("k_stride", ctypes.c_int64 * 3),
+        ("v_stride", ctypes.c_int64 * 3),
+        ("o_stride", ctypes.c_int64 * 3),
+        ("scale", ctypes.c_float),
+        ("stream", ctypes.c_void_p),
+    ]
+
+
+def _dtype_code(dtype) -> int | None:
+    import torch
+
+    return {torch.float32: FK_DTYPE_F32, torch.float16: FK_DTYPE_F16, torch.bfloat16: FK_DTYPE_BF16}.get(dtype)
+
+
+def _bhnd(t, layout: str) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """(B, H, N, D) sizes and element strides of a tensor in `layout`."""
+    if layout == "bhnd":
+        return tuple(t.shape), tuple(t.stride())
+    b, n, h, d = t.shape
+    sb, sn, sh, sd = t.stride()
+    return (b, h, n, d), (sb, sh, sn, sd)
+
+
+def _addressable(t, layout: str) -> bool:
+    """True when the kernels can address `t` through its strides as it is (mirrors fk::validate)."""
+    (_, _, n, d), (sb, sh, sn, sd) = _bhnd(t, layout)
+    if sd != 1 or min(sb, sh, sn) < 0:
+        return False
+    return n <= 1 or sn >= d  # rows may not overlap
+
+
+def resolve_scale(scale, head_dim: int) -> float:
+    """The C ABI's scale: 0.0 means the library's default 1/sqrt(D)."""
+    if scale is None:
+        return 0.0
+    try:
+        s = float(scale)
+    except (TypeError, ValueError):
+        raise KernelError(f"scale must be a number, not {type(scale).__name__}", FK_ERR_SCALE) from None
+    if not math.isfinite(s) or s <= 0.0:
+        raise KernelError(f"scale must be positive and finite (got {s!r}); None means 1/sqrt(D)", FK_ERR_SCALE)
+    if not math.isfinite(float(ctypes.c_float(s).value)) or ctypes.c_float(s).value <= 0.0:
+        raise KernelError(f"scale {s!r} does not fit in a positive fp32", FK_ERR_SCALE)
+    return s
+
+
+def check_inputs(q, k, v, layout: str, head_dims: tuple[int, ...] | None = None):
+    """Validate q, k, v as the C side does; returns (q, k, v) made addressable (D stride 1)."""
+    import torch
+
+    if layout not in LAYOUTS:
+        raise KernelError(f"layout must be 'bhnd' or 'bnhd', not {layout!r}", FK_ERR_STRIDE)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise KernelError(f"{name} must be a torch.Tensor, not {type(t).__name__}", FK_ERR_NULL_POINTER)
+        if t.dim() != 4:
+            raise KernelError(f"{name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}", FK_ERR_SIZE)
+        if t.numel() == 0:
+            raise KernelError(f"{name} has a zero size: shape {tuple(t.shape)}", FK_ERR_SIZE)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise KernelError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}", FK_ERR_DTYPE)
+    if _dtype_code(q.dtype) is None:
+        raise KernelError(f"dtype {q.dtype} is not float32, float16 or bfloat16", FK_ERR_DTYPE)
+    if not (q.device == k.device == v.device):
+        raise KernelError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}", FK_ERR_NULL_POINTER)
+    (bq, hq, _, dq), _ = _bhnd(q, layout)
+    (bk, hk, nk, dk), _ = _bhnd(k, layout)
+    (bv, hv, nv, dv), _ = _bhnd(v, layout)
+    if (bk, hk, nk, dk) != (bv, hv, nv, dv):
+        raise KernelError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}", FK_ERR_SIZE)
+    if (bq, hq, dq) != (bk, hk, dk):
+        raise KernelError(f"q {tuple(q.shape)} and k {tuple(k.shape)} disagree on batch, heads or head_dim "
+                          f"(layout {layout})", FK_ERR_SIZE)
+    if head_dims is not None and dq not in head_dims:
+        raise KernelError(f"head_dim {dq} is not supported by this library (supported: "
+                          f"{', '.join(map(str, head_dims))})", FK_ERR_HEAD_DIM)
+    return tuple(t if _addressable(t, layout) else t.contiguous() for t in (q, k, v))
+
+
+def fill_args(q, k, v, o, layout: str, scale: float, stream: int | None) -> AttentionArgs:
+    a = AttentionArgs()
+    a.abi_version = ABI_VERSION
+    a.dtype = _dtype_code(q.dtype)
+    a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+    (a.batch, a.heads, a.nq, a.head_dim), sq = _bhnd(q, layout)
+    (_, _, a.nk, _), sk = _bhnd(k, layout)
+    _, sv = _bhnd(v, layout)
+    _, so = _bhnd(o, layout)
+    a.q_stride[:] = sq[:3]
+    a.k_stride[:] = sk[:3]
+    a.v_stride[:] = sv[:3]
+    a.o_stride[:] = so[:3]
+    a.scale = scale
+    a.stream = stream
+    return a
+
+
+class Library:
+    """One loaded flash_kernel shared object (ours for any target, or anything exporting the ABI)."""
+
+    def __init__(self, path: str | os.PathLike):
+        p = Path(path)
+        if p.is_dir():
+            p = p / "libflash_kernel.so"
+        if not p.is_file():
+            raise LibraryNotFound(f"no flash_kernel library at {str(p)!r}; build one with "
+                                  f"`sovereign-audit build --target cpu` (or the target you need)")
+        self.path = str(p.resolve())
+        try:
+            self._dll = ctypes.CDLL(self.path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError as exc:
+            raise KernelError(f"cannot load {self.path!r}: {exc}") from None
+        missing = [s for s in REQUIRED_SYMBOLS if not hasattr(self._dll, s)]
+        if missing:
+            raise KernelError(f"{self.path!r} does not export the flash_kernel C ABI (missing "
+                              f"{', '.join(missing)})")
+        d = self._dll
+        d.fk_abi_version.restype = ctypes.c_int32
+        d.fk_abi_version.argtypes = []
+        for name in ("fk_target", "fk_flash_path", "fk_last_error"):
+            getattr(d, name).restype = ctypes.c_char_p
+            getattr(d, name).argtypes = []
+        d.fk_supported_head_dims.restype = ctypes.c_int32
+        d.fk_supported_head_dims.argtypes = [ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]
+        for name in ("fk_flash_forward", "fk_naive_forward"):
+            getattr(d, name).restype = ctypes.c_int32
+            getattr(d, name).argtypes = [ctypes.POINTER(AttentionArgs)]
+        self.abi_version = int(d.fk_abi_version())
+        if self.abi_version != ABI_VERSION:
+            raise AbiMismatch(f"{self.path!r} implements flash_kernel ABI {self.abi_version}; this binding "
+                              f"speaks ABI {ABI_VERSION}: rebuild it with `sovereign-audit build`", FK_ERR_ABI)
+        self.target = self._string(d.fk_target())
+        self.flash_path = self._string(d.fk_flash_path())
+        n = int(d.fk_supported_head_dims(None, 0))
+        if not 0 <= n <= 64:
+            raise KernelError(f"{self.path!r}: fk_supported_head_dims reports {n} head dims")
+        buf = (ctypes.c_int32 * max(n, 1))()
+        d.fk_supported_head_dims(buf, n)
+        self.head_dims = tuple(int(x) for x in buf[:n])
+
+    @staticmethod
+    def _string(raw) -> str:
+        return (raw or b"").decode("utf-8", "replace")
+
+    @property
+    def is_host(self) -> bool:
+        """True for the CPU target: pointers are host pointers."""
+        return self.target == "cpu"
+
+    def last_error(self) -> str:
+        return self._string(self._dll.fk_last_error())
+
+    def __repr__(self) -> str:
+        return f"Library(target={self.target!r}, flash_path={self.flash_path!r}, path={self.path!r})"
+
+    # -- calls ------------------------------------------------------------------------------------
+    def check_device(self, device) -> None:
+        if self.is_host and device.type != "cpu":
+            raise KernelError(f"the {self.target} library takes CPU tensors, got {device}", FK_ERR_NULL_POINTER)
+        if not self.is_host and device.type != "cuda":
+            raise KernelError(f"the {self.target} library takes GPU (cuda) tensors, got {device}",
+                              FK_ERR_NULL_POINTER)
+
+    def run_into(self, q, k, v, o, scale: float, layout: str, naive: bool) -> None:
+        """Call the C forward writing into `o` (already allocated like q). No allocation here:
+        this is the body of the custom op, safe inside a CUDA graph capture."""
+        import torch
+
+        self.check_device(q.device)
+        stream = None
+        if q.device.type == "cuda":
+            stream = torch.cuda.current_stream(q.device).cuda_stream or None
+        args = fill_args(q, k, v, o, layout, scale, stream)
+        fn = self._dll.fk_naive_forward if naive else self._dll.fk_flash_forward
+        if q.device.type == "cuda":
+            with torch.cuda.device(q.device):
+                status = int(fn(ctypes.byref(args)))
+        else:
+            status = int(fn(ctypes.byref(args)))
+        if status != FK_OK:
+            name = STATUS_NAMES.get(status, f"status {status}")
+            raise KernelError(f"{'fk_naive_forward' if naive else 'fk_flash_forward'} failed: {name}: "
+                              f"{self.last_error()}", status)
+
+    def attention(self, q, k, v, scale=None, layout: str = "bhnd"):
+        """Flash forward: softmax(scale * Q K^T) V as a new tensor shaped like q."""
+        return self._call(q, k, v, scale, layout, naive=False)
+
+    def naive_attention(self, q, k, v, scale=None, layout: str = "bhnd"):
+        """The naive (pre-flash) forward that materialises the score matrix: the oracle."""
+        return self._call(q, k, v, scale, layout, naive=True)
+
+    def _call(self, q, k, v, scale, layout, naive):
+        from flash_kernel import _op
+
+        q, k, v = check_inputs(q, k, v, layout, self.head_dims)
+        self.check_device(q.device)
+        s = resolve_scale(scale, _bhnd(q, layout)[0][3])
+        return _op.call(self, q, k, v, s, layout, naive)
+
+
+_cache: dict[str, Library] = {}
+_lock = threading.Lock()
+
+
+def load(path: str | os.PathLike) -> Library:
+    """Load (once per resolved path) a shared object exporting the flash_kernel C ABI."""
+    key = str(Path(path).resolve())
+    with _lock:
+        lib = _cache.get(key)
+        if lib is None:
+            lib = Library(path)
+            _cache[key] = lib
+            _cache[lib.path] = lib
+        return lib

@@ -1,0 +1,54 @@
+"""The torch custom ops `flash_kernel::attention` and `flash_kernel::naive_attention`.
+
+Registered with torch.library.custom_op (plus a fake implementation for meta tensors and
+torch.compile), so a model can call them in place of F.scaled_dot_product_attention. The output
+is allocated by torch (inside a CUDA graph capture that means the graph's memory pool) and the
+kernel is launched on torch.cuda.current_stream(); the C flash path itself never allocates or
+synchronises, so the op is safe to capture. Forward only: there is no backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flash_kernel import _binding
+
+
+def _out_like(q: torch.Tensor) -> torch.Tensor:
+    # q's shape, dtype and device, dense in q's logical layout (bhnd or bnhd)
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+
+@torch.library.custom_op("flash_kernel::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, layout: str,
+                 library: str) -> torch.Tensor:
+    lib = _binding.load(library)
+    q, k, v = _binding.check_inputs(q, k, v, layout, lib.head_dims)
+    o = _out_like(q)
+    lib.run_into(q, k, v, o, scale, layout, naive=False)
+    return o
+
+
+@torch.library.custom_op("flash_kernel::naive_attention", mutates_args=())
+def naive_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, layout: str,
+                       library: str) -> torch.Tensor:
+    lib = _binding.load(library)
+    q, k, v = _binding.check_inputs(q, k, v, layout, lib.head_dims)
+    o = _out_like(q)
+    lib.run_into(q, k, v, o, scale, layout, naive=True)
+    return o
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, scale, layout, library):
+    return _out_like(q)
+
+
+@naive_attention_op.register_fake
+def _naive_attention_fake(q, k, v, scale, layout, library):
+    return _out_like(q)
+
+
+def call(lib, q, k, v, scale: float, layout: str, naive: bool) -> torch.Tensor:
+    op = naive_attention_op if naive else attention_op
+    return op(q, k, v, float(scale), layout, lib.path)
