@@ -18,6 +18,7 @@ from typing import Callable
 
 from audit.errors import UsageError
 from audit.evidence import metrics as M
+from audit.evidence.environment import capture
 from audit.evidence.presets import Shape
 from audit.evidence.selection import Backend, Selection, oracle_supports, torch_dtype
 from audit.evidence.stats import RatioCI, Summary, bootstrap_ratio_ci, summarize
@@ -95,6 +96,7 @@ class BenchReport:
     torch_version: str = ""
     device_name: str = ""
     primary: str = ""
+    environment: dict | None = None  # environment.capture(), schema sovereign-audit.environment/1
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "selection": self.selection, "primary": self.primary,
@@ -103,7 +105,7 @@ class BenchReport:
                 "seed": self.seed, "timer": self.timer,
                 "flops": "4*B*H*Nq*Nk*D per call", "order": "interleaved, rotated each repeat",
                 "started": self.started, "finished": self.finished,
-                "shapes": [s.to_dict() for s in self.shapes]}
+                "shapes": [s.to_dict() for s in self.shapes], "environment": self.environment}
 
 
 def _now() -> str:
@@ -307,7 +309,7 @@ def _release(device: str) -> None:
 def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
               device: str | None = None, repeats: int = 10, warmup: int = 2, seed: int = 0,
               sets: int | None = None, backends: tuple[str, ...] | None = None,
-              progress: bool | None = None) -> BenchReport:
+              progress: bool | None = None, capture_environment: bool = True) -> BenchReport:
     """Time every backend over `shapes`; shape i uses input seeds from `seed + 1000*i`.
 
     progress: True/False, or None for a rich progress bar on stderr only when it is a terminal.
@@ -335,8 +337,10 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
                                        bootstrap_seed=seed + 100 * i))
     name = torch.cuda.get_device_name() if selection.device == "cuda" else ""
     timer = _Timer(selection.device).name
+    env = capture() if capture_environment else None
     return BenchReport(selection.to_dict(), dtype, selection.device, repeats, warmup, seed, timer,
-                       results, started, _now(), torch.__version__, name, selection.primary.name)
+                       results, started, _now(), torch.__version__, name, selection.primary.name,
+                       env)
 
 
 class _progress:

@@ -158,6 +158,7 @@ class ParityReport:
     finished: str
     torch_version: str = ""
     device_name: str = ""
+    environment: dict | None = None  # environment.capture(), schema sovereign-audit.environment/1
 
     @property
     def passed(self) -> bool:
@@ -176,7 +177,8 @@ class ParityReport:
                 "torch": self.torch_version, "seed": self.seed, "oracle": self.oracle,
                 "gates": self.gates.to_dict(), "started": self.started, "finished": self.finished,
                 "reference": "float64 softmax(scale QK^T)V per head in row chunks, on the device",
-                "failures": self.failure_lines(), "shapes": [s.to_dict() for s in self.shapes]}
+                "failures": self.failure_lines(), "shapes": [s.to_dict() for s in self.shapes],
+                "environment": self.environment}
 
 
 def _now() -> str:
@@ -314,7 +316,8 @@ def _lower(name, against, value, thr) -> GateResult:
 
 def run_parity(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
                device: str | None = None, gates: Gates | None = None, seed: int = 0,
-               scale: float | None = None, progress=None) -> ParityReport:
+               scale: float | None = None, progress=None,
+               capture_environment: bool = True) -> ParityReport:
     """Parity of `selection` over `shapes`; shape i uses seed `seed + i`.
 
     `device` must agree with the selection's (it is there so `run` can pass what it resolved).
@@ -342,8 +345,11 @@ def run_parity(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
     name = torch.cuda.get_device_name() if selection.device == "cuda" else _cpu_name()
     oracle = (selection.oracle.about if selection.oracle else
               f"torch eager softmax(QK^T)V ({selection.oracle_note})")
+    from audit.evidence.environment import capture
+
+    env = capture() if capture_environment else None
     return ParityReport(selection.to_dict(), dtype, selection.device, seed, gates, results,
-                        oracle, started, _now(), torch.__version__, name)
+                        oracle, started, _now(), torch.__version__, name, env)
 
 
 def _cpu_name() -> str:

@@ -10,7 +10,6 @@ import ctypes
 import importlib
 import importlib.util
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -314,8 +313,13 @@ def _library_info(lib) -> dict:
 
 
 def _library_backends(lib) -> tuple[Backend, Backend]:
-    raw = RawAbi(str(lib.path))
     info = _library_info(lib)
+    if hasattr(lib, "run_into"):  # the binding's own call into a caller-owned output
+        def raw(which, q, k, v, out, scale, layout="bhnd"):
+            lib.run_into(q, k, v, out, 0.0 if scale is None else float(scale), layout,
+                         naive=which == "naive")
+    else:
+        raw = RawAbi(str(lib.path))
     tag = f"{info['target']}/{info['flash_path']}"
     flash = Backend("flash", lambda q, k, v, scale=None: lib.attention(q, k, v, scale=scale),
                     sovereign=True, about=f"flash forward of {tag}",
