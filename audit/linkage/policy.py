@@ -1,0 +1,374 @@
+"""The deny-list policy: model, TOML loading and validation, `extends`, exceptions.
+
+A policy file (see docs/policy.md) has top-level `name`, `description`, `extends`, a
+`[settings]` table, an `[allow]` table (`trusted`: allowed and not descended; `inspected`:
+allowed and descended), `[[rules]]` and `[[exceptions]]`. Anything else is an error that names
+the file and the key (exit 2): a typo in a deny-list must never silently weaken it.
+Shipped policies are package data (`audit.policies`), found through importlib.resources.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from audit.errors import PolicyError
+from audit.linkage.patterns import (
+    PatternError,
+    combined_bytes_regex,
+    compile_globs,
+    glob_to_regex,
+    soname_matches,
+)
+
+DEFAULT_POLICY = "sovereign"
+_MAX_EXTENDS = 8
+_RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+# Findings that do not come from a deny rule; their severity is a setting.
+RULE_UNRESOLVED = "linkage.unresolved"
+RULE_MISMATCH = "linkage.needed-verneed-mismatch"
+_BUILTIN_TEXT = {
+    RULE_UNRESOLVED: (
+        "Unresolved library",
+        "A DT_NEEDED library could not be found the way ld.so would find it, so what it loads "
+        "cannot be audited.",
+        "Ship the library and point DT_RUNPATH at it ($ORIGIN), or audit with --root/--ldpath.",
+    ),
+    RULE_MISMATCH: (
+        "NEEDED and verneed disagree",
+        "A .gnu.version_r entry names a file that is not in DT_NEEDED: the dependency was hidden "
+        "(e.g. patchelf --remove-needed) but the object still binds versioned symbols from it.",
+        "Rebuild without the hidden dependency instead of editing DT_NEEDED.",
+    ),
+}
+_SEVERITIES = ("fail", "warn")
+_SETTINGS = {"unresolved": "warn", "needed-verneed-mismatch": "fail"}
+_TOP_KEYS = {"name", "description", "extends", "settings", "allow", "rules", "exceptions"}
+_RULE_KEYS = {"id", "family", "name", "reason", "use-instead", "sonames", "symbols", "strings", "kernels"}
+_EXC_KEYS = {"file", "rule", "reason", "expires"}
+_ALLOW_KEYS = {"trusted", "inspected"}
+
+
+@dataclass
+class Rule:
+    id: str
+    reason: str
+    family: str = ""
+    name: str = ""
+    use_instead: str | None = None
+    sonames: tuple[str, ...] = ()
+    symbols: tuple[str, ...] = ()
+    strings: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    source: str = ""  # the policy file that defined it
+    builtin: bool = False
+    _re: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def compile(self) -> None:
+        self._re = {k: compile_globs(getattr(self, k)) for k in ("sonames", "symbols", "strings", "kernels")}
+        # Device kernel names are mangled like host symbols: symbol patterns apply to them too.
+        self._re["device"] = compile_globs(self.kernels + self.symbols)
+
+    def matches_soname(self, name: str) -> bool:
+        return soname_matches(self._re.get("sonames"), name)
+
+    def matches_symbol(self, name: str) -> bool:
+        r = self._re.get("symbols")
+        return bool(r and r.match(name))
+
+    def matches_string(self, text: str) -> bool:
+        r = self._re.get("strings")
+        return bool(r and r.match(text)) or self.matches_soname(text)
+
+    def matches_kernel(self, name: str) -> bool:
+        r = self._re.get("device")
+        return bool(r and r.match(name))
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.id, "family": self.family, "name": self.name, "reason": self.reason,
+            "use_instead": self.use_instead, "sonames": list(self.sonames), "symbols": list(self.symbols),
+            "strings": list(self.strings), "kernels": list(self.kernels), "source": self.source,
+            "builtin": self.builtin,
+        }
+
+
+@dataclass
+class PolicyException:
+    file: str  # glob over the reported path; without '/', over the file name
+    rule: str
+    reason: str
+    expires: _dt.date | None = None
+    source: str = ""
+
+    def expired(self, today: _dt.date) -> bool:
+        return self.expires is not None and self.expires < today
+
+    def matches(self, path: str, rule_id: str) -> bool:
+        if rule_id != self.rule:
+            return False
+        target = path if "/" in self.file else path.rsplit("/", 1)[-1]
+        return bool(re.match(glob_to_regex(self.file) + r"\Z", target))
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "rule": self.rule, "reason": self.reason,
+                "expires": self.expires.isoformat() if self.expires else None, "source": self.source}
+
+
+@dataclass
+class Policy:
+    name: str
+    description: str = ""
+    sources: list[dict] = field(default_factory=list)  # [{"path", "sha256"}], base first
+    settings: dict[str, str] = field(default_factory=lambda: dict(_SETTINGS))
+    trusted: tuple[str, ...] = ()
+    inspected: tuple[str, ...] = ()
+    rules: list[Rule] = field(default_factory=list)
+    exceptions: list[PolicyException] = field(default_factory=list)
+    _re: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def finalize(self) -> "Policy":
+        for rule in self.rules:
+            rule.compile()
+        self._re = {"trusted": compile_globs(self.trusted), "inspected": compile_globs(self.inspected)}
+        self._re["symbols"] = combined_bytes_regex([p for r in self.rules for p in r.symbols])
+        return self
+
+    # -- queries used by the checker --
+    @property
+    def symbol_pattern(self) -> re.Pattern[bytes]:
+        """All rules' symbol patterns as ONE bytes regex, for read_elf's bulk filter."""
+        return self._re["symbols"]
+
+    def deny_rule_for_soname(self, name: str) -> Rule | None:
+        return next((r for r in self.rules if r.matches_soname(name)), None)
+
+    def is_trusted(self, name: str) -> bool:
+        return soname_matches(self._re.get("trusted"), name)
+
+    def is_inspected(self, name: str) -> bool:
+        return soname_matches(self._re.get("inspected"), name)
+
+    def severity(self, rule_id: str) -> str:
+        if rule_id == RULE_UNRESOLVED:
+            return self.settings["unresolved"]
+        if rule_id == RULE_MISMATCH:
+            return self.settings["needed-verneed-mismatch"]
+        return "fail"
+
+    def all_rules(self) -> list[Rule]:
+        """Deny rules then the built-in checks (for SARIF rule tables, JUnit cases)."""
+        return self.rules + [builtin_rule(rid) for rid in _BUILTIN_TEXT]
+
+    def rule(self, rule_id: str) -> Rule | None:
+        return next((r for r in self.all_rules() if r.id == rule_id), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "description": self.description, "sources": self.sources,
+            "settings": dict(self.settings), "allow": {"trusted": list(self.trusted), "inspected": list(self.inspected)},
+            "rules": [r.to_dict() for r in self.rules], "exceptions": [e.to_dict() for e in self.exceptions],
+        }
+
+
+def builtin_rule(rule_id: str) -> Rule:
+    name, reason, use = _BUILTIN_TEXT[rule_id]
+    rule = Rule(id=rule_id, reason=reason, family="linkage", name=name, use_instead=use, builtin=True)
+    rule.compile()
+    return rule
+
+
+# ---------------------------------------------------------------- loading
+
+
+def shipped_policies() -> list[str]:
+    """Names of the policies installed with the package (`audit.policies/*.toml`)."""
+    root = resources.files("audit.policies")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def _read_source(ref: str, base_dir: Path | None) -> tuple[str, bytes]:
+    """(display name, bytes) of a policy named `ref`: a shipped name or a file path."""
+    if _NAME.match(ref) and not ref.endswith(".toml"):
+        res = resources.files("audit.policies").joinpath(f"{ref}.toml")
+        if not res.is_file():
+            raise PolicyError(f"no shipped policy named '{ref}' (shipped: {', '.join(shipped_policies())})")
+        return f"{ref} (shipped)", res.read_bytes()
+    path = Path(ref)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    try:
+        return str(path), path.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"cannot read policy {path}: {exc.strerror or exc}") from None
+
+
+def load_policy(path_or_none: str | Path | None = None) -> Policy:
+    """The effective policy: `path_or_none` (a file, or a shipped policy's name), default sovereign.
+
+    Raises PolicyError (exit 2) naming the file and key for anything invalid.
+    """
+    ref = DEFAULT_POLICY if path_or_none is None else str(path_or_none)
+    policy = _load(ref, None, [])
+    _validate_exceptions(policy)
+    return policy.finalize()
+
+
+def _load(ref: str, base_dir: Path | None, chain: list[str]) -> Policy:
+    label, data = _read_source(ref, base_dir)
+    if label in chain:
+        raise PolicyError(f"{label}: extends loops back ({' -> '.join(chain + [label])})")
+    if len(chain) >= _MAX_EXTENDS:
+        raise PolicyError(f"{label}: extends chain deeper than {_MAX_EXTENDS}")
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PolicyError(f"{label}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{label}: invalid TOML: {exc}") from None
+    _unknown(label, "", doc, _TOP_KEYS)
+    here = None if label.endswith("(shipped)") else Path(label).parent
+    parent_ref = doc.get("extends")
+    if parent_ref is not None:
+        if not isinstance(parent_ref, str) or not parent_ref:
+            raise PolicyError(f"{label}: extends: must be a policy name or a path")
+        policy = _load(parent_ref, here, chain + [label])
+    else:
+        policy = Policy(name="")
+    policy.sources.append({"path": label, "sha256": hashlib.sha256(data).hexdigest()})
+    name = doc.get("name", ref if label.endswith("(shipped)") else Path(label).stem)
+    policy.name = _str(label, "name", name)
+    policy.description = _str(label, "description", doc.get("description", policy.description))
+    settings = _table(label, "settings", doc.get("settings", {}))
+    _unknown(label, "settings.", settings, set(_SETTINGS))
+    for key, value in settings.items():
+        if value not in _SEVERITIES:
+            raise PolicyError(f"{label}: settings.{key}: must be one of {', '.join(_SEVERITIES)}")
+        policy.settings[key] = value
+    allow = _table(label, "allow", doc.get("allow", {}))
+    _unknown(label, "allow.", allow, _ALLOW_KEYS)
+    policy.trusted = tuple(dict.fromkeys(policy.trusted + _globs(label, "allow.trusted", allow.get("trusted", []))))
+    policy.inspected = tuple(dict.fromkeys(policy.inspected + _globs(label, "allow.inspected", allow.get("inspected", []))))
+    for i, raw in enumerate(_array(label, "rules", doc.get("rules", []))):
+        rule = _rule(label, i, raw)
+        for j, old in enumerate(policy.rules):
+            if old.id == rule.id:
+                if old.source == label:
+                    raise PolicyError(f"{label}: rules[{i}].id: duplicate rule id '{rule.id}'")
+                policy.rules[j] = rule  # a child policy redefines an inherited rule
+                break
+        else:
+            policy.rules.append(rule)
+    for i, raw in enumerate(_array(label, "exceptions", doc.get("exceptions", []))):
+        policy.exceptions.append(_exception(label, i, raw))
+    return policy
+
+
+def _rule(label: str, i: int, raw) -> Rule:
+    where = f"rules[{i}]"
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{label}: {where}: must be a table")
+    _unknown(label, f"{where}.", raw, _RULE_KEYS)
+    rid = raw.get("id")
+    if not isinstance(rid, str) or not _RULE_ID.match(rid):
+        raise PolicyError(f"{label}: {where}.id: missing or invalid (lower-case letters, digits, '.', '_', '-')")
+    if rid in _BUILTIN_TEXT:
+        raise PolicyError(f"{label}: {where}.id: '{rid}' is a built-in check (set it in [settings])")
+    where = f"rules[{i}] (id '{rid}')"
+    reason = raw.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise PolicyError(f"{label}: {where}: missing required key 'reason'")
+    use = raw.get("use-instead")
+    if use is not None:
+        _str(label, f"{where}.use-instead", use)
+    rule = Rule(
+        id=rid, reason=reason.strip(), family=_str(label, f"{where}.family", raw.get("family", "")),
+        name=_str(label, f"{where}.name", raw.get("name", rid)), use_instead=use,
+        sonames=_globs(label, f"{where}.sonames", raw.get("sonames", [])),
+        symbols=_globs(label, f"{where}.symbols", raw.get("symbols", [])),
+        strings=_globs(label, f"{where}.strings", raw.get("strings", [])),
+        kernels=_globs(label, f"{where}.kernels", raw.get("kernels", [])), source=label,
+    )
+    if not (rule.sonames or rule.symbols or rule.strings or rule.kernels):
+        raise PolicyError(f"{label}: {where}: needs at least one of sonames, symbols, strings, kernels")
+    return rule
+
+
+def _exception(label: str, i: int, raw) -> PolicyException:
+    where = f"exceptions[{i}]"
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{label}: {where}: must be a table")
+    _unknown(label, f"{where}.", raw, _EXC_KEYS)
+    for key in ("file", "rule", "reason"):
+        value = raw.get(key)
+        if not isinstance(value, str) or not value.strip():
+            raise PolicyError(f"{label}: {where}: missing required key '{key}'")
+    try:
+        glob_to_regex(raw["file"])
+    except PatternError as exc:
+        raise PolicyError(f"{label}: {where}.file: bad pattern '{raw['file']}': {exc}") from None
+    expires = raw.get("expires")
+    if expires is not None:
+        if isinstance(expires, _dt.datetime):
+            expires = expires.date()
+        elif isinstance(expires, str):
+            try:
+                expires = _dt.date.fromisoformat(expires)
+            except ValueError:
+                raise PolicyError(f"{label}: {where}.expires: not a date (YYYY-MM-DD)") from None
+        elif not isinstance(expires, _dt.date):
+            raise PolicyError(f"{label}: {where}.expires: not a date (YYYY-MM-DD)")
+    return PolicyException(file=raw["file"], rule=raw["rule"], reason=raw["reason"].strip(),
+                           expires=expires, source=label)
+
+
+def _validate_exceptions(policy: Policy) -> None:
+    known = {r.id for r in policy.all_rules()}
+    for exc in policy.exceptions:
+        if exc.rule not in known:
+            i = [e for e in policy.exceptions if e.source == exc.source].index(exc)
+            raise PolicyError(f"{exc.source}: exceptions[{i}].rule: unknown rule id '{exc.rule}'")
+
+
+def _unknown(label: str, prefix: str, table: dict, allowed: set[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            raise PolicyError(f"{label}: {prefix}{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+def _str(label: str, key: str, value) -> str:
+    if not isinstance(value, str):
+        raise PolicyError(f"{label}: {key}: must be a string")
+    return value
+
+
+def _table(label: str, key: str, value) -> dict:
+    if not isinstance(value, dict):
+        raise PolicyError(f"{label}: {key}: must be a table")
+    return value
+
+
+def _array(label: str, key: str, value) -> list:
+    if not isinstance(value, list):
+        raise PolicyError(f"{label}: {key}: must be an array of tables ([[{key}]])")
+    return value
+
+
+def _globs(label: str, key: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise PolicyError(f"{label}: {key}: must be an array of strings")
+    for j, pat in enumerate(value):
+        if not isinstance(pat, str):
+            raise PolicyError(f"{label}: {key}[{j}]: must be a string")
+        try:
+            glob_to_regex(pat)
+        except PatternError as exc:
+            raise PolicyError(f"{label}: {key}[{j}]: bad pattern '{pat}': {exc}") from None
+    return tuple(value)
