@@ -1,6 +1,7 @@
 """in-toto attestations of a bundle, each a DSSE envelope under attestations/.
 
-  attestations/build.provenance.dsse.json  SLSA Provenance v1 for artifacts/<target>/*.so
+  attestations/build.provenance.dsse.json  SLSA Provenance v1 for artifacts/<target>/*.so (built by us;
+                                           artifacts/user/ holds --artifact objects: audited, not built)
   attestations/parity.test-result.dsse.json   in-toto Test Result v0.1 for parity
   attestations/linkage.test-result.dsse.json  in-toto Test Result v0.1 for the linkage policy check
   attestations/performance.dsse.json       our predicate (PERFORMANCE_PREDICATE) for bench + pipeline
@@ -58,14 +59,20 @@ def _first(d, *keys, default=None):
     return default
 
 
+USER_ARTIFACTS = "user"  # artifacts/user/: the user's --artifact objects (audited, not built by us)
+
+
 def _artifacts(bundle_dir: Path) -> dict[str, list[str]]:
-    """{target: [bundle names of artifacts/<target>/*.so]}: the built objects."""
+    """{target: [bundle names]}: artifacts/<target>/*.so we built, and artifacts/user/* (any name)."""
     files, _ = walk_bundle(bundle_dir)
     out: dict[str, list[str]] = {}
     for name in files:
         parts = name.split("/")
-        if len(parts) == 3 and parts[0] == "artifacts" and (parts[2].endswith(".so") or ".so." in parts[2]):
-            out.setdefault(parts[1], []).append(name)
+        if len(parts) != 3 or parts[0] != "artifacts":
+            continue
+        if parts[1] == USER_ARTIFACTS or parts[2].endswith(".so") or ".so." in parts[2]:
+            if parts[2] != "provenance.json":
+                out.setdefault(parts[1], []).append(name)
     return out
 
 
@@ -191,7 +198,9 @@ def _case_name(case: dict, i: int) -> str:
     parts = []
     for k in ("candidate", "backend", "name", "path", "object", "shape", "dtype"):
         v = case.get(k)
-        if isinstance(v, list):
+        if isinstance(v, dict) and isinstance(v.get("label"), str):  # bench/parity Shape.to_dict()
+            parts.append(v["label"])
+        elif isinstance(v, list):
             parts.append("x".join(str(x) for x in v))
         elif v is not None and not isinstance(v, dict):
             parts.append(str(v))
@@ -250,17 +259,40 @@ def _find_claims(obj, path="", out=None, depth=0):
     return out
 
 
+def _bench_figures(bench: dict) -> dict:
+    """Speedups (ratio of medians, bootstrap CI) and per-backend medians, per shape, as bench.json has them."""
+    speedups, backends = [], []
+    for sh in bench.get("shapes", []) if isinstance(bench.get("shapes"), list) else []:
+        if not isinstance(sh, dict):
+            continue
+        label = _first(sh.get("shape"), "label", default=NOT_RECORDED)
+        for sp in sh.get("speedups", []) or []:
+            if isinstance(sp, dict):
+                speedups.append({"shape": label, **{k: sp.get(k) for k in
+                                 ("subject", "baseline", "ratio", "ci_low", "ci_high", "confidence")}})
+        for be in sh.get("backends", []) or []:
+            if isinstance(be, dict):
+                backends.append({"shape": label, **{k: be.get(k) for k in
+                                 ("name", "sovereign", "vendor", "status", "median_ms", "tflops")}})
+    return {"speedups": speedups, "backends": backends}
+
+
 def performance(bench, bench_sha, pipeline, pipeline_sha, env, env_sha) -> dict:
     subjects, predicate = [], {"claims": {}, "device": NOT_RECORDED}
     for stage, obj, sha in (("bench", bench, bench_sha), ("pipeline", pipeline, pipeline_sha)):
         if obj is None:
             continue
         subjects.append(subject(f"evidence/{stage}.json", sha))
-        predicate["claims"][stage] = {"schema": obj.get("schema", NOT_RECORDED),
-                                      "status": _first(obj, "status", default=NOT_RECORDED),
-                                      "figures": _find_claims(obj)}
-        dev = _first(obj, "device", "device_name")
-        if isinstance(dev, (str, dict)) and predicate["device"] == NOT_RECORDED:
+        claim = {"schema": obj.get("schema", NOT_RECORDED), "status": _first(obj, "status", default=NOT_RECORDED),
+                 "dtype": _first(obj, "dtype", default=NOT_RECORDED)}
+        if stage == "bench":
+            claim.update(_bench_figures(obj))
+        # Every numeric field named like a speedup, ratio or TFLOP/s figure, with its JSON path.
+        if not claim.get("speedups"):
+            claim["figures"] = _find_claims(obj)
+        predicate["claims"][stage] = claim
+        dev = _first(obj, "device_name", "device")
+        if isinstance(dev, (str, dict)) and dev and predicate["device"] == NOT_RECORDED:
             predicate["device"] = dev
     if env is not None:
         subjects.append(subject("evidence/environment.json", env_sha))
@@ -297,15 +329,16 @@ def write_attestations(bundle_dir: Path, key) -> list[Path]:
     env_conf = ([subject("evidence/environment.json", ev["environment"][1])]
                 if ev["environment"][0] is not None else [])
     written = []
-    if artifacts:
+    built = {t: names for t, names in artifacts.items() if t != USER_ARTIFACTS}
+    if built:
         written.append(_write(bundle_dir, "build.provenance.dsse.json",
-                              slsa_provenance(bundle_dir, ev["build"][0], ev["build"][1], artifacts), key))
+                              slsa_provenance(bundle_dir, ev["build"][0], ev["build"][1], built), key))
     parity, parity_sha = ev["parity"]
     if parity is not None:
         conf = env_conf + _inline("gates", _first(parity, "gates"))
         written.append(_write(bundle_dir, "parity.test-result.dsse.json",
                               result_statement("evidence/parity.json", parity, parity_sha, art_subjects,
-                                          ("results", "cases", "candidates", "checks"), conf), key))
+                                          ("shapes", "results", "cases", "candidates", "checks"), conf), key))
     linkage, linkage_sha = ev["linkage"]
     if linkage is not None:
         conf = _inline("policy", _first(linkage, "policy"))

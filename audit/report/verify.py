@@ -83,7 +83,10 @@ class _Checker:
         except UnsafePath as exc:
             self.fail(f"{printable(name)}: {exc}")
             return None
-        env = dsse.loads(data, printable(name))  # MalformedEnvelope: a UsageError, exit 2
+        try:
+            env = dsse.loads(data, printable(name))
+        except dsse.MalformedEnvelope as exc:
+            raise MalformedBundle(exc.message) from None
         if env.payload_type != dsse.PAYLOAD_TYPE:
             raise MalformedBundle(f"{printable(name)}: payloadType {printable(env.payload_type)!r} is not "
                                   f"{dsse.PAYLOAD_TYPE}")
