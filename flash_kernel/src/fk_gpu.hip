@@ -1,0 +1,244 @@
+// fk_gpu.hip: the C ABI of flash_kernel.h for GPU targets (HIP dialect; nvcc compiles it through
+// gpu/fk_hip_compat.h). One translation unit: host dispatch here, kernels in gpu/*.h.
+//
+// Paths: mma_sync (NVIDIA sm_80+, fp16/bf16, D 64/128), generic (every other case, and every case
+// on AMD or under -DFK_FORCE_GENERIC), naive (fk_naive_forward).
+#include "gpu/fk_hip_compat.h"
+
+#include "fk_common.h"
+#include "gpu/fk_generic.h"
+#include "gpu/fk_mma.h"
+#include "gpu/fk_naive.h"
+#include "gpu/fk_traits.h"
+
+#include <cstdio>
+
+namespace {
+
+constexpr int64_t kMaxGridY = 65535;  // grid.y/z limit on both vendors
+
+#define FK_STR2(x) #x
+#define FK_STR(x) FK_STR2(x)
+
+// Every launch is followed by this: the runtime's own message goes into fk_last_error.
+int32_t check_launch(const char *what) {
+    hipError_t e = hipGetLastError();
+    if (e != hipSuccess) return fk::fail(FK_ERR_LAUNCH, "%s launch failed: %s", what, hipGetErrorString(e));
+    return FK_OK;
+}
+
+fk::FlashParams flash_params(const fk_attention_args *a, const fk::Validated &v) {
+    fk::FlashParams p{};
+    p.q = a->q;
+    p.k = a->k;
+    p.v = a->v;
+    p.o = a->o;
+    p.heads = a->heads;
+    p.nq = a->nq;
+    p.nk = a->nk;
+    for (int i = 0; i < 3; ++i) {
+        p.qs[i] = a->q_stride[i];
+        p.ks[i] = a->k_stride[i];
+        p.vs[i] = a->v_stride[i];
+        p.os[i] = a->o_stride[i];
+    }
+    p.scale_log2 = v.scale * fk::kLog2e;
+    return p;
+}
+
+// Launches `kernel` over (query tiles, heads) in slices of at most 65535 (b, h) pairs.
+template <class Kernel>
+int32_t launch_flash(Kernel kernel, fk::FlashParams p, int64_t bm, int threads, size_t smem, hipStream_t s,
+                     int64_t bh_total, const char *what) {
+    const int64_t qtiles = (p.nq + bm - 1) / bm;
+    if (qtiles > INT32_MAX) return fk::fail(FK_ERR_SIZE, "nq %lld needs more than 2^31-1 blocks", (long long)p.nq);
+    for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
+        p.bh0 = bh0;
+        const int64_t n = bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY;
+        dim3 grid(static_cast<unsigned>(qtiles), static_cast<unsigned>(n), 1);
+        kernel<<<grid, threads, smem, s>>>(p);
+        if (int32_t st = check_launch(what)) return st;
+    }
+    return FK_OK;
+}
+
+template <class E, int D>
+int32_t run_generic(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
+    using Tile = fk::GenericTile<D, E::kBytes>;
+    return launch_flash(fk::generic::flash_generic_kernel<E, D>, p, Tile::BM, Tile::kThreads, 0, s, bh,
+                        "flash (generic)");
+}
+
+template <class E>
+int32_t dispatch_generic(const fk::FlashParams &p, int64_t d, hipStream_t s, int64_t bh) {
+    switch (d) {
+        case 32: return run_generic<E, 32>(p, s, bh);
+        case 64: return run_generic<E, 64>(p, s, bh);
+        case 96: return run_generic<E, 96>(p, s, bh);
+        case 128: return run_generic<E, 128>(p, s, bh);
+        case 256: return run_generic<E, 256>(p, s, bh);
+        default: return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld has no generic kernel", (long long)d);
+    }
+}
+
+#if defined(FK_HAVE_MMA)
+template <class E, int D>
+int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
+    using Tile = fk::MmaTile<D>;
+    auto kernel = fk::mma::flash_mma_kernel<E, D>;
+    // Dynamic shared memory past 48 KiB must be opted into (per device; cheap, so every call).
+    hipError_t e = hipFuncSetAttribute(reinterpret_cast<const void *>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize,
+                                       Tile::kSmemBytes);
+    if (e != hipSuccess)
+        return fk::fail(FK_ERR_LAUNCH, "flash (mma_sync) shared memory opt-in failed: %s", hipGetErrorString(e));
+    return launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)");
+}
+#endif
+
+int32_t dispatch_flash(const fk::FlashParams &p, int32_t dtype, int64_t d, hipStream_t s, int64_t bh) {
+#if defined(FK_HAVE_MMA)
+    if (dtype == FK_DTYPE_F16 && d == 64) return run_mma<fk::F16, 64>(p, s, bh);
+    if (dtype == FK_DTYPE_F16 && d == 128) return run_mma<fk::F16, 128>(p, s, bh);
+    if (dtype == FK_DTYPE_BF16 && d == 64) return run_mma<fk::BF16, 64>(p, s, bh);
+    if (dtype == FK_DTYPE_BF16 && d == 128) return run_mma<fk::BF16, 128>(p, s, bh);
+#endif
+    switch (dtype) {
+        case FK_DTYPE_F32: return dispatch_generic<fk::F32>(p, d, s, bh);
+        case FK_DTYPE_F16: return dispatch_generic<fk::F16>(p, d, s, bh);
+        default: return dispatch_generic<fk::BF16>(p, d, s, bh);
+    }
+}
+
+template <class E>
+int32_t run_naive(const fk_attention_args *a, const fk::Validated &v, hipStream_t s) {
+    using fk::NaiveTile;
+    fk::naive::NaiveParams p{};
+    p.q = a->q;
+    p.k = a->k;
+    p.v = a->v;
+    p.o = a->o;
+    p.heads = a->heads;
+    p.nq = a->nq;
+    p.nk = a->nk;
+    p.d = a->head_dim;
+    for (int i = 0; i < 3; ++i) {
+        p.qs[i] = a->q_stride[i];
+        p.ks[i] = a->k_stride[i];
+        p.vs[i] = a->v_stride[i];
+        p.os[i] = a->o_stride[i];
+    }
+    p.scale = v.scale;
+    const int64_t bh_total = a->batch * a->heads;
+    const int64_t row_bytes = a->nk * 4;
+    // Chunk: as many whole heads as fit the workspace limit, else as many query rows of one head.
+    int64_t rows = a->nq, group = NaiveTile::kWorkspaceBytes / (row_bytes * a->nq > 0 ? row_bytes * a->nq : 1);
+    if (row_bytes > NaiveTile::kWorkspaceBytes / a->nq || group < 1) {
+        group = 1;
+        rows = NaiveTile::kWorkspaceBytes / row_bytes;
+        if (rows < 1) rows = 1;
+        if (rows > a->nq) rows = a->nq;
+    }
+    if (group > bh_total) group = bh_total;
+    if (group > kMaxGridY) group = kMaxGridY;
+    const int64_t max_rows = kMaxGridY * NaiveTile::TM;
+    if (rows > max_rows) rows = max_rows;
+    if ((a->nk + NaiveTile::TN - 1) / NaiveTile::TN > INT32_MAX || group * rows > INT32_MAX)
+        return fk::fail(FK_ERR_SIZE, "nk %lld is too large for the naive kernels", (long long)a->nk);
+
+    float *ws = nullptr;
+    const size_t ws_bytes = static_cast<size_t>(group * rows * row_bytes);
+    hipError_t e = hipMalloc(reinterpret_cast<void **>(&ws), ws_bytes);
+    if (e != hipSuccess) {
+        (void)hipGetLastError();  // clear it: the failure is reported here, not at the next launch
+        return fk::fail(FK_ERR_NO_MEMORY, "naive workspace of %zu bytes: %s", ws_bytes, hipGetErrorString(e));
+    }
+    p.ws = ws;
+    int32_t st = FK_OK;
+    for (int64_t bh0 = 0; bh0 < bh_total && st == FK_OK; bh0 += group) {
+        const int64_t g = bh_total - bh0 < group ? bh_total - bh0 : group;
+        for (int64_t r0 = 0; r0 < a->nq && st == FK_OK; r0 += rows) {
+            p.bh0 = bh0;
+            p.row0 = r0;
+            p.rows = a->nq - r0 < rows ? a->nq - r0 : rows;
+            dim3 gs(static_cast<unsigned>((a->nk + NaiveTile::TN - 1) / NaiveTile::TN),
+                    static_cast<unsigned>((p.rows + NaiveTile::TM - 1) / NaiveTile::TM), static_cast<unsigned>(g));
+            fk::naive::scores_kernel<E><<<gs, NaiveTile::kThreads, 0, s>>>(p);
+            if ((st = check_launch("naive scores"))) break;
+            fk::naive::softmax_kernel<<<static_cast<unsigned>(g * p.rows), NaiveTile::kSoftmaxThreads, 0, s>>>(ws, a->nk);
+            if ((st = check_launch("naive softmax"))) break;
+            dim3 go(static_cast<unsigned>((a->head_dim + NaiveTile::TN - 1) / NaiveTile::TN),
+                    static_cast<unsigned>((p.rows + NaiveTile::TM - 1) / NaiveTile::TM), static_cast<unsigned>(g));
+            fk::naive::pv_kernel<E><<<go, NaiveTile::kThreads, 0, s>>>(p);
+            if ((st = check_launch("naive P V"))) break;
+        }
+    }
+    // The workspace is reused by every chunk on one stream; free it only once the work is done.
+    hipError_t se = hipStreamSynchronize(s);
+    (void)hipFree(ws);
+    if (st != FK_OK) return st;
+    if (se != hipSuccess) return fk::fail(FK_ERR_LAUNCH, "naive forward failed: %s", hipGetErrorString(se));
+    return FK_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t fk_abi_version(void) { return FK_ABI_VERSION; }
+
+const char *fk_target(void) {
+#if defined(FK_TARGET)
+    return FK_TARGET;  // the build passes -DFK_TARGET="gfx1030" etc.
+#elif defined(__CUDA_ARCH_LIST__)
+    static const int archs[] = {__CUDA_ARCH_LIST__};
+    static char name[16] = "";
+    if (name[0] == '\0') std::snprintf(name, sizeof name, "sm_%d", archs[0] / 10);
+    return name;
+#elif defined(FK_PLATFORM_AMD)
+    return "amdgcn";
+#else
+    return "unknown";
+#endif
+}
+
+const char *fk_flash_path(void) {
+#if defined(FK_HAVE_MMA)
+    return "mma_sync";
+#else
+    return "generic";
+#endif
+}
+
+int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity) {
+    if (dims != nullptr)
+        for (int32_t i = 0; i < fk::kNumHeadDims && i < capacity; ++i) dims[i] = fk::kHeadDims[i];
+    return fk::kNumHeadDims;
+}
+
+const char *fk_last_error(void) { return fk::last_error_buffer(); }
+
+int32_t fk_flash_forward(const fk_attention_args *args) {
+    fk::Validated v{};
+    // Both flash paths load 16 bytes at a time: pointers and row strides must allow it.
+    if (int32_t st = fk::validate(args, fk::kHeadDims, fk::kNumHeadDims, fk::kVectorBytes, &v)) return st;
+    const fk::FlashParams p = flash_params(args, v);
+    if (int32_t st = dispatch_flash(p, args->dtype, args->head_dim, static_cast<hipStream_t>(args->stream),
+                                    args->batch * args->heads))
+        return st;
+    return fk::ok();
+}
+
+int32_t fk_naive_forward(const fk_attention_args *args) {
+    fk::Validated v{};
+    if (int32_t st = fk::validate(args, fk::kHeadDims, fk::kNumHeadDims, 0, &v)) return st;
+    hipStream_t s = static_cast<hipStream_t>(args->stream);
+    int32_t st = FK_OK;
+    switch (args->dtype) {
+        case FK_DTYPE_F32: st = run_naive<fk::F32>(args, v, s); break;
+        case FK_DTYPE_F16: st = run_naive<fk::F16>(args, v, s); break;
+        default: st = run_naive<fk::BF16>(args, v, s); break;
+    }
+    return st != FK_OK ? st : fk::ok();
+}
+
+}  // extern "C"

@@ -1,0 +1,271 @@
+// fk_mma.h: the NVIDIA tensor-core flash kernel (sm_80+, fp16/bf16).
+//
+// mma.sync.m16n8k16 through inline PTX; Q, K and V tiles in XOR-swizzled shared memory read with
+// ldmatrix (.trans for V); K/V tiles fetched with cp.async so that V(j) lands while S = Q K(j)^T
+// is computed and K(j+1) lands while P V(j) is; softmax in base 2 with log2(e) folded into the
+// scale; P never leaves registers: the S accumulators are re-packed as the A operand of P V.
+// Compiled only by nvcc for __CUDA_ARCH__ >= 800 and without FK_FORCE_GENERIC.
+#ifndef FK_MMA_H
+#define FK_MMA_H
+
+#include "gpu/fk_traits.h"
+
+#if defined(FK_PLATFORM_NVIDIA) && !defined(FK_FORCE_GENERIC)
+#define FK_HAVE_MMA 1
+
+namespace fk {
+namespace mma {
+
+// The device pass for older architectures compiles the kernel to a trap (never launched: the
+// build targets sm_80/sm_90 only).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define FK_MMA_DEVICE_OK 1
+#endif
+
+template <class E> struct Ptx;
+template <> struct Ptx<F16> {
+    static FK_DEVICE void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+    }
+    // lo -> bits 0..15, hi -> bits 16..31 (cvt puts its first source in the upper half)
+    static FK_DEVICE uint32_t pack(float lo, float hi) {
+        uint32_t r = 0;
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+        return r;
+    }
+};
+template <> struct Ptx<BF16> {
+    static FK_DEVICE void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+    }
+    static FK_DEVICE uint32_t pack(float lo, float hi) {
+        uint32_t r = 0;
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+        return r;
+    }
+};
+
+FK_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+#endif
+}
+FK_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+#endif
+}
+// 16-byte global->shared copy; src_bytes 0 zero-fills (ragged tiles) without reading global.
+FK_DEVICE void cp_async16(uint32_t saddr, const void *g, int src_bytes) {
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(src_bytes) : "memory");
+#endif
+}
+FK_DEVICE void cp_async_commit() {
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N> FK_DEVICE void cp_async_wait() {
+#if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+FK_DEVICE float ex2(float x) {
+    float y;
+#if defined(__CUDA_ARCH__)
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+#else
+    y = x;
+#endif
+    return y;
+}
+
+// Byte offset of 16-byte chunk c of row r in a [rows][D] 16-bit tile: the chunk index is XORed
+// with r mod 8, so the 8 row addresses of one ldmatrix phase fall in 8 different bank groups.
+template <int D> FK_DEVICE uint32_t swz(int r, int c) {
+    return uint32_t(r * (D * 2) + ((c ^ (r & 7)) << 4));
+}
+
+// Issues the cp.async copies of rows [r0, r0 + ROWS) of one head into a swizzled tile.
+template <int D, int ROWS, int NT>
+FK_DEVICE void load_tile_async(uint32_t sbase, const uint16_t *g, int64_t rs, int64_t r0, int64_t valid) {
+    constexpr int C = D / 8;
+#pragma unroll
+    for (int i = threadIdx.x; i < ROWS * C; i += NT) {
+        const int r = i / C, c = i % C;
+        const bool in = r0 + r < valid;
+        const uint16_t *src = g + (in ? (r0 + r) * rs : 0) + c * 8;  // clamped: never past the tensor
+        cp_async16(sbase + swz<D>(r, c), src, in ? 16 : 0);
+    }
+}
+
+template <class E, int D>
+__global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashParams p) {
+#if defined(FK_MMA_DEVICE_OK)
+    using Tile = MmaTile<D>;
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::kThreads;
+    constexpr int KS = D / 16;   // k-steps of Q K^T
+    constexpr int NS = BN / 8;   // n8 tiles of S
+    constexpr int DT = D / 8;    // n8 tiles of O
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t sq = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    const uint32_t sk = sq + BM * D * 2, sv = sk + BN * D * 2;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t bh = p.bh0 + blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+    const int64_t q0 = int64_t(blockIdx.x) * BM;
+    const uint16_t *q = static_cast<const uint16_t *>(p.q) + b * p.qs[0] + h * p.qs[1];
+    const uint16_t *k = static_cast<const uint16_t *>(p.k) + b * p.ks[0] + h * p.ks[1];
+    const uint16_t *v = static_cast<const uint16_t *>(p.v) + b * p.vs[0] + h * p.vs[1];
+    uint16_t *o = static_cast<uint16_t *>(p.o) + b * p.os[0] + h * p.os[1];
+
+    load_tile_async<D, BM, NT>(sq, q, p.qs[2], q0, p.nq);
+    cp_async_commit();
+    load_tile_async<D, BN, NT>(sk, k, p.ks[2], 0, p.nk);
+    cp_async_commit();
+
+    cp_async_wait<1>();  // Q landed (K may still be in flight)
+    __syncthreads();
+    // Q fragments (A operand, row-major): matrices (rows 0-7|8-15) x (cols k0|k0+8).
+    uint32_t qf[KS][4];
+    {
+        const int r = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) ldmatrix_x4(qf[ks], sq + swz<D>(r, 2 * ks + lane / 16));
+    }
+
+    float acc[DT][4];
+#pragma unroll
+    for (int d = 0; d < DT; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows lane/4 and lane/4 + 8
+    const float sl2 = p.scale_log2;
+    const int64_t ntiles = (p.nk + BN - 1) / BN;
+
+    for (int64_t j = 0; j < ntiles; ++j) {
+        const int64_t k0 = j * BN;
+        cp_async_wait<0>();  // K(j) landed
+        __syncthreads();     // ... for every thread; and every warp is done with V(j-1)
+        load_tile_async<D, BN, NT>(sv, v, p.vs[2], k0, p.nk);
+        cp_async_commit();
+
+        float s[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        {
+            // K fragments (B operand, "col" = K row-major): (rows n0|n0+8) x (cols k0|k0+8).
+            const int rr = (lane % 8) + 8 * (lane / 16), cc = (lane / 8) % 2;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+                for (int np = 0; np < NS / 2; ++np) {
+                    uint32_t kf[4];
+                    ldmatrix_x4(kf, sk + swz<D>(np * 16 + rr, 2 * ks + cc));
+                    Ptx<E>::mma(s[2 * np], qf[ks], kf[0], kf[1]);
+                    Ptx<E>::mma(s[2 * np + 1], qf[ks], kf[2], kf[3]);
+                }
+        }
+
+        if (k0 + BN > p.nk) {  // ragged last tile: keys past nk get no weight
+            const int t2 = 2 * (lane % 4);
+#pragma unroll
+            for (int n = 0; n < NS; ++n) {
+                const int64_t c = k0 + n * 8 + t2;
+                if (c >= p.nk) s[n][0] = s[n][2] = -INFINITY;
+                if (c + 1 >= p.nk) s[n][1] = s[n][3] = -INFINITY;
+            }
+        }
+
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 1));
+        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 2));
+        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 1));
+        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 2));
+        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);  // finite: tile has a valid key
+        const float a0 = ex2(m0 - mn0), a1 = ex2(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+        uint32_t pf[NS / 2][4];  // P as the A operand of P V, one k16 step per pair of n8 tiles
+#pragma unroll
+        for (int n = 0; n < NS; ++n) {
+            const float e0 = ex2(fmaf(s[n][0], sl2, -mn0)), e1 = ex2(fmaf(s[n][1], sl2, -mn0));
+            const float e2 = ex2(fmaf(s[n][2], sl2, -mn1)), e3 = ex2(fmaf(s[n][3], sl2, -mn1));
+            sum0 += e0 + e1;
+            sum1 += e2 + e3;
+            pf[n / 2][(n % 2) * 2 + 0] = Ptx<E>::pack(e0, e1);
+            pf[n / 2][(n % 2) * 2 + 1] = Ptx<E>::pack(e2, e3);
+        }
+        l0 = l0 * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
+        l1 = l1 * a1 + sum1;
+#pragma unroll
+        for (int d = 0; d < DT; ++d) {
+            acc[d][0] *= a0;
+            acc[d][1] *= a0;
+            acc[d][2] *= a1;
+            acc[d][3] *= a1;
+        }
+
+        cp_async_wait<0>();  // V(j) landed
+        __syncthreads();     // ... for every thread; and every warp is done with K(j)
+        if (j + 1 < ntiles) {
+            load_tile_async<D, BN, NT>(sk, k, p.ks[2], k0 + BN, p.nk);
+            cp_async_commit();
+        }
+
+        {
+            // V fragments (B operand from row-major V via .trans): (keys k0|k0+8) x (cols d0|d0+8).
+            const int rr = (lane % 8) + 8 * ((lane / 8) % 2), cc = lane / 16;
+#pragma unroll
+            for (int kk = 0; kk < NS / 2; ++kk)
+#pragma unroll
+                for (int dp = 0; dp < DT / 2; ++dp) {
+                    uint32_t vf[4];
+                    ldmatrix_x4_trans(vf, sv + swz<D>(kk * 16 + rr, 2 * dp + cc));
+                    Ptx<E>::mma(acc[2 * dp], pf[kk], vf[0], vf[1]);
+                    Ptx<E>::mma(acc[2 * dp + 1], pf[kk], vf[2], vf[3]);
+                }
+        }
+    }
+
+    l0 += fk_shfl_xor(l0, 1);
+    l0 += fk_shfl_xor(l0, 2);
+    l1 += fk_shfl_xor(l1, 1);
+    l1 += fk_shfl_xor(l1, 2);
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+    const int64_t r0 = q0 + warp * 16 + lane / 4, r1 = r0 + 8;
+    const int c = 2 * (lane % 4);
+#pragma unroll
+    for (int d = 0; d < DT; ++d) {
+        if (r0 < p.nq) *reinterpret_cast<uint32_t *>(o + r0 * p.os[2] + d * 8 + c) = Ptx<E>::pack(acc[d][0] * i0, acc[d][1] * i0);
+        if (r1 < p.nq) *reinterpret_cast<uint32_t *>(o + r1 * p.os[2] + d * 8 + c) = Ptx<E>::pack(acc[d][2] * i1, acc[d][3] * i1);
+    }
+#else
+    __trap();
+#endif
+}
+
+}  // namespace mma
+}  // namespace fk
+
+#endif  // FK_PLATFORM_NVIDIA && !FK_FORCE_GENERIC
+#endif  // FK_MMA_H

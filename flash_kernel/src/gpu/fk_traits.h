@@ -1,0 +1,109 @@
+// fk_traits.h: element types and every tile shape of the GPU kernels, in one place (in the manner
+// of FlashAttention's kernel traits). Change a shape here, nowhere else.
+#ifndef FK_TRAITS_H
+#define FK_TRAITS_H
+
+#include "gpu/fk_hip_compat.h"
+
+namespace fk {
+
+// ---- element types: storage in memory, fp32 for arithmetic ----
+struct F32 {
+    using storage = float;
+    static constexpr int kBytes = 4;
+    static FK_DEVICE float to_float(float x) { return x; }
+    static FK_DEVICE float from_float(float x) { return x; }
+};
+struct F16 {
+    using storage = uint16_t;
+    static constexpr int kBytes = 2;
+    static FK_DEVICE float to_float(uint16_t x) { return fk_half_to_float(x); }
+    static FK_DEVICE uint16_t from_float(float x) { return fk_float_to_half(x); }
+};
+struct BF16 {
+    using storage = uint16_t;
+    static constexpr int kBytes = 2;
+    static FK_DEVICE float to_float(uint16_t x) { return fk_bf16_to_float(x); }
+    static FK_DEVICE uint16_t from_float(float x) { return fk_float_to_bf16(x); }
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kVectorBytes = 16;  // global loads of the flash paths are 16 bytes wide
+
+// Head dims every GPU build supports (fk_supported_head_dims).
+constexpr int32_t kHeadDims[] = {32, 64, 96, 128, 256};
+constexpr int32_t kNumHeadDims = 5;
+
+// ---- generic path (the RDNA2 kernel): 128 threads = 8 row groups x 16 lanes ----
+// Each thread owns RM query rows x CN key columns of S and RM rows x DN columns of O; a row's
+// 16 owners sit in one 16-lane group of a wave32/warp32 (or half of a wave64), so row
+// reductions are 4 xor-shuffles. Tiles are stored in the input type with one 4-byte word of
+// row padding so that 16 consecutive rows hit 16 different banks. Shared memory stays under
+// 48 KiB (static limit on NVIDIA; RDNA2 has 64 KiB of LDS per workgroup). K and V share one
+// buffer: the generic path trades overlap for tile size.
+template <int D, int ES>
+struct GenericTile {
+    static constexpr int kThreads = 128;
+    static constexpr int BM = ES == 4 ? (D >= 256 ? 16 : 32) : (D >= 256 ? 32 : 64);
+    static constexpr int BN = ES == 4 ? (D >= 256 ? 16 : 32) : (D <= 64 ? 64 : 32);
+    static constexpr int RM = BM / 8;
+    static constexpr int CN = BN / 16;
+    static constexpr int DN = D / 16;
+    static constexpr int kPerWord = 4 / ES;           // elements per 32-bit word
+    static constexpr int W = D / kPerWord + 1;        // words per smem row (odd: conflict free)
+    static constexpr int PW = BN + 1;                 // floats per P row
+    static constexpr int kSmemBytes = (BM + BN) * W * 4 + BM * PW * 4;
+    static_assert(D % 16 == 0, "head dim must be a multiple of 16");
+    static_assert(BM % 8 == 0 && BN % 16 == 0, "tile shape");
+    static_assert(kSmemBytes <= 48 * 1024, "generic tile exceeds 48 KiB of shared memory");
+};
+
+// ---- mma.sync path (NVIDIA sm_80+): one warp owns 16 query rows ----
+// BM = 16 * warps; BN keys per K/V tile; Q, K and V tiles each BM|BN x D in shared memory,
+// XOR-swizzled in 16-byte chunks. Overridable at compile time for tuning runs.
+#ifndef FK_MMA_WARPS_D64
+#define FK_MMA_WARPS_D64 4
+#endif
+#ifndef FK_MMA_BN_D64
+#define FK_MMA_BN_D64 64
+#endif
+#ifndef FK_MMA_WARPS_D128
+#define FK_MMA_WARPS_D128 4
+#endif
+#ifndef FK_MMA_BN_D128
+#define FK_MMA_BN_D128 64
+#endif
+
+template <int D>
+struct MmaTile {
+    static constexpr int kWarps = D == 64 ? FK_MMA_WARPS_D64 : FK_MMA_WARPS_D128;
+    static constexpr int BN = D == 64 ? FK_MMA_BN_D64 : FK_MMA_BN_D128;
+    static constexpr int kThreads = 32 * kWarps;
+    static constexpr int BM = 16 * kWarps;
+    static constexpr int kChunks = D / 8;             // 16-byte chunks per row
+    static constexpr int kSmemBytes = (BM + 2 * BN) * D * 2;
+    static_assert(D == 64 || D == 128, "mma path: head dims 64 and 128");
+    static_assert(BN % 16 == 0 && kChunks >= 8, "mma tile shape");
+};
+
+// ---- naive (pre-flash) path ----
+struct NaiveTile {
+    static constexpr int kThreads = 256;   // 16 x 16 threads, 4 x 4 outputs each
+    static constexpr int TM = 64, TN = 64, TK = 16;
+    static constexpr int kSoftmaxThreads = 256;
+    static constexpr int64_t kWorkspaceBytes = int64_t(4) << 30;  // per chunk of heads/rows
+};
+
+// Launch arguments shared by the flash kernels (pointers already typed by the caller).
+struct FlashParams {
+    const void *q, *k, *v;
+    void *o;
+    int64_t heads, nq, nk;
+    int64_t qs[3], ks[3], vs[3], os[3];
+    float scale_log2;   // scale * log2(e): softmax runs in base 2
+    int64_t bh0;        // first (batch*heads + head) of this launch
+};
+
+}  // namespace fk
+
+#endif  // FK_TRAITS_H
