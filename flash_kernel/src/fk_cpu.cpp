@@ -233,9 +233,12 @@ int32_t flash_run(const fk_attention_args &a, float scale) {
 
 // ---- naive forward (the oracle) -----------------------------------------------------------------
 
-template <typename S, int D>
+// D is a run-time value here (one instantiation per dtype): the oracle favours a short build over
+// the last few percent of speed; the loops still vectorise over the contiguous dimension.
+template <typename S>
 int32_t naive_run(const fk_attention_args &a, float scale) {
     using T = typename S::T;
+    const int64_t D = a.head_dim;
     int64_t s_elems = 0, kv_elems = 0;
     if (!fk::mul_add(a.nq, a.nk, 0, &s_elems) || !fk::mul_add(a.nk, D, 0, &kv_elems) ||
         s_elems > INT64_MAX / 8 || kv_elems > INT64_MAX / 8)
@@ -258,8 +261,8 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
             const T *V = static_cast<const T *>(a.v) + b * a.v_stride[0] + h * a.v_stride[1];
             T *O = static_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
             for (int64_t j = 0; j < nk; ++j)
-                for (int d = 0; d < D; ++d) {
-                    Kt[(int64_t)d * nk + j] = S::load(K[j * a.k_stride[2] + d]);
+                for (int64_t d = 0; d < D; ++d) {
+                    Kt[d * nk + j] = S::load(K[j * a.k_stride[2] + d]);
                     Vf[j * D + d] = S::load(V[j * a.v_stride[2] + d]);
                 }
             // 1) S = scale * Q K^T, all of it
@@ -268,9 +271,9 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
                     float *srow = Sm + i * nk;
                     const T *qs = Q + i * a.q_stride[2];
                     for (int64_t j = 0; j < nk; ++j) srow[j] = 0.0f;
-                    for (int d = 0; d < D; ++d) {
+                    for (int64_t d = 0; d < D; ++d) {
                         const float qd = S::load(qs[d]);
-                        const float *kd = Kt + (int64_t)d * nk;
+                        const float *kd = Kt + d * nk;
                         for (int64_t j = 0; j < nk; ++j) srow[j] += qd * kd[j];
                     }
                     for (int64_t j = 0; j < nk; ++j) srow[j] *= scale;
@@ -278,7 +281,7 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
             });
             // 2) row softmax in place, 3) O = P V
             parallel_for(blocks, workers, [&](int64_t blk) {
-                float acc[D];
+                float acc[256];  // D <= 256 (validated against kHeadDims)
                 for (int64_t i = blk * row_block; i < std::min(a.nq, (blk + 1) * row_block); ++i) {
                     float *srow = Sm + i * nk;
                     float mx = -INFINITY, sum = 0.0f;
@@ -289,14 +292,14 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
                     }
                     const float inv = 1.0f / sum;
                     for (int64_t j = 0; j < nk; ++j) srow[j] *= inv;
-                    for (int d = 0; d < D; ++d) acc[d] = 0.0f;
+                    for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
                     for (int64_t j = 0; j < nk; ++j) {
                         const float p = srow[j];
                         const float *vj = Vf + j * D;
-                        for (int d = 0; d < D; ++d) acc[d] += p * vj[d];
+                        for (int64_t d = 0; d < D; ++d) acc[d] += p * vj[d];
                     }
                     T *dst = O + i * a.o_stride[2];
-                    for (int d = 0; d < D; ++d) dst[d] = S::store(acc[d]);
+                    for (int64_t d = 0; d < D; ++d) dst[d] = S::store(acc[d]);
                 }
             });
         }
@@ -309,12 +312,13 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
 
 template <typename S>
 int32_t by_dim(const fk_attention_args &a, float scale, bool naive) {
+    if (naive) return naive_run<S>(a, scale);
     switch (a.head_dim) {
-        case 32: return naive ? naive_run<S, 32>(a, scale) : flash_run<S, 32>(a, scale);
-        case 64: return naive ? naive_run<S, 64>(a, scale) : flash_run<S, 64>(a, scale);
-        case 96: return naive ? naive_run<S, 96>(a, scale) : flash_run<S, 96>(a, scale);
-        case 128: return naive ? naive_run<S, 128>(a, scale) : flash_run<S, 128>(a, scale);
-        case 256: return naive ? naive_run<S, 256>(a, scale) : flash_run<S, 256>(a, scale);
+        case 32: return flash_run<S, 32>(a, scale);
+        case 64: return flash_run<S, 64>(a, scale);
+        case 96: return flash_run<S, 96>(a, scale);
+        case 128: return flash_run<S, 128>(a, scale);
+        case 256: return flash_run<S, 256>(a, scale);
         default: return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld is not supported", (long long)a.head_dim);
     }
 }

@@ -1,0 +1,230 @@
+"""Building flash_kernel/ per target: `build_targets(targets, out) -> BuildResult`.
+
+Each target compiles into a temporary file beside the library and is renamed into place only
+when the compiler succeeded, so a failed or interrupted build never leaves a half-written
+library; the previous library and its provenance.json (a matching pair) stay untouched then.
+The compiler's full output always goes to DIR/<target>/build.log.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from audit import __version__
+from audit.build import provenance as prov
+from audit.build import targets as tg
+from audit.build.toolchain import Toolchain, ToolchainMissing, find
+from audit.errors import InputError, UsageError
+
+BUILD_SCHEMA = "sovereign-audit.build/1"
+COMPILE_TIMEOUT_S = 1800
+BUILT, SKIPPED, FAILED = "built", "skipped", "failed"
+
+
+@dataclass
+class TargetBuild:
+    target: str
+    kind: str
+    status: str  # built | skipped | failed
+    reason: str  # one line; "" when built
+    requested: bool  # named by the caller (False: a default target)
+    library: str | None = None
+    provenance_path: str | None = None
+    log: str | None = None
+    sha256: str | None = None
+    duration_s: float = 0.0
+    provenance: dict | None = None  # the provenance.json content, so build.json stands alone
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class BuildResult:
+    out_dir: str
+    requested: list[str]  # as asked ([] for the defaults)
+    targets: list[TargetBuild] = field(default_factory=list)
+    started_at: str = ""
+    finished_at: str = ""
+    tool_version: str = __version__
+    schema: str = BUILD_SCHEMA
+
+    @property
+    def ok(self) -> bool:
+        """Every requested target was built (defaults skipped for a missing toolchain are fine)."""
+        return all(t.status == BUILT for t in self.targets if t.requested or t.status == FAILED)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def get(self, target: str) -> TargetBuild | None:
+        return next((t for t in self.targets if t.target == target), None)
+
+    def to_dict(self) -> dict:
+        return {"schema": self.schema, "out_dir": self.out_dir, "requested": list(self.requested),
+                "ok": self.ok, "started_at": self.started_at, "finished_at": self.finished_at,
+                "tool_version": self.tool_version, "targets": [t.to_dict() for t in self.targets]}
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def source_root() -> Path:
+    """The folder holding the flash_kernel package (found without importing it)."""
+    spec = importlib.util.find_spec("flash_kernel")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("the flash_kernel sources are not installed (reinstall sovereign-audit)")
+    return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+
+
+def valid_targets() -> list[str]:
+    return list(tg.all_specs())
+
+
+def resolve_targets(targets: list[str] | None) -> tuple[list[str], bool]:
+    """(names to build, explicitly requested?). Unknown names: UsageError listing the valid ones."""
+    specs = tg.all_specs()
+    if not targets:
+        return list(tg.DEFAULT_TARGETS), False
+    unknown = [t for t in targets if t not in specs]
+    if unknown:
+        raise UsageError(f"unknown target {', '.join(map(repr, unknown))}; valid targets: {', '.join(specs)} "
+                         f"(AMD targets come from the installed rocm-device-libs)")
+    return list(dict.fromkeys(targets)), True
+
+
+def first_error_line(log: str, returncode: int | None) -> str:
+    """The first meaningful line of a compiler log, for a one-line message."""
+    lines = [" ".join(line.split()) for line in log.splitlines()]
+    lines = [line for line in lines if line]
+    for line in lines:
+        low = line.lower()
+        if "error" in low or "fatal" in low:
+            return line[:300]
+    if lines:
+        return lines[0][:300]
+    return f"the compiler exited with status {returncode}"
+
+
+def build_targets(targets: list[str] | None, out: Path, jobs: int | None = None) -> BuildResult:
+    """Build each target into out/<target>/ (defaults: gfx1030 and sm_90 where their toolchains
+    exist, and cpu always). Never raises for a failed compile: see each TargetBuild's status."""
+    names, explicit = resolve_targets(targets)
+    out = Path(out)
+    result = BuildResult(out_dir=str(out), requested=names if explicit else [], started_at=_now())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the build folder {str(out)!r}: {exc.strerror or exc}") from None
+    specs = tg.all_specs()
+    root = source_root()
+    toolchains: dict[str, Toolchain | ToolchainMissing] = {}
+    for name in names:
+        c = specs[name].compiler
+        if c not in toolchains:
+            try:
+                toolchains[c] = find(c)
+            except ToolchainMissing as exc:
+                toolchains[c] = exc
+    workers = max(1, min(len(names), jobs or os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_build_one, specs[n], toolchains[specs[n].compiler], root, out,
+                               explicit or n == "cpu") for n in names]
+        result.targets = [f.result() for f in futures]
+    result.finished_at = _now()
+    _write_json(out / "build.json", result.to_dict())
+    return result
+
+
+def _build_one(spec: tg.TargetSpec, tc, root: Path, out: Path, requested: bool) -> TargetBuild:
+    t0 = time.monotonic()
+    tb = TargetBuild(spec.name, spec.kind, SKIPPED, "", requested)
+    if isinstance(tc, ToolchainMissing):
+        tb.reason = str(tc)
+        return tb
+    if spec.kind == "amd" and spec.name not in tg.device_lib_isas():
+        tb.reason = f"the installed rocm-device-libs have no bitcode for {spec.name}"
+        return tb
+    if not (root / spec.source).is_file():
+        tb.reason = f"{spec.source} is not in the source tree yet"
+        return tb
+    tdir = out / spec.name
+    try:
+        tdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        tb.status, tb.reason = FAILED, f"cannot create {str(tdir)!r}: {exc.strerror or exc}"
+        return tb
+    tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    final = tdir / tg.LIBRARY_NAME
+    tmp = (tdir / f".{tg.LIBRARY_NAME}.tmp-{tag}").resolve()
+    dep = (tdir / f".deps.tmp-{tag}.d").resolve()
+    log_path = tdir / "build.log"
+    argv = spec.command(str(tmp), str(dep))
+    argv[0] = tc.path  # the compiler actually run, by absolute path
+    started = _now()
+    returncode, output = None, ""
+    try:
+        cp = subprocess.run(argv, cwd=root, env={**os.environ, **spec.env}, capture_output=True, text=True,
+                            errors="replace", timeout=COMPILE_TIMEOUT_S)
+        returncode, output = cp.returncode, (cp.stdout or "") + (cp.stderr or "")
+    except subprocess.TimeoutExpired as exc:
+        output = f"{exc.stdout or ''}{exc.stderr or ''}\n(timed out after {COMPILE_TIMEOUT_S} s)"
+    except OSError as exc:
+        output = f"cannot run {argv[0]}: {exc}"
+    finished = _now()
+    tb.log = str(log_path)
+    _write_text(log_path, f"# target {spec.name}\n# cwd {root}\n# env {json.dumps(spec.env)}\n"
+                          f"# argv {json.dumps(argv)}\n# exit {returncode}\n{output}")
+    try:
+        if returncode != 0 or not tmp.is_file():
+            tb.status = FAILED
+            reason = first_error_line(output, returncode) if returncode != 0 else "the compiler wrote no output"
+            tb.reason = f"{reason} (full log: {log_path})"
+            return tb
+        deps = prov.parse_depfile(dep.read_text(errors="replace")) if dep.is_file() else []
+        sources = prov.tree_sources(root, deps)
+        method = "compiler-deps"
+        if spec.source not in sources:  # no usable dependency output: fall back to scanning
+            sources, method = prov.scan_sources(root), "scan"
+        out_digest = prov.digest(tmp, tg.LIBRARY_NAME)
+        record = prov.Provenance(
+            target=spec.name, kind=spec.kind, command=argv, cwd=str(root), env=dict(spec.env),
+            flags=list(spec.flags), compiler=tc.to_dict(),
+            sources=[prov.digest(root / s, s) for s in sources], sources_method=method,
+            outputs=[out_digest], host=prov.host_info(), started_at=started, finished_at=finished,
+            duration_s=round(time.monotonic() - t0, 3), expected_flash_path=spec.flash_path, note=spec.note,
+            git=prov.git_info(root), tool_version=__version__, temp_output=str(tmp))
+        os.replace(tmp, final)
+        _write_json(tdir / "provenance.json", record.to_dict())
+        tb.status, tb.library, tb.sha256 = BUILT, str(final), out_digest.sha256
+        tb.provenance_path = str(tdir / "provenance.json")
+        tb.provenance = record.to_dict()
+        return tb
+    finally:
+        tb.duration_s = round(time.monotonic() - t0, 3)
+        for p in (tmp, dep):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    _write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")

@@ -1,0 +1,128 @@
+"""Every build target of flash_kernel/ and its exact compiler command, in one table.
+
+The GPU engineer may tune the flag lists here; the shape of `TargetSpec` and `command()` is the
+builder's contract. Paths in commands are relative to the source root (the folder holding
+flash_kernel/), which is the compiler's working directory, so command lines read as in the docs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CPU_SOURCE = "flash_kernel/src/fk_cpu.cpp"
+GPU_SOURCE = "flash_kernel/src/fk_gpu.hip"
+INCLUDES = ("-I", "flash_kernel/include", "-I", "flash_kernel/src")
+LIBRARY_NAME = "libflash_kernel.so"
+
+# No -march/-mtune: the CPU object must run on any x86-64 (baseline SSE2); see docs/kernel.md.
+CPU_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-pthread")
+NVCC_FLAGS = ("-x", "cu", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr")
+HIPCC_FLAGS = ("-x", "hip", "-O3", "-std=c++17", "-fPIC", "-shared")
+# Debian's hipcc picks the NVIDIA platform whenever nvcc is on PATH; the AMD build must say so.
+HIPCC_ENV = {"HIP_PLATFORM": "amd"}
+
+NVIDIA_ARCH = {
+    "sm_90": ("-gencode", "arch=compute_90,code=sm_90"),
+    "sm_80": ("-gencode", "arch=compute_80,code=sm_80"),
+}
+
+# Where rocm-device-libs puts its per-ISA bitcode (Debian first, then ROCm's own layout).
+DEVICE_LIB_DIRS = (
+    "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+    "/usr/lib/amdgcn/bitcode",
+    "/usr/share/amdgcn/bitcode",
+    "/opt/rocm/amdgcn/bitcode",
+    "/opt/rocm/lib/amdgcn/bitcode",
+)
+# AMD targets that are always valid names (reported "skipped" where the device libraries lack them).
+AMD_ALWAYS = ("gfx1030", "gfx90a")
+_ISA_BC = re.compile(r"^oclc_isa_version_([0-9a-f]+)\.bc$")
+
+INSTALL_HINT = {
+    "g++": "apt install g++",
+    "hipcc": "apt install hipcc libamdhip64-dev rocm-device-libs",
+    "nvcc": "install the CUDA toolkit (nvcc on PATH, or /usr/local/cuda/bin/nvcc)",
+}
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    name: str
+    kind: str  # "cpu" | "nvidia" | "amd"
+    compiler: str  # "g++" | "nvcc" | "hipcc"
+    source: str  # the translation unit, relative to the source root
+    flags: tuple[str, ...]  # everything between the compiler and the include paths
+    env: dict[str, str] = field(default_factory=dict)  # set for the compiler (recorded in provenance)
+    flash_path: str = "cpu"  # what fk_flash_path() of the built library should say
+    note: str = ""
+
+    def command(self, output: str, depfile: str | None = None) -> list[str]:
+        """The exact argv: compiler, flags, includes, source, dependency output, -o output."""
+        argv = [self.compiler, *self.flags, *INCLUDES, self.source]
+        if depfile is not None:
+            argv += ["-MD", "-MF", depfile]  # the compiler lists every file the TU includes
+        return argv + ["-o", output]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "compiler": self.compiler, "source": self.source,
+                "flags": list(self.flags), "includes": list(INCLUDES), "env": dict(self.env),
+                "flash_path": self.flash_path, "note": self.note}
+
+
+def device_lib_isas(dirs: tuple[str, ...] = DEVICE_LIB_DIRS) -> list[str]:
+    """gfx targets the installed rocm-device-libs carry bitcode for (oclc_isa_version_1030.bc -> gfx1030)."""
+    env = os.environ.get("FK_ROCM_DEVICE_LIBS")
+    found: set[str] = set()
+    for d in ((env,) if env else dirs):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for n in names:
+            m = _ISA_BC.match(n)
+            if m:
+                found.add("gfx" + m.group(1))
+    return sorted(found, key=_gfx_key)
+
+
+def _gfx_key(name: str):
+    digits = name[3:]
+    return (len(digits), digits)
+
+
+def cpu_spec() -> TargetSpec:
+    return TargetSpec("cpu", "cpu", "g++", CPU_SOURCE, CPU_FLAGS, flash_path="cpu",
+                      note="baseline x86-64 (no -march): runs on any x86-64 machine")
+
+
+def nvidia_spec(name: str) -> TargetSpec:
+    if name == "sm_90-generic":
+        return TargetSpec(name, "nvidia", "nvcc", GPU_SOURCE, NVCC_FLAGS + NVIDIA_ARCH["sm_90"] + ("-DFK_FORCE_GENERIC",),
+                          flash_path="generic",
+                          note="the generic (RDNA2) logic forced on NVIDIA sm_90: a proxy, never an RDNA2 figure")
+    return TargetSpec(name, "nvidia", "nvcc", GPU_SOURCE, NVCC_FLAGS + NVIDIA_ARCH[name], flash_path="mma_sync")
+
+
+def amd_spec(name: str) -> TargetSpec:
+    return TargetSpec(name, "amd", "hipcc", GPU_SOURCE, HIPCC_FLAGS + (f"--offload-arch={name}",),
+                      env=dict(HIPCC_ENV), flash_path="generic")
+
+
+def all_specs() -> dict[str, TargetSpec]:
+    """Every valid target name -> its spec (AMD names from the installed device libraries)."""
+    specs = {"cpu": cpu_spec()}
+    for name in ("sm_90", "sm_80", "sm_90-generic"):
+        specs[name] = nvidia_spec(name)
+    for name in sorted(set(AMD_ALWAYS) | set(device_lib_isas()), key=_gfx_key):
+        specs[name] = amd_spec(name)
+    return specs
+
+
+DEFAULT_TARGETS = ("gfx1030", "sm_90", "cpu")  # gfx1030 and sm_90 only where their toolchains exist
+
+
+def library_path(out: Path, target: str) -> Path:
+    return Path(out) / target / LIBRARY_NAME
