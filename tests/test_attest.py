@@ -1,0 +1,151 @@
+"""Attestations: in-toto Statements of the right types, subjects with real digests, fields from evidence."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from audit.errors import AuditError
+from audit.report import dsse
+from audit.report.attest import write_attestations
+from audit.report.keys import generate_keypair
+from conftest import require_tool
+from test_verify import EVIDENCE, kernel_so  # noqa: F401  (the session fixture: a gcc-built .so)
+
+
+def _bundle(root: Path, so: Path, evidence=EVIDENCE) -> Path:
+    (root / "evidence").mkdir(parents=True)
+    (root / "artifacts" / "cpu").mkdir(parents=True)
+    for stage, obj in evidence.items():
+        (root / "evidence" / f"{stage}.json").write_text(json.dumps(obj))
+    (root / "artifacts" / "cpu" / "libflash_kernel.so").write_bytes(so.read_bytes())
+    return root
+
+
+def _statements(paths, key) -> dict[str, dict]:
+    out = {}
+    for p in paths:
+        env = dsse.loads(p.read_text())
+        assert env.payload_type == "application/vnd.in-toto+json"
+        assert env.verify(key.public)
+        st = json.loads(env.payload)
+        assert st["_type"] == "https://in-toto.io/Statement/v1"
+        out[p.name] = st
+    return out
+
+
+def _sha256sum(path: Path) -> str:
+    return subprocess.run([require_tool("sha256sum"), str(path)], capture_output=True, text=True,
+                          check=True).stdout.split()[0]
+
+
+def test_all_four_attestations(tmp_path, kernel_so):
+    root = _bundle(tmp_path / "b", kernel_so)
+    key = generate_keypair()
+    paths = write_attestations(root, key)
+    assert all(p.parent == root / "attestations" for p in paths)
+    st = _statements(paths, key)
+    assert set(st) == {"build.provenance.dsse.json", "parity.test-result.dsse.json",
+                       "linkage.test-result.dsse.json", "performance.dsse.json"}
+    so_digest = _sha256sum(root / "artifacts" / "cpu" / "libflash_kernel.so")
+
+    slsa = st["build.provenance.dsse.json"]
+    assert slsa["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert slsa["subject"] == [{"name": "artifacts/cpu/libflash_kernel.so", "digest": {"sha256": so_digest}}]
+    bd = slsa["predicate"]["buildDefinition"]
+    prov = EVIDENCE["build"]["targets"][0]["provenance"]
+    assert bd["externalParameters"]["targets"] == ["cpu"]
+    assert bd["internalParameters"]["cpu"]["commands"] == prov["commands"]
+    assert bd["internalParameters"]["cpu"]["flags"] == prov["flags"]
+    assert bd["internalParameters"]["cpu"]["toolchain"] == prov["toolchain"]
+    assert bd["resolvedDependencies"] == [{"name": n, "digest": {"sha256": d}} for n, d in prov["sources"].items()]
+    rd = slsa["predicate"]["runDetails"]
+    assert rd["builder"]["id"].startswith("https://sovereign-audit.dev/builder/")
+    assert rd["byproducts"][0] == {"name": "evidence/build.json",
+                                   "digest": {"sha256": _sha256sum(root / "evidence" / "build.json")}}
+
+    parity = st["parity.test-result.dsse.json"]
+    assert parity["predicateType"] == "https://in-toto.io/attestation/test-result/v0.1"
+    assert parity["predicate"]["result"] == "PASSED"
+    assert parity["predicate"]["passedTests"] == ["tiny (1,2,77,64)"]
+    assert parity["predicate"]["failedTests"] == []
+    assert {"name": "evidence/parity.json", "digest": {"sha256": _sha256sum(root / "evidence/parity.json")}} \
+        in parity["subject"]
+    assert {"name": "artifacts/cpu/libflash_kernel.so", "digest": {"sha256": so_digest}} in parity["subject"]
+
+    linkage = st["linkage.test-result.dsse.json"]
+    assert linkage["predicate"]["result"] == "PASSED"
+    assert linkage["predicate"]["passedTests"] == ["artifacts/cpu/libflash_kernel.so"]
+
+    perf = st["performance.dsse.json"]
+    assert perf["predicateType"] == "https://sovereign-audit.dev/performance/v1"
+    assert [s["name"] for s in perf["subject"]] == ["evidence/bench.json", "evidence/environment.json"]
+    sp = perf["predicate"]["claims"]["bench"]["speedups"]
+    assert sp == [{"shape": "tiny (1,2,77,64)", "subject": "flash", "baseline": "naive", "ratio": 2.0,
+                   "ci_low": 1.9, "ci_high": 2.1, "confidence": None}]
+
+
+def test_failed_parity_and_linkage_are_failed(tmp_path, kernel_so):
+    ev = dict(EVIDENCE)
+    ev["parity"] = {"schema": "sovereign-audit.parity/1", "passed": False, "shapes": [
+        {"shape": {"label": "a (1,1,1,64)"}, "status": "passed"},
+        {"shape": {"label": "b (1,1,77,64)"}, "status": "failed"}]}
+    ev["linkage"] = {"schema": "sovereign-audit.linkage/1", "exit_code": 1,
+                     "objects": [{"path": "artifacts/cpu/libflash_kernel.so", "verdict": "violation"}]}
+    root = _bundle(tmp_path / "b", kernel_so, ev)
+    key = generate_keypair()
+    st = _statements(write_attestations(root, key), key)
+    p = st["parity.test-result.dsse.json"]["predicate"]
+    assert p["result"] == "FAILED" and p["passedTests"] == ["a (1,1,1,64)"] and p["failedTests"] == ["b (1,1,77,64)"]
+    assert st["linkage.test-result.dsse.json"]["predicate"]["result"] == "FAILED"
+
+
+def test_no_verdict_is_warned_not_guessed(tmp_path, kernel_so):
+    ev = {"parity": {"schema": "sovereign-audit.parity/1"}}
+    root = _bundle(tmp_path / "b", kernel_so, ev)
+    key = generate_keypair()
+    st = _statements(write_attestations(root, key), key)
+    assert st["parity.test-result.dsse.json"]["predicate"]["result"] == "WARNED"
+
+
+def test_missing_evidence_writes_only_what_exists(tmp_path, kernel_so):
+    root = tmp_path / "b"
+    (root / "evidence").mkdir(parents=True)
+    key = generate_keypair()
+    assert write_attestations(root, key) == []
+    (root / "evidence" / "bench.json").write_text(json.dumps(EVIDENCE["bench"]))
+    assert [p.name for p in write_attestations(root, key)] == ["performance.dsse.json"]
+
+
+def test_user_artifacts_are_audited_not_built(tmp_path, kernel_so):
+    root = _bundle(tmp_path / "b", kernel_so)
+    (root / "artifacts" / "user").mkdir()
+    (root / "artifacts" / "user" / "theirs.so").write_bytes(b"\x7fELF user object")
+    key = generate_keypair()
+    st = _statements(write_attestations(root, key), key)
+    slsa_names = [s["name"] for s in st["build.provenance.dsse.json"]["subject"]]
+    assert slsa_names == ["artifacts/cpu/libflash_kernel.so"]
+    link_names = [s["name"] for s in st["linkage.test-result.dsse.json"]["subject"]]
+    assert "artifacts/user/theirs.so" in link_names
+    assert hashlib.sha256(b"\x7fELF user object").hexdigest() in json.dumps(st["linkage.test-result.dsse.json"])
+
+
+def test_bad_evidence_is_a_clear_error(tmp_path, kernel_so):
+    root = _bundle(tmp_path / "b", kernel_so)
+    (root / "evidence" / "parity.json").write_text("{truncated")
+    with pytest.raises(AuditError, match="evidence/parity.json: not JSON") as exc:
+        write_attestations(root, generate_keypair())
+    assert exc.value.exit_code == 3
+
+
+def test_evidence_symlink_outside_is_refused(tmp_path, kernel_so):
+    root = _bundle(tmp_path / "b", kernel_so)
+    (tmp_path / "elsewhere.json").write_text(json.dumps(EVIDENCE["parity"]))
+    (root / "evidence" / "parity.json").unlink()
+    (root / "evidence" / "parity.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(AuditError, match="symlink points outside the bundle"):
+        write_attestations(root, generate_keypair())
