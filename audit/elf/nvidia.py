@@ -1,0 +1,122 @@
+"""NVIDIA fatbins in `.nv_fatbin`: every PTX and cubin entry, and the kernels each defines.
+
+Layout (shared/reference.md section 3): fatbin header u32 magic 0xBA55ED50, u16 version, u16
+header size, u64 payload size; then entries: u16 kind @0 (1 PTX, 2 cubin), u32 entry-header size
+@4, u64 payload size @8, u32 compressed size @0x10, u16 minor @0x18, u16 major @0x1a, u32 SM
+@0x1c, u64 flags @0x28 (0x2000 LZ4, 0x8000 zstd, 0x100000 an "a" target), u64 uncompressed size
+@0x38. A section may hold several fatbins (one per translation unit), so it is walked by magic.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import numpy as np
+
+from audit.elf.decompress import DecompressError, inflate
+from audit.elf.model import DeviceCode
+from audit.elf.parse import EM_CUDA, ElfImage, Malformed, decode
+
+FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
+KIND_PTX, KIND_CUBIN = 1, 2
+FLAG_LZ4, FLAG_ZSTD, FLAG_ARCH_A = 0x2000, 0x8000, 0x100000
+STO_CUDA_ENTRY = 0x10  # st_other bit nvcc sets on __global__ functions
+_PTX_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][A-Za-z0-9_$%]*)")
+ENTRY_MIN = 0x40
+
+
+def cubin_kernels(data: bytes) -> tuple[str, ...]:
+    """Kernel names of a cubin: FUNC symbols marked as entries, else `.text.<name>` sections."""
+    from audit.elf.symbols import load_tables, make_symbols  # local: avoids an import cycle
+
+    img = ElfImage(data)
+    if img.e_machine != EM_CUDA:
+        raise Malformed(f"cubin has e_machine {img.e_machine}, not EM_CUDA (190)")
+    names: dict[str, None] = {}
+    for table in load_tables(img):
+        syms = table.syms
+        entry = ((syms["st_info"] & 0xF) == 2) & ((syms["st_other"] & STO_CUDA_ENTRY) != 0) \
+            & (syms["st_shndx"] != 0)
+        for sym in make_symbols(img, table, np.flatnonzero(entry)):
+            names[sym.name] = None
+    if not names:
+        for sec in img.sections:
+            if sec.name.startswith(".text.") and len(sec.name) > 6:
+                names[sec.name[6:]] = None
+    return tuple(names)
+
+
+def ptx_kernels(text: bytes) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(decode(m.group(1)) for m in _PTX_ENTRY_RE.finditer(text)))
+
+
+def _entry(data: bytes, at: int, end: int, section: str, file_off: int) -> tuple[DeviceCode, int]:
+    kind_code, hsize, psize = struct.unpack_from("<HxxIQ", data, at)
+    csize, minor, major, sm = struct.unpack_from("<IxxxxHHI", data, at + 0x10)
+    flags = struct.unpack_from("<Q", data, at + 0x28)[0]
+    usize = struct.unpack_from("<Q", data, at + 0x38)[0] if hsize >= 0x40 else 0
+    if hsize < ENTRY_MIN or at + hsize + psize > end:
+        raise Malformed(f"{section}+{file_off:#x}: fatbin entry (header {hsize}, payload {psize}) "
+                        "runs past its fatbin")
+    suffix = "a" if flags & FLAG_ARCH_A else ""
+    kind = {KIND_PTX: "ptx", KIND_CUBIN: "cubin"}.get(kind_code, "unknown")
+    target = f"{'compute' if kind == 'ptx' else 'sm'}_{sm}{suffix}"
+    algo = "lz4" if flags & FLAG_LZ4 else "zstd" if flags & FLAG_ZSTD else None
+    start = at + hsize
+    base = dict(container="nv_fatbin", section=section, offset=file_off + hsize, size=psize,
+                kind=kind, target=target, compressed=algo)
+    payload = data[start:start + psize]
+    if kind == "unknown":
+        return DeviceCode(**base, error=f"unknown fatbin entry kind {kind_code}"), hsize + psize
+    if algo:
+        if csize and csize <= psize:
+            payload = payload[:csize]
+        try:
+            payload, _ = inflate(algo, payload, usize or None)
+        except DecompressError as exc:
+            return DeviceCode(**base, error=str(exc)), hsize + psize
+    try:
+        kernels = ptx_kernels(payload) if kind == "ptx" else cubin_kernels(payload)
+    except (Malformed, struct.error, ValueError) as exc:
+        return DeviceCode(**base, error=f"cubin unreadable: {exc}"), hsize + psize
+    return DeviceCode(**base, kernels=kernels), hsize + psize
+
+
+def read_nv_fatbin(data: bytes, section: str, section_offset: int) -> list[DeviceCode]:
+    """Every fatbin entry in one `.nv_fatbin` section, in order."""
+    out: list[DeviceCode] = []
+    pos, n = 0, len(data)
+    while pos < n:
+        at = data.find(FATBIN_MAGIC, pos)
+        if at < 0:
+            break
+        where = f"{section}+{section_offset + at:#x}"
+        if at + 16 > n:
+            out.append(_error(section, section_offset + at, n - at, f"{where}: truncated fatbin header"))
+            break
+        _magic, _version, hsize, fsize = struct.unpack_from("<IHHQ", data, at)
+        end = at + hsize + fsize
+        if hsize < 16 or end > n:
+            out.append(_error(section, section_offset + at, n - at,
+                              f"{where}: fatbin (header {hsize}, size {fsize}) runs past the section"))
+            pos = at + 4
+            continue
+        epos = at + hsize
+        while epos + ENTRY_MIN <= end:
+            try:
+                entry, used = _entry(data, epos, end, section, section_offset + epos)
+            except Malformed as exc:
+                out.append(_error(section, section_offset + epos, end - epos, str(exc)))
+                break
+            out.append(entry)
+            epos += used  # used >= ENTRY_MIN: the walk ends
+        pos = max(end, at + 4)
+    if not out and data.strip(b"\0"):
+        out.append(_error(section, section_offset, n, "section holds data but no fatbin"))
+    return out
+
+
+def _error(section, off, size, msg) -> DeviceCode:
+    return DeviceCode(container="nv_fatbin", section=section, offset=off, size=size,
+                      kind="unknown", target="unknown", error=msg)

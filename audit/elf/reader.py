@@ -1,0 +1,158 @@
+"""read_elf: one file -> ElfInfo (audit/elf/model.py), fast and fail-closed.
+
+The file is mmap'ed; its sha256 is computed on a second thread (hashlib releases the GIL) while
+the tables are read. Every failure to read or parse raises audit.errors.InputError with a
+one-line message naming the file; nothing else escapes for a malformed input.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import mmap
+import os
+import re
+import stat
+import struct
+import threading
+import zlib
+
+import numpy as np
+
+from audit.elf.amdgpu import read_hip_fatbin
+from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, read_version_defs,
+                               read_version_needs)
+from audit.elf.model import ElfInfo, Symbol
+from audit.elf.nvidia import read_nv_fatbin
+from audit.elf.parse import SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed
+from audit.elf.strings import library_strings
+from audit.elf.symbols import load_tables, make_symbols, select
+from audit.errors import InputError
+
+# Imports through which a binary loads code at run time (exact names or prefixes).
+CODE_LOADING_RE = re.compile(
+    r"^(?:dlopen|dlmopen|dlsym|dlvsym|hipModuleLoad\w*|cuModuleLoad\w*|cuLibraryLoad\w*"
+    r"|hiprtc\w*|nvrtc\w*)$")
+
+# Exceptions a malformed file can raise from guarded parsing code: all mean "unparseable".
+_MALFORMED = (Malformed, struct.error, ValueError, IndexError, OverflowError, zlib.error,
+              UnicodeError)
+
+
+def is_elf(path: str | os.PathLike) -> bool:
+    """True if the path is a regular file starting with the ELF magic (never raises)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < 4:
+            return False
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _open(path: str) -> tuple[int, int]:
+    """(fd, size) of a regular, non-empty file; InputError otherwise (never blocks on a FIFO)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(f"{path}: symlink loop") from None
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{path}: not a regular file")
+    if st.st_size == 0:
+        raise InputError(f"{path}: empty file (0 bytes), not an ELF file")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return fd, st.st_size
+
+
+def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None) -> ElfInfo:
+    """Read one ELF file. Keeps imports always and other symbols when their (bytes) names match
+    `symbol_pattern` (searched anywhere in the name; see audit.elf.symbols). Raises InputError."""
+    path = os.fspath(path)
+    fd, size = _open(path)
+    try:
+        try:
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: cannot map file: {exc}") from None
+    finally:
+        os.close(fd)
+    digest: dict[str, str] = {}
+    hasher = threading.Thread(target=lambda: digest.setdefault("sha256", hashlib.sha256(mm).hexdigest()),
+                              daemon=True)
+    hasher.start()
+    try:
+        try:
+            info = _parse(path, mm, symbol_pattern)
+        except _MALFORMED as exc:
+            msg = str(exc) or type(exc).__name__
+            raise InputError(f"{path}: not a readable ELF file: {msg}") from None
+        except MemoryError:
+            raise InputError(f"{path}: too large to read (out of memory)") from None
+        finally:
+            hasher.join()
+        info.sha256 = digest.get("sha256", "")
+        if not info.sha256:
+            raise InputError(f"{path}: could not hash the file")
+        return info
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # a numpy view still refers to it; it is unmapped when collected
+            pass
+
+
+def _parse(path: str, mm, symbol_pattern) -> ElfInfo:
+    img = ElfImage(mm)
+    warnings = list(img.warnings)
+    dyn = read_dynamic(img)
+    warnings += dyn.warnings
+    needs, need_index = read_version_needs(img) if img.sections else ([], {})
+    versions: dict[int, tuple[str, str | None]] = {k: (v, None) for k, v in read_version_defs(img).items()}
+    versions.update(need_index)
+    if not img.sections:
+        warnings.append("no section header table: symbols, strings and device code not read")
+
+    tables = load_tables(img)
+    has_dynsym = any(t.name == ".dynsym" for t in tables)
+    symbols: list[Symbol] = []
+    counts: dict[str, int] = {}
+    for table in tables:
+        counts[table.name] = counts.get(table.name, 0) + len(table)
+        # imports: from .dynsym; from .symtab only when there is no .dynsym (relocatable objects)
+        keep_imports = table.name == ".dynsym" or not has_dynsym
+        idx = select(img, table, symbol_pattern, keep_imports, warnings)
+        versym = _versym(img, table) if table.name == ".dynsym" else None
+        symbols += make_symbols(img, table, idx, versions, versym)
+    code_loading = sorted({s.name for s in symbols if not s.defined and CODE_LOADING_RE.match(s.name)})
+
+    device = []
+    for sec in img.sections:
+        if sec.name in (".hip_fatbin", ".nv_fatbin") and sec.type != SHT_NOBITS and sec.size:
+            data = img.bytes_at(sec.offset, sec.size, f"section {sec.name}")
+            reader = read_hip_fatbin if sec.name == ".hip_fatbin" else read_nv_fatbin
+            device += reader(data, sec.name, sec.offset)
+
+    return ElfInfo(
+        path=path, sha256="", size=img.size, build_id=read_build_id(img), elf_class=img.bits,
+        machine=img.machine_name, endian=img.endian, elf_type=img.type_name, soname=dyn.soname,
+        needed=dyn.needed, rpath=dyn.rpath, runpath=dyn.runpath, interpreter=read_interpreter(img),
+        version_needs=needs, symbols=symbols, symbol_counts=counts,
+        code_loading_imports=code_loading, library_strings=library_strings(img, warnings),
+        device_code=device, warnings=warnings)
+
+
+def _versym(img: ElfImage, table) -> np.ndarray | None:
+    for sec in img.sections:
+        if sec.type == SHT_GNU_VERSYM and sec.link == table.index:
+            count = sec.size // 2
+            img.check_range(sec.offset, count * 2, "section .gnu.version")
+            return np.frombuffer(img.buf, dtype=img.e + "u2", count=count, offset=sec.offset)
+    return None

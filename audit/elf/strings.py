@@ -1,0 +1,61 @@
+"""Library-name strings embedded in a file's data: what a dlopen() would be given.
+
+Scanned: every allocated, non-executable SHT_PROGBITS section (.rodata*, .data*, .data.rel.ro,
+.tdata, ...): a name handed to dlopen may sit in writable data too. Not scanned: `.dynstr`
+(its library names are DT_NEEDED / verneed entries, reported as such, and its other strings are
+symbol names), `.interp`, and the device-code sections (read as device code instead).
+One bytes regex runs over each section's data in bulk.
+"""
+
+from __future__ import annotations
+
+import re
+
+from audit.elf.model import StringHit
+from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode
+
+# lib<name>.so with an optional version suffix: libcublas.so.12, libMIOpen.so, libnvrtc-builtins.so.13.0
+# A literal-prefixed run (re's fast path): each "lib" starts a run of name characters that the
+# regex takes greedily and never backtracks over, so hostile data costs linear time.
+_RUN_RE = re.compile(rb"lib[A-Za-z0-9_+\-.]{0,255}")
+# Inside a run: the library name ends at ".so" plus an optional numeric version.
+_SO_RE = re.compile(rb"\.so(?:\.[0-9]+)*(?![A-Za-z0-9_+\-])")
+_INNER_LIB_RE = re.compile(rb"[^A-Za-z0-9]lib")
+SKIP_SECTIONS = {".interp", ".hip_fatbin", ".nv_fatbin", ".hipFatBinSegment", ".nvFatBinSegment"}
+MAX_HITS = 10_000  # per file; more than this is reported as a warning, never silently dropped
+
+
+def scannable(img: ElfImage):
+    for sec in img.sections:
+        if (sec.type == SHT_PROGBITS and sec.flags & SHF_ALLOC and not sec.flags & SHF_EXECINSTR
+                and sec.size and sec.name not in SKIP_SECTIONS):
+            yield sec
+
+
+def library_names(run: bytes) -> list[tuple[int, bytes]]:
+    """Library names in one run ("libfoo.so.1" -> [(0, b"libfoo.so.1")]), with any inner
+    "lib..." name too ("libx.libcublas.so" also gives "libcublas.so"): fail closed."""
+    m = _SO_RE.search(run)
+    if m is None or m.start() <= 3:
+        return []
+    name = run[:m.end()]
+    out = [(0, name)]
+    for inner in _INNER_LIB_RE.finditer(name, 0, m.start()):
+        if inner.end() < m.start():
+            out.append((inner.start() + 1, name[inner.start() + 1:]))
+    return out
+
+
+def library_strings(img: ElfImage, warnings: list[str]) -> list[StringHit]:
+    hits: list[StringHit] = []
+    for sec in scannable(img):
+        if sec.offset + sec.size > img.size:
+            warnings.append(f"section {sec.name} lies outside the file: its strings were not scanned")
+            continue
+        for m in _RUN_RE.finditer(img.buf, sec.offset, sec.offset + sec.size):
+            for rel, name in library_names(m.group()):
+                if len(hits) >= MAX_HITS:
+                    warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
+                    return hits
+                hits.append(StringHit(section=sec.name, offset=m.start() + rel, text=decode(name)))
+    return hits

@@ -1,0 +1,144 @@
+"""Symbol tables in bulk: numpy structured arrays over the section bytes, no per-symbol objects.
+
+Only the symbols worth reporting become `Symbol`s: imports from `.dynsym` always (from `.symtab`
+too when the file has no `.dynsym`, as in relocatable objects), and any symbol whose name matches
+the caller's pattern. Names are resolved only for those: the pattern runs once over the whole
+string table (`audit.elf.textscan`), and the matching string ranges are joined to st_name with
+numpy (searchsorted), then each candidate name is checked on its own with the real pattern.
+
+Pattern semantics: `pattern.search(name)` on each name (bytes). `^` and `$` anchor at the name's
+start and end; `\\A` and `\\Z` are not supported (the scan runs over the joined table).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from audit.elf.model import Symbol
+from audit.elf.parse import SHN_UNDEF, SHT_DYNSYM, SHT_SYMTAB, ElfImage, Malformed, decode
+from audit.elf.textscan import matching_strings
+
+STT = {0: "NOTYPE", 1: "OBJECT", 2: "FUNC", 3: "SECTION", 4: "FILE", 5: "COMMON", 6: "TLS",
+       10: "GNU_IFUNC"}
+STB = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK", 10: "GNU_UNIQUE"}
+
+
+def sym_dtype(bits: int, e: str) -> np.dtype:
+    if bits == 64:
+        return np.dtype([("st_name", e + "u4"), ("st_info", "u1"), ("st_other", "u1"),
+                         ("st_shndx", e + "u2"), ("st_value", e + "u8"), ("st_size", e + "u8")])
+    return np.dtype([("st_name", e + "u4"), ("st_value", e + "u4"), ("st_size", e + "u4"),
+                     ("st_info", "u1"), ("st_other", "u1"), ("st_shndx", e + "u2")])
+
+
+@dataclass
+class SymbolTable:
+    name: str  # ".dynsym" / ".symtab" (by type, whatever the section is called)
+    index: int  # section index (for .gnu.version, which parallels .dynsym)
+    syms: np.ndarray
+    str_off: int
+    str_size: int
+
+    def __len__(self) -> int:
+        return len(self.syms)
+
+
+def load_tables(img: ElfImage) -> list[SymbolTable]:
+    out = []
+    dt = sym_dtype(img.bits, img.e)
+    for sec in img.sections:
+        if sec.type not in (SHT_DYNSYM, SHT_SYMTAB):
+            continue
+        label = ".dynsym" if sec.type == SHT_DYNSYM else ".symtab"
+        entsize = sec.entsize or dt.itemsize
+        if entsize < dt.itemsize:
+            raise Malformed(f"{label} entry size {entsize} < {dt.itemsize}")
+        img.check_range(sec.offset, sec.size, f"symbol table {label}")
+        count = sec.size // entsize
+        if not 0 < sec.link < len(img.sections):
+            raise Malformed(f"{label} links to invalid string table index {sec.link}")
+        strsec = img.sections[sec.link]
+        img.check_range(strsec.offset, strsec.size, f"string table of {label}")
+        if count == 0:
+            syms = np.zeros(0, dtype=dt)
+        elif entsize == dt.itemsize:
+            syms = np.frombuffer(img.buf, dtype=dt, count=count, offset=sec.offset)
+        else:  # unusual but legal: a larger entsize; read it strided
+            syms = np.ndarray((count,), dtype=dt, buffer=img.buf, offset=sec.offset, strides=(entsize,))
+        out.append(SymbolTable(label, sec.index, syms, strsec.offset, strsec.size))
+    return out
+
+
+def select(img: ElfImage, table: SymbolTable, pattern: re.Pattern[bytes] | None,
+           keep_imports: bool, warnings: list[str]) -> np.ndarray:
+    """Indices of the entries to keep (sorted)."""
+    syms = table.syms
+    if len(syms) == 0:
+        return np.zeros(0, dtype=np.int64)
+    nm = syms["st_name"]
+    bad = nm >= table.str_size
+    if bad.any():
+        warnings.append(f"{table.name}: {int(bad.sum())} symbol name offsets outside the string table")
+    keep = np.zeros(len(syms), dtype=bool)
+    if keep_imports:
+        keep |= (syms["st_shndx"] == SHN_UNDEF) & (nm != 0) & ~bad
+        keep[0] = False  # the null symbol
+    if pattern is not None:
+        keep |= _pattern_mask(img, table, pattern, nm, bad)
+    return np.flatnonzero(keep)
+
+
+def _pattern_mask(img, table, pattern, nm, bad) -> np.ndarray:
+    mask = np.zeros(len(nm), dtype=bool)
+    if table.str_size == 0:
+        return mask
+    starts, ends = matching_strings(img.buf, table.str_off, table.str_size, pattern)
+    ok = ~bad & (nm != 0)
+    cand = np.zeros(len(nm), dtype=bool)
+    if len(starts):
+        k = np.searchsorted(starts, nm, side="right") - 1
+        kk = np.maximum(k, 0)
+        cand = ok & (k >= 0) & (nm < ends[kk])
+    # A name that starts inside another string (suffix sharing) must be checked on its own: the
+    # scan saw it only as part of the longer string, where `^` could not match it.
+    blob = np.frombuffer(img.buf, dtype=np.uint8, count=table.str_size, offset=table.str_off)
+    prev = blob[np.clip(nm.astype(np.int64) - 1, 0, table.str_size - 1)]
+    inner = ok & (nm > 0) & (prev != 0)
+    todo = np.flatnonzero(cand | inner)
+    verdict: dict[int, bool] = {}
+    for i in todo.tolist():
+        off = int(nm[i])
+        v = verdict.get(off)
+        if v is None:
+            raw = img.cstring(table.str_off, table.str_size, off) or b""
+            v = verdict[off] = pattern.search(raw) is not None
+        mask[i] = v
+    return mask
+
+
+def make_symbols(img: ElfImage, table: SymbolTable, idx: np.ndarray,
+                 versions: dict[int, tuple[str, str | None]] | None = None,
+                 versym: np.ndarray | None = None) -> list[Symbol]:
+    out = []
+    if len(idx) == 0:
+        return out
+    sub = table.syms[idx]
+    names = sub["st_name"].tolist()
+    infos = sub["st_info"].tolist()
+    shndx = sub["st_shndx"].tolist()
+    vers = versym[idx].tolist() if versym is not None and len(versym) == len(table.syms) else None
+    for j, off in enumerate(names):
+        raw = img.cstring(table.str_off, table.str_size, off) or b""
+        version = vfile = None
+        if vers is not None and versions:
+            hit = versions.get(vers[j] & 0x7FFF)
+            if hit is not None:
+                version, vfile = hit
+        out.append(Symbol(name=decode(raw), defined=shndx[j] != SHN_UNDEF, table=table.name,
+                          kind=STT.get(infos[j] & 0xF, f"STT_{infos[j] & 0xF}"),
+                          bind=STB.get(infos[j] >> 4, f"STB_{infos[j] >> 4}"),
+                          version=version, version_file=vfile))
+    return out
