@@ -58,13 +58,19 @@ def test_all_four_attestations(tmp_path, kernel_so):
     assert slsa["subject"] == [{"name": "artifacts/cpu/libflash_kernel.so", "digest": {"sha256": so_digest}}]
     bd = slsa["predicate"]["buildDefinition"]
     prov = EVIDENCE["build"]["targets"][0]["provenance"]
-    assert bd["externalParameters"]["targets"] == ["cpu"]
-    assert bd["internalParameters"]["cpu"]["commands"] == prov["commands"]
-    assert bd["internalParameters"]["cpu"]["flags"] == prov["flags"]
-    assert bd["internalParameters"]["cpu"]["toolchain"] == prov["toolchain"]
-    assert bd["resolvedDependencies"] == [{"name": n, "digest": {"sha256": d}} for n, d in prov["sources"].items()]
+    assert bd["externalParameters"] == {"targets": ["cpu"], "requested": ["cpu"]}
+    ip = bd["internalParameters"]["cpu"]
+    assert ip["command"] == prov["command"] and ip["cwd"] == "/src" and ip["flags"] == prov["flags"]
+    assert ip["toolchain"] == prov["compiler"]
+    deps = bd["resolvedDependencies"]
+    assert {"name": "flash_kernel/src/k.c", "digest": {"sha256": prov["sources"][0]["sha256"]}} in deps
+    assert {"name": "sovereign-audit checkout", "digest": {"gitCommit": prov["git"]["commit"]},
+            "annotations": {"flash_kernel_dirty": False}} in deps
+    gcc = next(d for d in deps if d.get("uri") == "file:///usr/bin/gcc")
+    assert gcc["annotations"]["version"] == "12.2.0"
     rd = slsa["predicate"]["runDetails"]
     assert rd["builder"]["id"].startswith("https://sovereign-audit.dev/builder/")
+    assert rd["metadata"] == {"startedOn": "2026-12-03T06:00:00+00:00", "finishedOn": "2026-12-03T06:00:30+00:00"}
     assert rd["byproducts"][0] == {"name": "evidence/build.json",
                                    "digest": {"sha256": _sha256sum(root / "evidence" / "build.json")}}
 
@@ -102,6 +108,19 @@ def test_failed_parity_and_linkage_are_failed(tmp_path, kernel_so):
     p = st["parity.test-result.dsse.json"]["predicate"]
     assert p["result"] == "FAILED" and p["passedTests"] == ["a (1,1,1,64)"] and p["failedTests"] == ["b (1,1,77,64)"]
     assert st["linkage.test-result.dsse.json"]["predicate"]["result"] == "FAILED"
+
+
+def test_copied_provenance_json_is_preferred_and_listed(tmp_path, kernel_so):
+    root = _bundle(tmp_path / "b", kernel_so)
+    prov = dict(EVIDENCE["build"]["targets"][0]["provenance"], flags=["-O3"])
+    (root / "artifacts" / "cpu" / "provenance.json").write_text(json.dumps(prov))
+    key = generate_keypair()
+    st = _statements(write_attestations(root, key), key)["build.provenance.dsse.json"]
+    assert st["predicate"]["buildDefinition"]["internalParameters"]["cpu"]["flags"] == ["-O3"]
+    assert {"name": "artifacts/cpu/provenance.json",
+            "digest": {"sha256": _sha256sum(root / "artifacts/cpu/provenance.json")}} in \
+        st["predicate"]["runDetails"]["byproducts"]
+    assert [s["name"] for s in st["subject"]] == ["artifacts/cpu/libflash_kernel.so"]
 
 
 def test_no_verdict_is_warned_not_guessed(tmp_path, kernel_so):

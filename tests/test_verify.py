@@ -27,11 +27,20 @@ from conftest import require_tool
 KERNEL_C = "int fk_abi_version(void) { return 1; }\nconst char *fk_target(void) { return \"cpu\"; }\n"
 
 EVIDENCE = {
-    "build": {"schema": "sovereign-audit.build/1", "targets": [
-        {"target": "cpu", "status": "built", "provenance": {
-            "commands": ["gcc -O2 -shared -fPIC -o libflash_kernel.so k.c"], "flags": ["-O2", "-fPIC"],
-            "sources": {"flash_kernel/src/k.c": hashlib.sha256(KERNEL_C.encode()).hexdigest()},
-            "toolchain": {"gcc": "12"}}}]},
+    # field names as audit.build.builder.TargetBuild / audit.build.provenance.Provenance write them
+    "build": {"schema": "sovereign-audit.build/1", "requested": ["cpu"], "ok": True,
+              "started_at": "2026-12-03T06:00:00+00:00", "finished_at": "2026-12-03T06:00:30+00:00",
+              "tool_version": "0.1.0", "targets": [
+        {"target": "cpu", "kind": "cpu", "status": "built", "reason": "", "provenance": {
+            "schema": "sovereign-audit.provenance/1", "target": "cpu", "kind": "cpu",
+            "command": ["/usr/bin/gcc", "-O2", "-shared", "-fPIC", "k.c", "-o", "libflash_kernel.so"],
+            "cwd": "/src", "env": {}, "flags": ["-O2", "-shared", "-fPIC"],
+            "compiler": {"name": "gcc", "path": "/usr/bin/gcc", "version": "12.2.0",
+                         "packages": {"gcc-12": "12.2.0-14"}},
+            "sources": [{"path": "flash_kernel/src/k.c", "sha256": hashlib.sha256(KERNEL_C.encode()).hexdigest(),
+                         "size": len(KERNEL_C)}],
+            "sources_method": "compiler-deps", "host": {"hostname": "test"},
+            "git": {"commit": "0123456789abcdef0123456789abcdef01234567", "flash_kernel_dirty": False}}}]},
     "linkage": {"schema": "sovereign-audit.linkage/1", "exit_code": 0,
                 "objects": [{"path": "artifacts/cpu/libflash_kernel.so", "verdict": "sovereign"}]},
     "parity": {"schema": "sovereign-audit.parity/1", "passed": True, "shapes": [

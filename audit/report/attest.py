@@ -129,25 +129,47 @@ def _source_dependencies(prov: dict) -> list[dict]:
     return out
 
 
+def _toolchain_dependency(compiler) -> dict | None:
+    """The compiler as a ResourceDescriptor (uri = its path; version and Debian packages annotated)."""
+    if not isinstance(compiler, dict) or not isinstance(compiler.get("path"), str):
+        return None
+    ann = {k: compiler[k] for k in ("name", "version", "details", "packages") if compiler.get(k)}
+    return {"name": str(compiler.get("name", compiler["path"])), "uri": "file://" + compiler["path"],
+            "annotations": ann}
+
+
 def slsa_provenance(bundle_dir: Path, build: dict | None, build_sha: str | None,
                     artifacts: dict[str, list[str]]) -> dict:
+    """SLSA Provenance v1 for the built objects, from build.json and each target's provenance.json."""
     entries = _target_entries(build)
-    targets, internal, deps = [], {}, []
-    seen_deps = set()
+    internal, deps, seen = {}, [], set()
+
+    def add_dep(d):
+        key = json.dumps(d, sort_keys=True)
+        if d and key not in seen:
+            seen.add(key)
+            deps.append(d)
+
     for target in sorted(artifacts):
         prov = _target_provenance(bundle_dir, target, entries.get(target, {}))
-        targets.append(target)
         internal[target] = {
-            "commands": _first(prov, "commands", "command_lines", "compile_commands", default=NOT_RECORDED),
+            "kind": _first(prov, "kind", default=NOT_RECORDED),
+            "command": _first(prov, "command", "commands", "command_lines", default=NOT_RECORDED),
+            "cwd": _first(prov, "cwd", default=NOT_RECORDED),
+            "env": _first(prov, "env", default=NOT_RECORDED),
             "flags": _first(prov, "flags", "cflags", default=NOT_RECORDED),
-            "toolchain": _first(prov, "toolchain", "versions", "compilers", "tools", default=NOT_RECORDED),
-            "host": _first(prov, "host", "machine", default=NOT_RECORDED),
+            "toolchain": _first(prov, "compiler", "toolchain", "versions", default=NOT_RECORDED),
+            "sources_method": _first(prov, "sources_method", default=NOT_RECORDED),
+            "expected_flash_path": _first(prov, "expected_flash_path", default=NOT_RECORDED),
+            "host": _first(prov, "host", default=NOT_RECORDED),
         }
+        git = prov.get("git")
+        if isinstance(git, dict) and isinstance(git.get("commit"), str):
+            add_dep({"name": "sovereign-audit checkout", "digest": {"gitCommit": git["commit"]},
+                     "annotations": {"flash_kernel_dirty": git.get("flash_kernel_dirty")}})
         for d in _source_dependencies(prov):
-            key = (d["name"], d["digest"]["sha256"])
-            if key not in seen_deps:
-                seen_deps.add(key)
-                deps.append(d)
+            add_dep(d)
+        add_dep(_toolchain_dependency(prov.get("compiler")))
     byproducts = [{"name": "evidence/build.json", "digest": {"sha256": build_sha}}] if build_sha else []
     for target in sorted(artifacts):
         try:
@@ -156,20 +178,23 @@ def slsa_provenance(bundle_dir: Path, build: dict | None, build_sha: str | None,
         except UnsafePath:
             pass
     metadata = {}
-    for ours, theirs in (("startedOn", ("started", "start_time", "startedOn")),
-                         ("finishedOn", ("finished", "end_time", "finishedOn"))):
+    for ours, theirs in (("startedOn", ("started_at", "started", "startedOn")),
+                         ("finishedOn", ("finished_at", "finished", "finishedOn"))):
         v = _first(build or {}, *theirs)
         if isinstance(v, str):
             metadata[ours] = v
     predicate = {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
-            "externalParameters": {"targets": targets,
-                                   "command": _first(build or {}, "command", "argv", default=NOT_RECORDED)},
+            "externalParameters": {"targets": sorted(artifacts),
+                                   "requested": _first(build or {}, "requested", default=NOT_RECORDED)},
             "internalParameters": internal,
             "resolvedDependencies": deps,
         },
-        "runDetails": {"builder": {"id": BUILDER_ID}, "metadata": metadata, "byproducts": byproducts},
+        "runDetails": {"builder": {"id": BUILDER_ID,
+                                   "version": {"sovereign-audit": _first(build or {}, "tool_version",
+                                                                         default=__version__)}},
+                       "metadata": metadata, "byproducts": byproducts},
     }
     names = [n for t in sorted(artifacts) for n in artifacts[t]]
     return statement(_subjects(bundle_dir, names), SLSA_PROVENANCE, predicate)
