@@ -101,13 +101,16 @@ def test_failed_parity_and_linkage_are_failed(tmp_path, kernel_so):
         {"shape": {"label": "a (1,1,1,64)"}, "status": "passed"},
         {"shape": {"label": "b (1,1,77,64)"}, "status": "failed"}]}
     ev["linkage"] = {"schema": "sovereign-audit.linkage/1", "exit_code": 1,
-                     "objects": [{"path": "artifacts/cpu/libflash_kernel.so", "verdict": "violation"}]}
+                     "files": [{"path": "artifacts/cpu/libflash_kernel.so", "verdict": "fail"},
+                               {"path": "other.so", "verdict": "pass"}]}
     root = _bundle(tmp_path / "b", kernel_so, ev)
     key = generate_keypair()
     st = _statements(write_attestations(root, key), key)
     p = st["parity.test-result.dsse.json"]["predicate"]
     assert p["result"] == "FAILED" and p["passedTests"] == ["a (1,1,1,64)"] and p["failedTests"] == ["b (1,1,77,64)"]
-    assert st["linkage.test-result.dsse.json"]["predicate"]["result"] == "FAILED"
+    lp = st["linkage.test-result.dsse.json"]["predicate"]
+    assert lp["result"] == "FAILED"
+    assert lp["failedTests"] == ["artifacts/cpu/libflash_kernel.so"] and lp["passedTests"] == ["other.so"]
 
 
 def test_copied_provenance_json_is_preferred_and_listed(tmp_path, kernel_so):

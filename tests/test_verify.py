@@ -41,8 +41,9 @@ EVIDENCE = {
                          "size": len(KERNEL_C)}],
             "sources_method": "compiler-deps", "host": {"hostname": "test"},
             "git": {"commit": "0123456789abcdef0123456789abcdef01234567", "flash_kernel_dirty": False}}}]},
-    "linkage": {"schema": "sovereign-audit.linkage/1", "exit_code": 0,
-                "objects": [{"path": "artifacts/cpu/libflash_kernel.so", "verdict": "sovereign"}]},
+    # as audit.linkage.check.CheckReport.to_dict() writes it
+    "linkage": {"schema": "sovereign-audit.linkage/1", "exit_code": 0, "policy": {"name": "default"},
+                "files": [{"path": "artifacts/cpu/libflash_kernel.so", "verdict": "pass", "findings": []}]},
     "parity": {"schema": "sovereign-audit.parity/1", "passed": True, "shapes": [
         {"shape": {"label": "tiny (1,2,77,64)"}, "status": "passed"}]},
     "bench": {"schema": "sovereign-audit.bench/1", "shapes": [
@@ -295,6 +296,15 @@ def test_symlink_pointing_outside(bundle, tmp_path):
     lines = fail_lines(out)
     assert "FAIL evidence/passwd: symlink points outside the bundle" in lines
     assert any(line.startswith("FAIL evidence/parity.json: symlink points outside the bundle") for line in lines)
+
+
+def test_manifest_replaced_by_a_symlink(bundle, tmp_path):
+    root, pub = bundle
+    shutil.move(root / "manifest.json", tmp_path / "manifest.json")
+    (root / "manifest.json").symlink_to(tmp_path / "manifest.json")
+    rc, out, _ = cli("verify", root, "--key", pub)
+    assert rc == 1
+    assert fail_lines(out) == ["FAIL manifest.json: symlink points outside the bundle"]
 
 
 def test_symlinked_folder_pointing_outside(bundle, tmp_path):

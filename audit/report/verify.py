@@ -140,7 +140,7 @@ def _load_manifest(root: Path) -> list[dict]:
     except UnsafePath as exc:
         if str(exc).startswith("missing"):
             raise MalformedBundle(f"{printable(str(root))}: no {MANIFEST}: not a sovereign-audit bundle") from None
-        raise MalformedBundle(f"{MANIFEST}: {exc}") from None
+        raise  # a symlink or a non-file where the manifest should be: a failure, reported by the caller
     try:
         m = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -161,7 +161,10 @@ def verify_bundle(dir: Path, pubkey: Path | None = None) -> VerifyResult:
         raise MalformedBundle(f"{printable(str(root))}: not a folder")
     notes: list[str] = []
     public, key_desc, identity = _load_key(root, pubkey, notes)
-    manifest = _load_manifest(root)
+    try:
+        manifest = _load_manifest(root)
+    except UnsafePath as exc:  # e.g. manifest.json replaced by a symlink: nothing listed can be trusted
+        return VerifyResult(ok=False, failures=[f"{MANIFEST}: {exc}"], notes=notes)
     files, problems = walk_bundle(root)
     if MANIFEST_ENVELOPE not in files and not any(n == MANIFEST_ENVELOPE for n, _ in problems):
         raise MalformedBundle(f"{printable(str(root))}: no {MANIFEST_ENVELOPE}: the manifest is unsigned")
