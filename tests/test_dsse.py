@@ -54,6 +54,11 @@ def test_any_change_breaks_the_signature():
     assert not dsse.Envelope(env.payload_type, env.payload,
                              (dsse.Signature(key.keyid, bytes(sig)),)).verify(key.public)
     assert not env.verify(generate_keypair().public)
+    # truncated or empty signatures are a failed check, not an exception
+    short = (dsse.Signature("", env.signatures[0].sig[:63]), dsse.Signature("", b""))
+    assert not dsse.Envelope(env.payload_type, env.payload, short).verify(key.public)
+    # one good signature among others is enough (keyid is only a hint)
+    assert dsse.Envelope(env.payload_type, env.payload, short + env.signatures).verify(key.public)
 
 
 def test_signature_matches_openssl(tmp_path):

@@ -134,7 +134,7 @@ def _load_key(root: Path, pubkey, notes: list[str]):
     return public_key_from_pem(data, f"{printable(str(root))}/{PUBLIC_KEY}"), f"the bundle's {PUBLIC_KEY}", False
 
 
-def _load_manifest(root: Path) -> list[dict]:
+def _load_manifest(root: Path) -> dict:
     try:
         data = read_member(root, MANIFEST)
     except UnsafePath as exc:
