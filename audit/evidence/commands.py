@@ -134,7 +134,7 @@ def parity_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, dev
     _print_parity(report)
     failures = report.failure_lines()
     if failures:
-        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        more = f" (and {len(failures) - 1} more shapes)" if len(failures) > 1 else ""
         raise GateFailed(f"parity gate failed: {_safe(failures[0])}{more}")
     return 0
 
@@ -247,7 +247,7 @@ def _print_bench(report) -> None:
                 continue
             t = b.summary
             click.echo(f"    {b.name:16s} {t.median:10.3f} {t.iqr:9.3f} {t.min:9.3f} {t.max:9.3f} "
-                       f"{b.tflops:8.2f}{tag}")
+                       f"{b.tflops:8.3g}{tag}")
         for sp in s.speedups:
             c = sp.ci
             click.echo(f"    speedup {sp.subject} vs {sp.baseline}: {c.ratio:.2f}x "

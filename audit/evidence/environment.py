@@ -8,6 +8,7 @@ escapes them).
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import platform
 import shutil
@@ -38,8 +39,9 @@ def _run(argv: list[str], timeout: float = 10.0) -> str | None:
     return p.stdout if p.returncode == 0 else None
 
 
-def _version_line(argv: list[str], pick: str | None = None) -> str | None:
-    out = _run(argv)
+@functools.lru_cache(maxsize=None)  # compilers do not change within a process; clocks do
+def _version_line(argv: tuple[str, ...], pick: str | None = None) -> str | None:
+    out = _run(list(argv))
     if not out:
         return None
     lines = [ln for ln in out.splitlines() if ln.strip()]
@@ -115,10 +117,10 @@ def capture() -> dict:
         "torch": torch_info(),
         "gpus": nvidia_smi(),
         "toolchain": {
-            "nvcc": _version_line(["nvcc", "--version"], pick="release"),
-            "hipcc": _version_line(["hipcc", "--version"], pick="HIP version"),
-            "gcc": _version_line(["gcc", "--version"]),
-            "rocm_smi": _version_line(["rocm-smi", "--showdriverversion"], pick="version"),
+            "nvcc": _version_line(("nvcc", "--version"), pick="release"),
+            "hipcc": _version_line(("hipcc", "--version"), pick="HIP version"),
+            "gcc": _version_line(("gcc", "--version")),
+            "rocm_smi": _version_line(("rocm-smi", "--showdriverversion"), pick="version"),
         },
         "env": {k: _line(os.environ[k]) for k in _ENV_VARS if k in os.environ},
     }

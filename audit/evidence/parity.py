@@ -165,11 +165,10 @@ class ParityReport:
         return all(s.status == "passed" for s in self.shapes)
 
     def failure_lines(self) -> list[str]:
-        lines = []
-        for s in self.shapes:
-            for g in s.failures:
-                lines.append(f"shape {s.shape.label}: {g.name} {g.detail}".strip())
-        return lines
+        """One line per failed shape, naming the shape and every failed gate."""
+        return [f"shape {s.shape.label}: " + "; ".join(f"{g.name} {g.detail}".strip()
+                                                       for g in s.failures)
+                for s in self.shapes if s.failures]
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "passed": self.passed, "selection": self.selection,
@@ -264,6 +263,13 @@ def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, se
     del outputs, ref_out, out
 
     cr = res.candidate_vs_reference
+    nonfinite = cr.nonfinite
+    g = GateResult("nonfinite", "-", float(nonfinite), float(gates.nonfinite),
+                   nonfinite <= gates.nonfinite,
+                   f"= {nonfinite} NaN/Inf elements ({cr.nan} NaN, {cr.inf} Inf"
+                   f"{', NaN may be elements never written' if res.poisoned else ''})"
+                   f" > {gates.nonfinite}")
+    res.gates.append(g)  # first: a NaN is the cause of the other failures
     res.gates.append(_upper("rel_l2", "reference", cr.rel_l2, gates.rel_l2))
     co = res.candidate_vs_oracle
     if co is None:
@@ -271,13 +277,6 @@ def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, se
                                     f"not evaluated: {res.error}"))
     else:
         res.gates.append(_lower("cosine", "oracle", co.cosine, gates.cosine))
-    nonfinite = cr.nonfinite
-    g = GateResult("nonfinite", "-", float(nonfinite), float(gates.nonfinite),
-                   nonfinite <= gates.nonfinite,
-                   f"= {nonfinite} NaN/Inf elements ({cr.nan} NaN, {cr.inf} Inf"
-                   f"{', NaN may be elements never written' if res.poisoned else ''})"
-                   f" > {gates.nonfinite}")
-    res.gates.append(g)
 
     # The scale probe: a sharper, explicit scale on the first PROBE_ROWS queries.
     probe_scale = PROBE_SCALE_FACTOR / math.sqrt(shape.head_dim)
