@@ -2,21 +2,22 @@
 
 Why globs and not regular expressions: a pattern must match a *whole* symbol, string or
 kernel name, never a substring (`cublas` inside `my_cublas_free_helper` is not cuBLAS), and
-the union of all symbol patterns is handed to the ELF reader as ONE bytes regex that it may run
-over a whole NUL-separated string table at once. Translating globs ourselves guarantees that no
-pattern can match across a NUL (`*` becomes `[^\\x00]*`) and that every match is bounded by
-NULs or the ends of the name, in either use.
+the union of all symbol patterns is handed to the ELF reader as ONE bytes regex that it runs
+over a whole string table at once (audit.elf.textscan: NULs become newlines, `^`/`$` anchor at
+each name, then each candidate is re-checked on its own with `pattern.search`). Translating
+globs ourselves guarantees that no pattern can run past the end of a name (`*` becomes
+`[^\x00\n]*`) and that every match is the whole name, in either use. The union is built as a
+prefix trie (`_Z` -> `N` -> `7cutlass` ...) so the engine rejects a name after a byte or two.
 
 Syntax: `*` any run of characters, `?` one character, `[abc]` / `[a-z]` / `[!abc]` a class.
-Patterns are printable ASCII (ELF symbol names are).
+Patterns are printable ASCII without spaces (ELF symbol names are).
 """
 
 from __future__ import annotations
 
 import re
 
-_BOUNDARY_START = r"(?<![^\x00])"  # at the start of the name, or just after a NUL
-_BOUNDARY_END = r"(?![^\x00])"  # at the end of the name, or just before a NUL
+_ANY = r"[^\x00\n]"  # a name's character: never the separator of a joined string table
 NEVER = re.compile(rb"(?!)")
 
 
@@ -24,7 +25,7 @@ class PatternError(ValueError):
     """A glob that cannot be translated (the message says why)."""
 
 
-def glob_to_regex(pattern: str) -> str:
+def glob_to_regex(pattern: str, any_char: str = _ANY) -> str:
     """The regex body (unanchored) that matches exactly what `pattern` matches."""
     if not pattern:
         raise PatternError("empty pattern")
@@ -36,9 +37,9 @@ def glob_to_regex(pattern: str) -> str:
         ch = pattern[i]
         i += 1
         if ch == "*":
-            out.append(r"[^\x00]*")
+            out.append(any_char + "*")
         elif ch == "?":
-            out.append(r"[^\x00]")
+            out.append(any_char)
         elif ch == "[":
             j = i
             if j < n and pattern[j] in "!^":
@@ -57,7 +58,7 @@ def glob_to_regex(pattern: str) -> str:
             if not body:
                 raise PatternError("empty '[]' class")
             body = "".join("\\" + c if c in "\\^[]" else c for c in body)
-            out.append(f"[^{body}\\x00]" if negate else f"[{body}]")
+            out.append(f"[^{body}\\x00\\n]" if negate else f"[{body}]")
         else:
             out.append(re.escape(ch))
     regex = "".join(out)
@@ -76,26 +77,48 @@ def compile_globs(patterns: list[str] | tuple[str, ...]) -> re.Pattern[str] | No
 
 
 def combined_bytes_regex(patterns: list[str]) -> re.Pattern[bytes]:
-    """The union of `patterns` as ONE bytes regex, bounded by NULs or the ends of the input.
+    """The union of `patterns` as ONE bytes regex `^(?:trie)$` (whole names only).
 
-    Works with .match/.fullmatch/.search on a single name and with .finditer over a whole
-    NUL-separated string table. Alternatives are grouped by their first literal character so
-    the engine tries one or two branches per name instead of all of them.
+    Matches a single name with .search/.match/.fullmatch, and each name of a NUL- or
+    newline-separated table under re.MULTILINE (what the ELF reader's bulk scan does).
     """
-    groups: dict[str, list[str]] = {}
-    other: list[str] = []
-    for pat in dict.fromkeys(patterns):  # dedupe, keep order
-        body = glob_to_regex(pat)
-        if pat[0] not in "*?[":
-            groups.setdefault(pat[0], []).append(glob_to_regex(pat[1:]) if len(pat) > 1 else "")
-        else:
-            other.append(body)
-    if not groups and not other:
+    trie: dict = {}
+    for pat in dict.fromkeys(patterns):
+        glob_to_regex(pat)  # validate the whole pattern first
+        for literal, rest in _literal_prefixes(pat):
+            node = trie
+            for ch in literal:
+                node = node.setdefault(ch, {})
+            node.setdefault(None, []).append(glob_to_regex(rest) if rest else "")
+    if not trie:
         return NEVER
-    branches = [re.escape(first) + "(?:" + "|".join(rests) + ")" for first, rests in groups.items()]
-    branches += other
-    regex = _BOUNDARY_START + "(?:" + "|".join(branches) + ")" + _BOUNDARY_END
-    return re.compile(regex.encode("ascii"))
+    return re.compile(("^" + _emit(trie) + "$").encode("ascii"))
+
+
+def _literal_prefixes(pattern: str) -> list[tuple[str, str]]:
+    """Split into (literal prefix, glob rest); small leading classes expand: [sd]gemm_ -> s, d."""
+    todo, out = [("", pattern)], []
+    while todo:
+        literal, rest = todo.pop()
+        while rest and rest[0] not in "*?[":
+            literal, rest = literal + rest[0], rest[1:]
+        if rest.startswith("[") and len(todo) + len(out) < 32:
+            end = rest.find("]", 2)
+            body = rest[1:end] if end > 0 else ""
+            if body and body[0] not in "!^" and "-" not in body and len(body) <= 8:
+                todo += [(literal + ch, rest[end + 1:]) for ch in reversed(body)]
+                continue
+        out.append((literal, rest))
+    return out
+
+
+def _emit(node: dict) -> str:
+    alts = [re.escape(ch) + _emit(sub) for ch, sub in node.items() if ch is not None]
+    alts += node.get(None, [])
+    alts = list(dict.fromkeys(alts))
+    if len(alts) == 1 and (None not in node or not alts[0]):
+        return alts[0]
+    return "(?:" + "|".join(alts) + ")"
 
 
 _SONAME_STEM = re.compile(r"^(.+?)\.so(?:\.[0-9A-Za-z_+-]+)*$")

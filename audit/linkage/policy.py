@@ -139,7 +139,42 @@ class Policy:
             rule.compile()
         self._re = {"trusted": compile_globs(self.trusted), "inspected": compile_globs(self.inspected)}
         self._re["symbols"] = combined_bytes_regex([p for r in self.rules for p in r.symbols])
+        self._by_id = {r.id: r for r in self.all_rules()}
+        # One regex per evidence type, a named group per rule, in policy order: the first rule
+        # that matches wins, in one C-level match per name (libtorch_cpu has ~85k MKL/oneDNN names).
+        for kind, attrs in (("symbols", ("symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",))):
+            alts = []
+            for i, r in enumerate(self.rules):
+                pats = [p for a in attrs for p in getattr(r, a)]
+                if pats:
+                    alts.append(f"(?P<r{i}>" + "|".join(glob_to_regex(p) for p in pats) + ")")
+            self._re["by_" + kind] = re.compile("(?:" + "|".join(alts) + r")\Z") if alts else None
+        self._memo = {"symbols": {}, "kernels": {}}
         return self
+
+    def _classify(self, kind: str, name: str) -> Rule | None:
+        memo = self._memo.get(kind)
+        if memo is not None and name in memo:
+            return memo[name]
+        rx = self._re.get("by_" + kind)
+        m = rx.match(name) if rx else None
+        rule = self.rules[int(m.lastgroup[1:])] if m else None
+        if memo is not None:
+            memo[name] = rule
+        return rule
+
+    def rule_for_symbol(self, name: str) -> Rule | None:
+        """The first rule whose symbol patterns match the whole name."""
+        return self._classify("symbols", name)
+
+    def rule_for_kernel(self, name: str) -> Rule | None:
+        """The first rule whose kernel (or symbol) patterns match the device kernel name."""
+        return self._classify("kernels", name)
+
+    def rule_for_string(self, text: str) -> Rule | None:
+        """The first rule whose string patterns, or soname globs, match a library-name string."""
+        rule = self._classify("strings", text)
+        return rule or self.deny_rule_for_soname(text)
 
     # -- queries used by the checker --
     @property
@@ -168,7 +203,8 @@ class Policy:
         return self.rules + [builtin_rule(rid) for rid in _BUILTIN_TEXT]
 
     def rule(self, rule_id: str) -> Rule | None:
-        return next((r for r in self.all_rules() if r.id == rule_id), None)
+        by_id = getattr(self, "_by_id", None) or {r.id: r for r in self.all_rules()}
+        return by_id.get(rule_id)
 
     def to_dict(self) -> dict:
         return {

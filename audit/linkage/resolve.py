@@ -1,0 +1,388 @@
+"""ld.so-style library resolution and the dependency tree.
+
+Follows glibc's dynamic loader (elf/dl-load.c, _dl_map_object) for one DT_NEEDED name:
+  1. a name with a '/' is a path ($ORIGIN expanded);
+  2. DT_RPATH of the requesting object, then of its loader, and on up to the audited object,
+     skipping every object that has DT_RUNPATH (glibc drops RPATH when RUNPATH exists), and
+     only if the requesting object itself has no DT_RUNPATH;
+  3. --ldpath directories, then LD_LIBRARY_PATH (only with --use-env);
+  4. DT_RUNPATH of the requesting object only (RUNPATH never applies to grandchildren);
+  5. the directories of /etc/ld.so.conf and its includes (what ldconfig puts in ld.so.cache);
+  6. the default directories.
+A candidate must be an ELF file of the same class, byte order and machine as the audited
+object; others are skipped (ld.so skips them too). Libraries already loaded (by requested name,
+SONAME or file identity) satisfy later requests, so cycles terminate. Loading is breadth-first,
+as ld.so does, which decides whose RPATH chain a library is found through.
+
+With --root SYSROOT every absolute path taken from the audited system (RPATH/RUNPATH entries,
+ld.so.conf and its includes, default directories, symlink targets) is looked up under SYSROOT.
+Not modelled: DF_1_NODEFLIB, hwcaps subdirectories, secure-mode (setuid) restrictions.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+import stat
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from audit.elf.model import ElfInfo
+
+_MAX_LINKS = 40  # ELOOP after this many symlinks, like the kernel
+_TRIPLETS = {
+    (64, 62): "x86_64-linux-gnu", (32, 3): "i386-linux-gnu", (64, 183): "aarch64-linux-gnu",
+    (32, 40): "arm-linux-gnueabihf", (64, 21): "powerpc64le-linux-gnu", (64, 22): "s390x-linux-gnu",
+    (64, 243): "riscv64-linux-gnu", (64, 258): "loongarch64-linux-gnu",
+}
+SYSTEM_HOW = ("ld.so.conf", "default")
+
+
+@dataclass
+class ResolveOptions:
+    """How to search for libraries (the `check` options --root, --ldpath, --use-env)."""
+
+    root: str | None = None  # sysroot for a hermetic audit
+    ldpath: list[str] = field(default_factory=list)  # extra directories, searched like LD_LIBRARY_PATH
+    use_env: bool = False
+    ld_library_path: str | None = None  # captured from the environment when use_env
+    ldso_conf: str = "/etc/ld.so.conf"  # inside root when root is set
+    max_nodes: int = 5000  # a bound on huge trees: past it the file is an error, never a hang
+
+    @classmethod
+    def from_cli(cls, root: str | None = None, ldpath=(), use_env: bool = False) -> "ResolveOptions":
+        return cls(
+            root=os.path.realpath(root) if root else None,
+            ldpath=[os.path.abspath(p) for p in ldpath],
+            use_env=use_env,
+            ld_library_path=os.environ.get("LD_LIBRARY_PATH") if use_env else None,
+        )
+
+    def to_dict(self) -> dict:
+        return {"root": self.root, "ldpath": list(self.ldpath), "use_env": self.use_env,
+                "ld_library_path": self.ld_library_path, "ldso_conf": self.ldso_conf}
+
+
+@dataclass
+class DepNode:
+    """One DT_NEEDED edge of the tree and where it led."""
+
+    name: str  # as requested in DT_NEEDED (the root: the audited file's name)
+    status: str  # root | trusted | inspected | unlisted | denied | unresolved | loaded | error
+    path: str | None = None  # where it was found (host path)
+    realpath: str | None = None
+    how: str | None = None  # path | rpath | ldpath | LD_LIBRARY_PATH | runpath | ld.so.conf | default | loaded
+    via: str | None = None  # for rpath: whose DT_RPATH; for runpath: the requester's
+    soname: str | None = None
+    rule: str | None = None  # the deny rule that matched
+    note: str | None = None
+    children: list["DepNode"] = field(default_factory=list)
+    info: ElfInfo | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("name", "status", "path", "how", "via", "soname", "rule", "note")}
+        d["children"] = [c.to_dict() for c in self.children]
+        return d
+
+    def walk(self, chain: tuple["DepNode", ...] = ()):
+        """(node, chain from the root to the node inclusive), depth first."""
+        chain = chain + (self,)
+        yield self, chain
+        for child in self.children:
+            yield from child.walk(chain)
+
+
+# ---------------------------------------------------------------- paths
+
+
+def probe(path: str) -> tuple[int, str, int] | None:
+    """(bits, endian, e_machine) from an ELF header, or None if not a readable ELF file.
+
+    Only the 20 header bytes ld.so itself checks before mapping a candidate.
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return None
+    endian = "little" if head[5] == 1 else "big"
+    return (32 if head[4] == 1 else 64, endian, int.from_bytes(head[18:20], endian))
+
+
+class Paths:
+    """Maps paths of the audited system to this machine's, honouring --root."""
+
+    def __init__(self, root: str | None):
+        self.root = root.rstrip("/") if root else None
+
+    def host(self, path: str) -> str:
+        """An absolute path as the audited system sees it -> where it is here."""
+        return self.root + path if self.root and path.startswith("/") else path
+
+    def real(self, host_path: str) -> str | None:
+        """Symlinks resolved, staying inside the sysroot; None if missing or a loop."""
+        if self.root is None or not (host_path == self.root or host_path.startswith(self.root + "/")):
+            try:
+                return os.path.realpath(host_path, strict=True)
+            except (OSError, RuntimeError):
+                return None
+        todo = deque(host_path[len(self.root):].split("/"))
+        done: list[str] = []
+        links = 0
+        while todo:
+            part = todo.popleft()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if done:
+                    done.pop()
+                continue
+            here = self.root + "/" + "/".join(done + [part])
+            try:
+                st = os.lstat(here)
+            except OSError:
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    return None
+                target = os.readlink(here)
+                if target.startswith("/"):
+                    done = []  # absolute targets are inside the sysroot
+                todo.extendleft(reversed(target.split("/")))
+            else:
+                done.append(part)
+        return self.root + "/" + "/".join(done)
+
+
+def expand_dst(entry: str, origin: str, bits: int, machine: int) -> str | None:
+    """$ORIGIN, $LIB, $PLATFORM (and ${...}) expanded; None if an unknown token remains."""
+    triplet = _TRIPLETS.get((bits, machine))
+    values = {"ORIGIN": origin, "LIB": f"lib/{triplet}" if triplet else ("lib64" if bits == 64 else "lib"),
+              "PLATFORM": (triplet or "").split("-")[0]}
+    for key, value in values.items():
+        entry = entry.replace("${" + key + "}", value).replace("$" + key, value)
+    return None if "$" in entry else entry
+
+
+def read_ldso_conf(paths: Paths, conf: str) -> tuple[list[str], list[str]]:
+    """(directories in order, warnings) from ld.so.conf and its `include` globs, recursively."""
+    dirs: list[str] = []
+    warnings: list[str] = []
+    seen: set[str] = set()
+
+    def parse(path: str, depth: int) -> None:
+        if depth > 16 or path in seen:
+            warnings.append(f"ld.so.conf include loop or depth at {path}")
+            return
+        seen.add(path)
+        try:
+            with open(paths.host(path), encoding="utf-8", errors="replace") as fh:
+                text = fh.read(1 << 20)
+        except OSError:
+            if depth == 0:
+                warnings.append(f"cannot read {path}; using only the default directories")
+            return
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            if line.startswith("include") and line[7:8].isspace():
+                for pat in line[8:].split():
+                    if not pat.startswith("/"):
+                        pat = os.path.join(os.path.dirname(path), pat)
+                    for hit in sorted(_glob.glob(paths.host(pat))):
+                        inner = hit[len(paths.root):] if paths.root else hit
+                        parse(inner, depth + 1)
+            elif line.startswith("hwcap"):
+                continue
+            else:
+                for d in line.replace(",", " ").replace(":", " ").split():
+                    d = d.split("=", 1)[0]  # old "dir=TYPE" syntax
+                    if d.startswith("/") and d not in dirs:
+                        dirs.append(d)
+
+    parse(conf, 0)
+    return dirs, warnings
+
+
+def default_dirs(bits: int, machine: int) -> list[str]:
+    triplet = _TRIPLETS.get((bits, machine))
+    multi = [f"/lib/{triplet}", f"/usr/lib/{triplet}"] if triplet else []
+    wide = ["/lib64", "/usr/lib64"] if bits == 64 else ["/lib32", "/usr/lib32"]
+    return multi + wide + ["/lib", "/usr/lib"]
+
+
+# ---------------------------------------------------------------- the tree
+
+
+class Resolver:
+    """Builds dependency trees for audited objects; one per check run (caches ld.so.conf)."""
+
+    def __init__(self, options: ResolveOptions, policy, read: Callable[[str], ElfInfo]):
+        self.options = options
+        self.policy = policy
+        self.read = read  # path -> ElfInfo (cached by the caller); raises on unparseable input
+        self.paths = Paths(options.root)
+        self.conf_dirs, self.warnings = read_ldso_conf(self.paths, options.ldso_conf)
+        self.env_dirs = [d for d in (options.ld_library_path or "").split(":") if d] if options.use_env else []
+
+    def tree(self, info: ElfInfo, path: str) -> tuple[DepNode, list[str]]:
+        """The dependency tree of the object at `path` (already read as `info`), and warnings."""
+        warnings: list[str] = []
+        ident = probe(path) or (info.elf_class, info.endian, -1)
+        rootnode = DepNode(name=os.path.basename(path), status="root", path=path,
+                           realpath=os.path.realpath(path), soname=info.soname, info=info)
+        loaded: dict[str, DepNode] = {os.path.basename(path): rootnode}
+        if info.soname:
+            loaded[info.soname] = rootnode
+        by_real: dict[str, DepNode] = {rootnode.realpath: rootnode}
+        queue: deque[tuple[DepNode, tuple[DepNode, ...]]] = deque([(rootnode, (rootnode,))])
+        count = 0
+        while queue:
+            node, chain = queue.popleft()
+            for needed in node.info.needed:
+                count += 1
+                if count > self.options.max_nodes:
+                    raise TreeTooLarge(f"dependency tree has more than {self.options.max_nodes} edges")
+                if needed in loaded:
+                    first = loaded[needed]
+                    node.children.append(DepNode(name=needed, status="loaded", path=first.path,
+                                                 realpath=first.realpath, how="loaded", note="already loaded"))
+                    continue
+                child = self._resolve(needed, node, chain, ident, warnings)
+                if child.realpath and child.realpath in by_real:
+                    first = by_real[child.realpath]
+                    child.status, child.how, child.note = "loaded", "loaded", f"same file as {first.name}"
+                    node.children.append(child)
+                    loaded[needed] = first
+                    continue
+                node.children.append(child)
+                loaded[needed] = child
+                if child.realpath:
+                    by_real[child.realpath] = child
+                if child.soname:
+                    loaded.setdefault(child.soname, child)
+                if child.status in ("inspected", "unlisted"):
+                    queue.append((child, chain + (child,)))
+        return rootnode, warnings
+
+    def _resolve(self, needed: str, requester: DepNode, chain, ident, warnings: list[str]) -> DepNode:
+        rule = self.policy.deny_rule_for_soname(needed)
+        found = self._search(needed, requester, chain, ident, warnings)
+        if found is None:
+            return DepNode(name=needed, status="denied" if rule else "unresolved",
+                           rule=rule.id if rule else None, note="not found")
+        path, real, how, via = found
+        node = DepNode(name=needed, status="", path=path, realpath=real, how=how, via=via)
+        rule = rule or self.policy.deny_rule_for_soname(os.path.basename(real))
+        if rule:
+            node.status, node.rule = "denied", rule.id
+            return node
+        if self.policy.is_trusted(needed):
+            if how in SYSTEM_HOW:
+                node.status = "trusted"
+                return node
+            node.note = "trusted name found outside the system directories: inspected"
+        try:
+            node.info = self.read(real)
+        except Exception as exc:  # fail closed: an unreadable dependency cannot be vouched for
+            node.status = "error"
+            node.note = " ".join(str(getattr(exc, "message", exc)).split()) or type(exc).__name__
+            return node
+        node.soname = node.info.soname
+        rule = self.policy.deny_rule_for_soname(node.soname) if node.soname else None
+        if rule:
+            node.status, node.rule = "denied", rule.id
+            node.note = f"SONAME {node.soname}"
+            return node
+        node.status = "inspected" if (self.policy.is_inspected(needed) or node.note) else "unlisted"
+        return node
+
+    def _search(self, name: str, requester: DepNode, chain, ident, warnings) -> tuple[str, str, str, str | None] | None:
+        bits, _endian, machine = ident
+        info = requester.info
+        origin = os.path.dirname(requester.realpath or requester.path or ".")
+        if "/" in name:
+            expanded = expand_dst(name, origin, bits, machine)
+            if expanded is None:
+                return None
+            host = self.paths.host(expanded) if expanded.startswith("/") else os.path.abspath(expanded)
+            hit = self._candidate(host, ident)
+            return (host, hit, "path", None) if hit else None
+        searches: list[tuple[str, str | None, list[str], str]] = []
+        if not info.runpath:
+            for node in reversed(chain):  # the requester, its loader, ... the audited object
+                if node.info is not None and not node.info.runpath and node.info.rpath:
+                    searches.append(("rpath", node.name, node.info.rpath, _origin(node)))
+        searches.append(("ldpath", None, self.options.ldpath, ""))
+        searches.append(("LD_LIBRARY_PATH", None, self.env_dirs, ""))
+        if info.runpath:
+            searches.append(("runpath", requester.name, info.runpath, origin))
+        searches.append(("ld.so.conf", None, self.conf_dirs, ""))
+        searches.append(("default", None, default_dirs(bits, machine), ""))
+        for how, via, dirs, dir_origin in searches:
+            for entry in dirs:
+                d = self._dir(how, via, entry, dir_origin, bits, machine, warnings)
+                if d is None:
+                    continue
+                host = os.path.join(d, name)
+                hit = self._candidate(host, ident)
+                if hit:
+                    return host, hit, how, via
+        return None
+
+    def _dir(self, how, via, entry, origin, bits, machine, warnings) -> str | None:
+        if how in ("ldpath", "LD_LIBRARY_PATH"):
+            return entry  # this machine's paths, given by the user
+        if how in ("rpath", "runpath"):
+            expanded = expand_dst(entry, origin, bits, machine)
+            label = f"DT_{how.upper()} entry '{entry}' of {via}"
+            if expanded is None:
+                _warn(warnings, f"{label}: unknown $-token, skipped")
+                return None
+            if not expanded.startswith("/"):
+                _warn(warnings, f"{label}: relative to the process's working directory (a hijack risk), skipped")
+                return None
+            # $ORIGIN already names a path on this machine; other absolute entries are the system's.
+            return expanded if entry.startswith(("$ORIGIN", "${ORIGIN}")) else self.paths.host(expanded)
+        return self.paths.host(entry)
+
+    def own_dirs(self, node: DepNode) -> list[tuple[str, str, str]]:
+        """(tag, entry, directory here) for the object's own DT_RUNPATH, else DT_RPATH entries."""
+        info = node.info
+        tag, entries = ("runpath", info.runpath) if info.runpath else ("rpath", info.rpath)
+        got = probe(node.realpath or node.path or "")
+        machine = got[2] if got else -1
+        out = []
+        for entry in entries:
+            d = self._dir(tag, node.name, entry, _origin(node), info.elf_class, machine, [])
+            if d:
+                out.append((f"DT_{tag.upper()}", entry, d))
+        return out
+
+    def _candidate(self, host: str, ident) -> str | None:
+        """The real path of `host` if it is an ELF of the audited object's class and machine."""
+        real = self.paths.real(host)
+        if real is None or not os.path.isfile(real):
+            return None
+        got = probe(real)
+        if got is None or (ident[2] != -1 and got != ident) or got[0] != ident[0]:
+            return None
+        return real
+
+
+class TreeTooLarge(Exception):
+    pass
+
+
+def _origin(node: DepNode) -> str:
+    return os.path.dirname(node.realpath or node.path or ".")
+
+
+def _warn(warnings: list[str], text: str) -> None:
+    if text not in warnings:
+        warnings.append(text)
