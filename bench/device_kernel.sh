@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# device_kernel.sh: the one script for a device call on an NVIDIA GPU. It builds the sm_90,
+# sm_90-generic and tuning-variant libraries (or uses carried builds under $FK_BUILD), runs the GPU
+# tests, runs compute-sanitizer memcheck over the test shapes (exact-size cudaMalloc buffers, so an
+# out-of-bounds access cannot hide in a caching allocator's slack), then times every variant side by
+# side with PyTorch (bench/kernel_bench.py). Logs go to $OUT; a short table prints last.
+#
+#   FK_BUILD=build/h3 FK_VARIANTS="w8:-DFK_MMA_WARPS_D128=8 -DFK_MMA_WARPS_D64=8" bench/device_kernel.sh
+#   FK_STAGES="test memcheck bench" (default all), FK_SHAPES="1,12,32760,128 1,30,17776,64"
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/fk_device_out}
+FK_BUILD=${FK_BUILD:-build/h3}
+FK_STAGES=${FK_STAGES:-"test memcheck bench"}
+FK_SHAPES=${FK_SHAPES:-"1,12,32760,128 1,30,17776,64"}
+FK_DTYPE=${FK_DTYPE:-bf16}
+mkdir -p "$OUT" "$FK_BUILD"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+NVCC_FLAGS=(-x cu -O3 -std=c++17 -shared -Xcompiler -fPIC --expt-relaxed-constexpr
+            -gencode arch=compute_90,code=sm_90 -I flash_kernel/include -I flash_kernel/src)
+build() {  # build NAME EXTRA_FLAGS...
+    local name=$1; shift
+    local so=$FK_BUILD/$name/libflash_kernel.so
+    [ -f "$so" ] && return 0
+    mkdir -p "$FK_BUILD/$name"
+    nvcc "${NVCC_FLAGS[@]}" "$@" flash_kernel/src/fk_gpu.hip -o "$so" >"$OUT/build-$name.log" 2>&1 \
+        || { note "BUILD FAILED $name (see build-$name.log)"; return 1; }
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  nvcc --version | tail -1; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
+  git log -1 --format='commit %H %s' 2>/dev/null || true; } > "$OUT/env.txt" 2>&1
+build sm_90
+build sm_90-generic -DFK_FORCE_GENERIC
+# What the mma kernel compiled to (HMMA = mma.sync, LDSM = ldmatrix, LDGSTS = cp.async; LDL/STL = spills).
+cuobjdump --dump-sass "$FK_BUILD/sm_90/libflash_kernel.so" 2>/dev/null | awk '/Function : /{f=$3} {print f, $0}' \
+    | grep flash_mma | grep -oE "HMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|MUFU\.EX2|LDL|STL" | sort | uniq -c > "$OUT/sass.txt"
+VARIANT_LIBS=()
+IFS=';' read -r -a VARS <<< "${FK_VARIANTS:-}"
+for v in "${VARS[@]}"; do
+    [ -z "$v" ] && continue
+    name=${v%%:*}; flags=${v#*:}
+    # shellcheck disable=SC2086
+    build "var-$name" $flags && VARIANT_LIBS+=(--lib "mma_$name=$FK_BUILD/var-$name/libflash_kernel.so")
+done
+
+if [[ " $FK_STAGES " == *" test "* ]]; then
+    FLASH_KERNEL_BUILD=$FK_BUILD timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py \
+        >"$OUT/pytest.log" 2>&1
+    note "pytest tests/test_kernel_gpu.py: $(tail -1 "$OUT/pytest.log")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -8 | tee -a "$SUMMARY"
+fi
+
+if [[ " $FK_STAGES " == *" memcheck "* ]]; then
+    cat > "$OUT/fk_memcheck.cpp" <<'CPP'
+// Calls the C ABI over the GPU test shapes with exact-size buffers; returns non-zero on any failure.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include "flash_kernel.h"
+typedef int32_t (*fwd_t)(const fk_attention_args *);
+static uint16_t f2h(float f) {  // fp32 -> fp16, values here are small normals
+    uint32_t u; std::memcpy(&u, &f, 4);
+    uint32_t s = (u >> 16) & 0x8000u; int e = int((u >> 23) & 0xff) - 127 + 15; uint32_t m = (u >> 13) & 0x3ffu;
+    if (e <= 0) return uint16_t(s); return uint16_t(s | (uint32_t(e) << 10) | m);
+}
+int main(int argc, char **argv) {
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) { std::printf("dlopen: %s\n", dlerror()); return 2; }
+    fwd_t flash = (fwd_t)dlsym(h, "fk_flash_forward"), naive = (fwd_t)dlsym(h, "fk_naive_forward");
+    const char *(*err)() = (const char *(*)())dlsym(h, "fk_last_error");
+    const long shapes[][4] = {{2,3,1,1},{2,3,77,77},{2,2,1000,1000},{1,2,4097,4097},{2,2,77,1000},{1,3,1000,77},{2,1,1,4097},{1,2,4097,1}};
+    const int dims[] = {32, 64, 96, 128, 256};
+    int calls = 0, bad = 0;
+    for (auto &s : shapes) for (int d : dims) for (int dt = 0; dt < 3; ++dt) for (int lay = 0; lay < 2; ++lay) {
+        if ((d == 32 || d == 96 || d == 256) && (s[2] > 1000 || s[3] > 1000)) continue;  // keep it short
+        long B = s[0], H = s[1], nq = s[2], nk = s[3]; size_t es = dt == 0 ? 4 : 2;
+        size_t nqe = B * H * nq * d, nke = B * H * nk * d;
+        std::vector<unsigned char> host(nke > nqe ? nke * es : nqe * es);
+        for (size_t i = 0; i < host.size() / es; ++i) {
+            float f = float(std::rand() % 2001 - 1000) / 1000.0f;
+            if (dt == 0) std::memcpy(&host[i * 4], &f, 4);
+            else { uint32_t u; std::memcpy(&u, &f, 4); uint16_t x = dt == 1 ? f2h(f) : uint16_t(u >> 16); std::memcpy(&host[i * 2], &x, 2); }
+        }
+        void *q, *k, *v, *o;
+        cudaMalloc(&q, nqe * es); cudaMalloc(&k, nke * es); cudaMalloc(&v, nke * es); cudaMalloc(&o, nqe * es);
+        cudaMemcpy(q, host.data(), nqe * es, cudaMemcpyHostToDevice);
+        cudaMemcpy(k, host.data(), nke * es, cudaMemcpyHostToDevice);
+        cudaMemcpy(v, host.data(), nke * es, cudaMemcpyHostToDevice);
+        fk_attention_args a{}; a.abi_version = FK_ABI_VERSION; a.dtype = dt; a.q = q; a.k = k; a.v = v; a.o = o;
+        a.batch = B; a.heads = H; a.nq = nq; a.nk = nk; a.head_dim = d;
+        auto st = [&](int64_t *x, long n) { if (lay == 0) { x[0] = H * n * d; x[1] = n * d; x[2] = d; } else { x[0] = n * H * d; x[1] = d; x[2] = H * d; } };
+        st(a.q_stride, nq); st(a.o_stride, nq); st(a.k_stride, nk); st(a.v_stride, nk);
+        for (int which = 0; which < 2; ++which) {
+            int32_t rc = (which ? naive : flash)(&a); cudaError_t e = cudaDeviceSynchronize(); ++calls;
+            if (rc != 0 || e != cudaSuccess) { ++bad; std::printf("FAIL %s B%ld H%ld nq%ld nk%ld d%d dt%d lay%d rc %d (%s) cuda %s\n", which ? "naive" : "flash", B, H, nq, nk, d, dt, lay, rc, err(), cudaGetErrorString(e)); }
+        }
+        // misaligned pointer: refused before any launch
+        a.q = (char *)q + 2; int32_t rc = flash(&a); ++calls;
+        if (rc != FK_ERR_ALIGNMENT) { ++bad; std::printf("FAIL misaligned q accepted (rc %d)\n", rc); }
+        cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
+    }
+    std::printf("memcheck driver: %d calls, %d failures\n", calls, bad);
+    return bad ? 1 : 0;
+}
+CPP
+    nvcc -O2 -std=c++17 -I flash_kernel/include "$OUT/fk_memcheck.cpp" -o "$OUT/fk_memcheck" -ldl >"$OUT/memcheck-build.log" 2>&1 \
+        || note "memcheck driver build failed"
+    for t in sm_90 sm_90-generic; do
+        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+            "$OUT/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$OUT/memcheck-$t.log" 2>&1
+        note "memcheck $t: exit $? | $(grep -E 'ERROR SUMMARY|calls' "$OUT/memcheck-$t.log" | tr '\n' ' ')"
+    done
+fi
+
+if [[ " $FK_STAGES " == *" bench "* ]]; then
+    SHAPE_ARGS=()
+    for s in $FK_SHAPES; do SHAPE_ARGS+=(--shape "$s"); done
+    timeout 420 python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$FK_DTYPE" \
+        --lib "ours_mma=$FK_BUILD/sm_90/libflash_kernel.so" "${VARIANT_LIBS[@]}" \
+        --generic-lib "$FK_BUILD/sm_90-generic/libflash_kernel.so" \
+        --naive-lib "$FK_BUILD/sm_90/libflash_kernel.so" ${FK_BENCH_ARGS:-} --json "$OUT/bench.json" \
+        >"$OUT/bench.txt" 2>&1
+    note "bench exit $?"
+fi
+echo "==== summary"
+cat "$SUMMARY"
+cat "$OUT/env.txt"
+[ -f "$OUT/bench.txt" ] && tail -40 "$OUT/bench.txt"

@@ -1,0 +1,193 @@
+"""Time flash_kernel's GPU paths side by side with PyTorch's attention on one CUDA device.
+
+Run on the device machine (bench/device_kernel.sh does). For each shape (B,H,N,D) in one process:
+our mma.sync path and any tuning variants (--lib NAME=PATH, flash forward), our forced-generic path
+and our naive path (--generic-lib / --naive-lib), SDPA's flash and cuDNN backends, and torch eager
+softmax(QK^T)V (head-chunked so its fp32 score matrix stays under --eager-gib). Each method:
+warm-up, then CUDA-event times of --repeats calls over --rotate input sets (so no call finds its
+inputs in L2), median reported. FLOPs are 4*B*H*Nq*Nk*D. Also measures the two ceilings (a bf16
+8192^3 matmul and a device-to-device copy) in the same process. Each output is compared with
+SDPA-flash's (relative L2) so a fast wrong kernel cannot hide. Prints a table; --json writes all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import flash_kernel  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def parse_shape(s: str) -> tuple[int, int, int, int]:
+    parts = tuple(int(x) for x in s.split(","))
+    if len(parts) != 4 or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"shape must be B,H,N,D with positive ints, got {s!r}")
+    return parts  # type: ignore[return-value]
+
+
+def time_calls(fn, inputs, warmup: int, repeats: int) -> list[float]:
+    """Milliseconds of each of `repeats` calls (CUDA events), cycling over the input sets."""
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        args = inputs[i % len(inputs)]
+        a.record()
+        fn(*args)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
+
+
+def ceilings(warmup: int = 3, repeats: int = 10) -> dict:
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    t = statistics.median(time_calls(lambda x, y: x @ y, [(a, b)], warmup, repeats))
+    x = torch.randn(1 << 30, device="cuda", dtype=torch.float32)  # 4 GiB
+    y = torch.empty_like(x)
+    c = statistics.median(time_calls(lambda s, d: d.copy_(s), [(x, y)], warmup, repeats))
+    del a, b, x, y
+    torch.cuda.empty_cache()
+    return {"bf16_matmul_8192_tflops": 2 * n**3 / (t * 1e-3) / 1e12, "bf16_matmul_ms": t,
+            "copy_4gib_tb_s": 2 * (1 << 32) / (c * 1e-3) / 1e12, "copy_ms": c}
+
+
+def eager(q, k, v, scale, max_bytes):
+    b, h, nq, _ = q.shape
+    per_head = b * nq * k.shape[2] * 4
+    step = max(1, int(max_bytes // per_head))
+    out = torch.empty_like(q)
+    for h0 in range(0, h, step):
+        qs, ks, vs = q[:, h0:h0 + step], k[:, h0:h0 + step], v[:, h0:h0 + step]
+        s = torch.matmul(qs, ks.transpose(-1, -2)).float() * scale
+        out[:, h0:h0 + step] = torch.matmul(torch.softmax(s, dim=-1).to(q.dtype), vs)
+        del s
+    return out
+
+
+def sdpa(backend):
+    from torch.nn.attention import sdpa_kernel
+
+    def fn(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v)
+    return fn
+
+
+def rel_l2(x, ref) -> float:
+    if not torch.isfinite(x).all():
+        return float("nan")
+    return (torch.linalg.vector_norm((x.float() - ref.float())) / torch.linalg.vector_norm(ref.float())).item()
+
+
+def bench_shape(shape, dtype, methods, args) -> list[dict]:
+    b, h, n, d = shape
+    flops = 4 * b * h * n * n * d
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    inputs = [tuple(torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+              for _ in range(args.rotate)]
+    ref = sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION)(*inputs[0])
+    rows = []
+    for name, fn, reps in methods:
+        try:
+            out = fn(*inputs[0])
+            torch.cuda.synchronize()
+            err = rel_l2(out, ref)
+            del out
+            times = time_calls(fn, inputs, args.warmup, reps)
+            ms = statistics.median(times)
+            rows.append({"method": name, "shape": list(shape), "dtype": str(dtype), "median_ms": ms,
+                         "min_ms": min(times), "max_ms": max(times), "repeats": reps,
+                         "tflops": flops / (ms * 1e-3) / 1e12, "rel_l2_vs_sdpa_flash": err})
+        except Exception as exc:  # a refused backend is a row, not a crash
+            rows.append({"method": name, "shape": list(shape), "dtype": str(dtype), "error": " ".join(str(exc).split())[:300]})
+        torch.cuda.empty_cache()
+    base = {r["method"]: r.get("median_ms") for r in rows}
+    for r in rows:
+        if "median_ms" in r:
+            for key, other in (("x_sdpa_flash", "sdpa_flash"), ("x_eager", "eager")):
+                if base.get(other):
+                    r[key] = base[other] / r["median_ms"]
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", type=parse_shape, action="append", help="B,H,N,D (repeatable)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--lib", action="append", default=[], metavar="NAME=PATH", help="a flash library to time")
+    ap.add_argument("--generic-lib", help="the sm_90-generic build (timed as 'ours_generic')")
+    ap.add_argument("--naive-lib", help="library whose naive path is timed as 'ours_naive'")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--slow-repeats", type=int, default=10, help="repeats for the naive and generic paths")
+    ap.add_argument("--rotate", type=int, default=3, help="input sets cycled through")
+    ap.add_argument("--eager-gib", type=float, default=16.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-torch", action="store_true", help="skip SDPA/eager (only ours)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if args.repeats < 10:
+        ap.error("--repeats must be >= 10 (median of at least ten)")
+    if not torch.cuda.is_available():
+        print("error: no CUDA device", file=sys.stderr)
+        return 3
+    shapes = args.shape or [(1, 12, 32760, 128), (1, 30, 17776, 64)]
+    dtype = DTYPES[args.dtype]
+    from torch.nn.attention import SDPBackend
+
+    methods = []
+    for spec in args.lib:
+        name, _, path = spec.partition("=")
+        lib = flash_kernel.load(path)
+        methods.append((name, lib.attention, args.repeats))
+    if not args.no_torch:
+        methods += [("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION), args.repeats),
+                    ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION), args.repeats),
+                    ("eager", lambda q, k, v: eager(q, k, v, 1 / math.sqrt(q.shape[-1]), args.eager_gib * 2**30),
+                     args.repeats)]
+    if args.generic_lib:
+        methods.append(("ours_generic", flash_kernel.load(args.generic_lib).attention, args.slow_repeats))
+    if args.naive_lib:
+        methods.append(("ours_naive", flash_kernel.load(args.naive_lib).naive_attention, args.slow_repeats))
+
+    dev = torch.cuda.get_device_properties(0)
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": dev.name,
+              "sms": dev.multi_processor_count, "torch": torch.__version__,
+              "cudnn": torch.backends.cudnn.version(), "ceilings": ceilings(), "rows": []}
+    for shape in shapes:
+        result["rows"] += bench_shape(shape, dtype, methods, args)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    c = result["ceilings"]
+    print(f"# {result['device']} torch {result['torch']} cudnn {result['cudnn']}  ceilings: bf16 matmul "
+          f"{c['bf16_matmul_8192_tflops']:.0f} TFLOP/s, copy {c['copy_4gib_tb_s']:.2f} TB/s")
+    print(f"{'shape':<18} {'method':<14} {'ms':>9} {'TFLOP/s':>8} {'x flash':>8} {'x eager':>8} {'relL2':>9}")
+    for r in result["rows"]:
+        s = ",".join(map(str, r["shape"]))
+        if "error" in r:
+            print(f"{s:<18} {r['method']:<14} error: {r['error'][:80]}")
+            continue
+        print(f"{s:<18} {r['method']:<14} {r['median_ms']:9.2f} {r['tflops']:8.1f} "
+              f"{r.get('x_sdpa_flash', float('nan')):8.2f} {r.get('x_eager', float('nan')):8.2f} "
+              f"{r['rel_l2_vs_sdpa_flash']:9.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""GPU correctness of the flash_kernel CUDA builds: the mma.sync path (sm_90), the forced generic
+(RDNA2) path (sm_90-generic) and the naive pre-flash path, against a float64 reference.
+
+Marker `gpu`: skipped where torch sees no CUDA device (CI); run on the device machine. The libraries
+come from the build folder (`flash_kernel.build_dir()`: $FLASH_KERNEL_BUILD or build/), else they
+are compiled here with nvcc by the documented command. Inputs are fresh random draws every run;
+outputs are poisoned with NaN before each call so an unwritten element fails.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)"),
+]
+
+import flash_kernel  # noqa: E402
+from flash_kernel import _binding  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+NVCC_ARCH = {"sm_90": [], "sm_90-generic": ["-DFK_FORCE_GENERIC"]}
+
+# (B, H, Nq, Nk): N in {1, 77, 1000, 4097}, ragged everywhere, Nq != Nk, B and H > 1.
+SHAPES = [
+    (2, 3, 1, 1),
+    (2, 3, 77, 77),
+    (2, 2, 1000, 1000),
+    (1, 2, 4097, 4097),
+    (2, 2, 77, 1000),
+    (1, 3, 1000, 77),
+    (2, 1, 1, 4097),
+    (1, 2, 4097, 1),
+]
+
+
+def _build(target: str, out: Path) -> Path:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip(f"no built {target} library and no nvcc to build one")
+    so = out / target / "libflash_kernel.so"
+    so.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [nvcc, "-x", "cu", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+           "-gencode", "arch=compute_90,code=sm_90", *NVCC_ARCH[target], "-I", "flash_kernel/include",
+           "-I", "flash_kernel/src", "flash_kernel/src/fk_gpu.hip", "-o", str(so)]
+    subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=600)
+    return so
+
+
+@pytest.fixture(scope="session", params=["sm_90", "sm_90-generic"])
+def lib(request, fixture_root):
+    target = request.param
+    so = flash_kernel.build_dir() / target / "libflash_kernel.so"
+    if not so.is_file():
+        so = _build(target, fixture_root)
+    lib = flash_kernel.load(so)
+    assert lib.flash_path == ("generic" if target.endswith("generic") else "mma_sync")
+    assert lib.target == "sm_90"
+    return lib
+
+
+def _make(b, h, nq, nk, d, dtype, layout, gen):
+    def t(n):
+        x = torch.randn(b, h, n, d, generator=gen, device="cuda", dtype=torch.float32).to(dtype)
+        return x if layout == "bhnd" else x.transpose(1, 2).contiguous()  # (B, N, H, D) in memory
+    return t(nq), t(nk), t(nk)
+
+
+def _reference(q, k, v, scale, layout):
+    if layout == "bnhd":
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    q, k, v = (x.double() for x in (q, k, v))
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    o = torch.matmul(torch.softmax(s, dim=-1), v)
+    return o if layout == "bhnd" else o.transpose(1, 2)
+
+
+def _run(lib, q, k, v, layout, naive, scale=None):
+    """Call the library into a NaN-poisoned output (the binding's own call allocates a fresh one)."""
+    o = torch.full_like(q, float("nan"))
+    lib.run_into(q, k, v, o, _binding.resolve_scale(scale, q.shape[-1]), layout, naive)
+    torch.cuda.synchronize()
+    return o
+
+
+def _rel_l2(out, ref):
+    assert torch.isfinite(out).all(), "output has NaN/Inf (an element was not written?)"
+    return (torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_flash_matches_float64(lib, shape, d, dtype, layout):
+    gen = torch.Generator(device="cuda")
+    gen.seed()  # fresh inputs every run
+    q, k, v = _make(*shape, d, dtype, layout, gen)
+    out = _run(lib, q, k, v, layout, naive=False)
+    err = _rel_l2(out, _reference(q, k, v, 1.0 / math.sqrt(d), layout))
+    assert err <= TOL[dtype], f"rel L2 {err:.3g} > {TOL[dtype]} (seed {gen.initial_seed()})"
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 77, 1000), (1, 2, 1000, 77), (1, 1, 4097, 4097)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_naive_matches_float64(lib, shape, dtype):
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    q, k, v = _make(*shape, 128, dtype, "bnhd", gen)
+    out = _run(lib, q, k, v, "bnhd", naive=True)
+    err = _rel_l2(out, _reference(q, k, v, 1.0 / math.sqrt(128), "bnhd"))
+    assert err <= TOL[dtype], f"rel L2 {err:.3g} > {TOL[dtype]}"
+
+
+@pytest.mark.parametrize("d", [32, 96, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_other_head_dims(lib, d, dtype):
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    q, k, v = _make(2, 2, 333, 517, d, dtype, "bhnd", gen)
+    ref = _reference(q, k, v, 0.3, "bhnd")
+    for naive in (False, True):
+        err = _rel_l2(_run(lib, q, k, v, "bhnd", naive, scale=0.3), ref)
+        assert err <= TOL[dtype], f"naive={naive}: rel L2 {err:.3g} > {TOL[dtype]}"
+
+
+def test_explicit_scale_and_large_logits(lib):
+    """A large scale makes the softmax peaky: the online max must rescale correctly."""
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    q, k, v = _make(1, 4, 500, 1500, 128, torch.bfloat16, "bhnd", gen)
+    ref = _reference(q, k, v, 2.0, "bhnd")
+    assert _rel_l2(_run(lib, q, k, v, "bhnd", False, scale=2.0), ref) <= 1e-2
+
+
+def test_custom_op_path_and_strided_view(lib):
+    """Through lib.attention (the torch custom op): a non-contiguous (B,N,H,D) view of a packed qkv."""
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    qkv = torch.randn(2, 300, 3, 4, 64, generator=gen, device="cuda").to(torch.float16)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # strides (300*768, 768, 64, 1)
+    out = lib.attention(q, k, v, layout="bnhd")
+    assert out.shape == q.shape and out.dtype == q.dtype
+    err = _rel_l2(out, _reference(q, k, v, 1 / 8.0, "bnhd"))
+    assert err <= 2e-3
+
+
+def test_misaligned_pointer_is_refused(lib):
+    """The flash paths load 16 bytes at a time: a 2-byte-offset view is an error, not a fault."""
+    base = torch.randn(1, 1, 65 * 64 + 1, device="cuda").to(torch.float16)
+    q = base[0, 0, 1:].view(1, 1, 65, 64)  # storage offset 1 element
+    o = torch.empty(1, 1, 65, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(_binding.KernelError) as exc:
+        lib.run_into(q, q, q, o, 0.0, "bhnd", False)
+    assert exc.value.status == _binding.FK_ERR_ALIGNMENT
+    assert "aligned" in exc.value.message
+
+
+def test_unsupported_head_dim_is_refused(lib):
+    q = torch.randn(1, 1, 8, 48, device="cuda", dtype=torch.float16)
+    with pytest.raises(_binding.KernelError) as exc:  # the library's own check, not the binding's
+        lib.run_into(q, q, q, torch.empty_like(q), 0.0, "bhnd", False)
+    assert exc.value.status == _binding.FK_ERR_HEAD_DIM
+    assert 48 not in lib.head_dims and {64, 128} <= set(lib.head_dims)
