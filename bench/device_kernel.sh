@@ -48,14 +48,14 @@ for v in "${VARS[@]}"; do
     build "var-$name" $flags && VARIANT_LIBS+=(--lib "mma_$name=$FK_BUILD/var-$name/libflash_kernel.so")
 done
 
-if [[ " $FK_STAGES " == *" test "* ]]; then
-    FLASH_KERNEL_BUILD=$FK_BUILD timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py \
+stage_test() {
+    FLASH_KERNEL_BUILD=$FK_BUILD timeout ${FK_TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py \
         >"$OUT/pytest.log" 2>&1
     note "pytest tests/test_kernel_gpu.py: $(tail -1 "$OUT/pytest.log")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -8 | tee -a "$SUMMARY"
-fi
+}
 
-if [[ " $FK_STAGES " == *" memcheck "* ]]; then
+stage_memcheck() {
     cat > "$OUT/fk_memcheck.cpp" <<'CPP'
 // Calls the C ABI over the GPU test shapes with exact-size buffers; returns non-zero on any failure.
 #include <cuda_runtime.h>
@@ -114,22 +114,24 @@ CPP
     nvcc -O2 -std=c++17 -I flash_kernel/include "$OUT/fk_memcheck.cpp" -o "$OUT/fk_memcheck" -ldl >"$OUT/memcheck-build.log" 2>&1 \
         || note "memcheck driver build failed"
     for t in sm_90 sm_90-generic; do
-        timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
+        timeout ${FK_MEMCHECK_TIMEOUT:-120} compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
             "$OUT/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$OUT/memcheck-$t.log" 2>&1
         note "memcheck $t: exit $? | $(grep -E 'ERROR SUMMARY|calls' "$OUT/memcheck-$t.log" | tr '\n' ' ')"
     done
-fi
+}
 
-if [[ " $FK_STAGES " == *" bench "* ]]; then
+stage_bench() {
     SHAPE_ARGS=()
     for s in $FK_SHAPES; do SHAPE_ARGS+=(--shape "$s"); done
-    timeout 420 python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$FK_DTYPE" \
+    timeout ${FK_BENCH_TIMEOUT:-240} python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$FK_DTYPE" \
         --lib "ours_mma=$FK_BUILD/sm_90/libflash_kernel.so" "${VARIANT_LIBS[@]}" \
         --generic-lib "$FK_BUILD/sm_90-generic/libflash_kernel.so" \
         --naive-lib "$FK_BUILD/sm_90/libflash_kernel.so" ${FK_BENCH_ARGS:-} --json "$OUT/bench.json" \
         >"$OUT/bench.txt" 2>&1
     note "bench exit $?"
-fi
+}
+
+for stage in $FK_STAGES; do "stage_$stage"; done
 echo "==== summary"
 cat "$SUMMARY"
 cat "$OUT/env.txt"
