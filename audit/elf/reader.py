@@ -128,9 +128,9 @@ def _parse(path: str, mm, symbol_pattern) -> ElfInfo:
         counts[table.name] = counts.get(table.name, 0) + len(table)
         # imports: from .dynsym; from .symtab only when there is no .dynsym (relocatable objects)
         keep_imports = table.name == ".dynsym" or not has_dynsym
-        idx = select(img, table, symbol_pattern, keep_imports, warnings)
+        idx, ends = select(img, table, symbol_pattern, keep_imports, warnings)
         versym = _versym(img, table) if table.name == ".dynsym" else None
-        symbols += make_symbols(img, table, idx, versions, versym)
+        symbols += make_symbols(img, table, idx, versions, versym, ends)
     code_loading = sorted({s.name for s in symbols if not s.defined and CODE_LOADING_RE.match(s.name)})
 
     device = []

@@ -73,11 +73,12 @@ def load_tables(img: ElfImage) -> list[SymbolTable]:
 
 
 def select(img: ElfImage, table: SymbolTable, pattern: re.Pattern[bytes] | None,
-           keep_imports: bool, warnings: list[str]) -> np.ndarray:
-    """Indices of the entries to keep (sorted)."""
+           keep_imports: bool, warnings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(indices of the entries to keep, sorted; their names' end offsets in the string table,
+    or -1 where not known yet)."""
     syms = table.syms
     if len(syms) == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     nm = syms["st_name"]
     bad = nm >= table.str_size
     if bad.any():
@@ -86,59 +87,90 @@ def select(img: ElfImage, table: SymbolTable, pattern: re.Pattern[bytes] | None,
     if keep_imports:
         keep |= (syms["st_shndx"] == SHN_UNDEF) & (nm != 0) & ~bad
         keep[0] = False  # the null symbol
+    name_end = np.full(len(syms), -1, dtype=np.int64)
     if pattern is not None:
-        keep |= _pattern_mask(img, table, pattern, nm, bad)
-    return np.flatnonzero(keep)
+        keep |= _pattern_mask(img, table, pattern, nm, bad, name_end)
+    idx = np.flatnonzero(keep)
+    return idx, name_end[idx]
 
 
-def _pattern_mask(img, table, pattern, nm, bad) -> np.ndarray:
+def _pattern_mask(img, table, pattern, nm, bad, name_end) -> np.ndarray:
     mask = np.zeros(len(nm), dtype=bool)
     if table.str_size == 0:
         return mask
-    starts, ends = matching_strings(img.buf, table.str_off, table.str_size, pattern)
     ok = ~bad & (nm != 0)
-    cand = np.zeros(len(nm), dtype=bool)
-    if len(starts):
-        k = np.searchsorted(starts, nm, side="right") - 1
-        kk = np.maximum(k, 0)
-        cand = ok & (k >= 0) & (nm < ends[kk])
-    # A name that starts inside another string (suffix sharing) must be checked on its own: the
-    # scan saw it only as part of the longer string, where `^` could not match it.
-    blob = np.frombuffer(img.buf, dtype=np.uint8, count=table.str_size, offset=table.str_off)
-    prev = blob[np.clip(nm.astype(np.int64) - 1, 0, table.str_size - 1)]
-    inner = ok & (nm > 0) & (prev != 0)
-    todo = np.flatnonzero(cand | inner)
+    found = matching_strings(img.buf, table.str_off, table.str_size, pattern)
+    if found is None:  # anchored pattern: no bulk scan, every name is checked on its own
+        check = ok
+    else:
+        starts, ends, final = found
+        check = np.zeros(len(nm), dtype=bool)
+        if len(starts):
+            k = np.searchsorted(starts, nm, side="right") - 1
+            kk = np.maximum(k, 0)
+            inside = ok & (k >= 0) & (nm < ends[kk])
+            exact = inside & (nm == starts[kk]) & final[kk]
+            mask |= exact
+            check |= inside & ~exact
+            name_end[inside] = ends[kk[inside]]  # a name inside string k ends where k ends
+        # A name that starts inside another string (the linker shares string tails) was seen by
+        # the scan only as part of the longer string: check it on its own.
+        blob = np.frombuffer(img.buf, dtype=np.uint8, count=table.str_size, offset=table.str_off)
+        prev = blob[np.clip(nm.astype(np.int64) - 1, 0, table.str_size - 1)]
+        check |= ok & (nm > 0) & (prev != 0) & ~mask
     verdict: dict[int, bool] = {}
-    for i in todo.tolist():
+    search = pattern.search
+    for i in np.flatnonzero(check).tolist():
         off = int(nm[i])
         v = verdict.get(off)
         if v is None:
             raw = img.cstring(table.str_off, table.str_size, off) or b""
-            v = verdict[off] = pattern.search(raw) is not None
-        mask[i] = v
+            v = verdict[off] = search(raw) is not None
+        if v:
+            mask[i] = True
     return mask
+
+
+_KINDS = [STT.get(i, f"STT_{i}") for i in range(16)]
+_BINDS = [STB.get(i, f"STB_{i}") for i in range(16)]
+
+
+def names_at(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[int]) -> list[str]:
+    """Decoded names at string-table offsets (ends: known end offsets, or -1 to look them up)."""
+    buf, base, size = img.buf, table.str_off, table.str_size
+    find = buf.find
+    raws = []
+    for off, end in zip(offsets, ends):
+        if off >= size:
+            raws.append(b"")
+            continue
+        if end < 0:
+            e = find(b"\0", base + off, base + size)
+            end = size if e < 0 else e - base
+        raws.append(buf[base + off:base + end])
+    # one decode for all: NUL never occurs inside a name, so it separates them safely
+    return decode(b"\0".join(raws)).split("\0") if raws else []
 
 
 def make_symbols(img: ElfImage, table: SymbolTable, idx: np.ndarray,
                  versions: dict[int, tuple[str, str | None]] | None = None,
-                 versym: np.ndarray | None = None) -> list[Symbol]:
-    out = []
+                 versym: np.ndarray | None = None, ends: np.ndarray | None = None) -> list[Symbol]:
     if len(idx) == 0:
-        return out
+        return []
     sub = table.syms[idx]
-    names = sub["st_name"].tolist()
+    offsets = sub["st_name"].tolist()
+    names = names_at(img, table, offsets, ends.tolist() if ends is not None else [-1] * len(offsets))
     infos = sub["st_info"].tolist()
-    shndx = sub["st_shndx"].tolist()
-    vers = versym[idx].tolist() if versym is not None and len(versym) == len(table.syms) else None
-    for j, off in enumerate(names):
-        raw = img.cstring(table.str_off, table.str_size, off) or b""
-        version = vfile = None
-        if vers is not None and versions:
-            hit = versions.get(vers[j] & 0x7FFF)
-            if hit is not None:
-                version, vfile = hit
-        out.append(Symbol(name=decode(raw), defined=shndx[j] != SHN_UNDEF, table=table.name,
-                          kind=STT.get(infos[j] & 0xF, f"STT_{infos[j] & 0xF}"),
-                          bind=STB.get(infos[j] >> 4, f"STB_{infos[j] >> 4}"),
-                          version=version, version_file=vfile))
-    return out
+    defined = (sub["st_shndx"] != SHN_UNDEF).tolist()
+    label = table.name
+    kinds, binds = _KINDS, _BINDS
+    if versym is not None and versions and len(versym) == len(table.syms):
+        vers = (versym[idx] & 0x7FFF).tolist()
+        get = versions.get
+        out = []
+        for name, info, d, v in zip(names, infos, defined, vers):
+            version, vfile = get(v, (None, None))
+            out.append(Symbol(name, d, label, kinds[info & 0xF], binds[info >> 4], version, vfile))
+        return out
+    return [Symbol(name, d, label, kinds[info & 0xF], binds[info >> 4])
+            for name, info, d in zip(names, infos, defined)]
