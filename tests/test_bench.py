@@ -140,3 +140,20 @@ def test_default_shapes_on_cpu_are_the_small_presets():
                               "none"), resolve_shapes([], []), "fp32", repeats=1, warmup=0,
                     backends=("primary",), progress=False, capture_environment=False)
     assert [s.shape.name for s in rep.shapes] == ["tiny-128", "tiny-64", "tiny-cross"]
+
+
+def test_time_cap_reduces_repeats_of_a_slow_backend_and_says_so():
+    import time
+
+    def slow(q, k, v, scale=None):
+        time.sleep(0.05)
+        return _sdpa(q, k, v)
+
+    sel = Selection("candidate", "t", "cpu", Backend("candidate", _sdpa, False),
+                    Backend("naive", slow, True), "")
+    rep = run_bench(sel, [SMALL], "fp32", repeats=10, warmup=1, backends=("primary", "naive"),
+                    progress=False, capture_environment=False, max_backend_s=0.2)
+    naive, cand = rep.shapes[0].backend("naive"), rep.shapes[0].backend("candidate")
+    assert 3 <= naive.repeats <= 4 and len(naive.summary.samples) == naive.repeats
+    assert "capped" in naive.reason and naive.status == "ok"
+    assert cand.repeats == 10 and len(cand.summary.samples) == 10

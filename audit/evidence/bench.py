@@ -41,10 +41,12 @@ class BackendResult:
     reason: str = ""
     summary: Summary | None = None  # milliseconds
     tflops: float | None = None  # at the median
+    repeats: int | None = None  # timed calls planned: fewer than asked when a time cap applied
 
     def to_dict(self) -> dict:
         return {"name": self.name, "sovereign": self.sovereign, "vendor": self.vendor,
                 "about": self.about, "status": self.status, "reason": self.reason,
+                "repeats": self.repeats,
                 "unit": "ms", "timing": self.summary.to_dict() if self.summary else None,
                 "median_ms": self.summary.median if self.summary else None,
                 "tflops": self.tflops}
@@ -218,7 +220,7 @@ def _call(be: Backend):
 
 def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, warmup: int,
                 seed: int, sets: int | None = None, wanted=None, tick: Callable | None = None,
-                bootstrap_seed: int = 0) -> ShapeBench:
+                bootstrap_seed: int = 0, max_backend_s: float | None = None) -> ShapeBench:
     import torch
 
     from audit.evidence.parity import random_inputs
@@ -253,22 +255,29 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 for w in range(max(1, warmup)):
-                    timer.time(fn, *inputs[w % n_sets])
+                    last = timer.time(fn, *inputs[w % n_sets])
         except Exception as exc:  # unsupported or out of memory: recorded, the rest goes on
             br.status, br.reason = "skipped", _reason(exc, caught)
             _release(sel.device)
             if tick:
                 tick(repeats + warmup)
             continue
+        br.repeats = repeats
+        if max_backend_s is not None and last * 1e-3 * repeats > max_backend_s:
+            # A slow baseline (the naive path at N ~ 1e5) must not eat the run: fewer repeats,
+            # never fewer than 3, and the JSON says so.
+            br.repeats = min(repeats, max(3, int(max_backend_s / (last * 1e-3))))
+            br.reason = (f"repeats capped at {br.repeats} of {repeats}: a warm-up call took "
+                         f"{last:.1f} ms (--max-backend-seconds {max_backend_s:g})")
         active.append((br, be))
         samples[name] = []
         if tick:
-            tick(warmup)
+            tick(warmup + repeats - br.repeats)
     for r in range(repeats):
         k = len(active)
         order = active[r % k:] + active[: r % k] if k else []
         for j, (br, be) in enumerate(order):
-            if br.status != "ok":
+            if br.status != "ok" or len(samples[br.name]) >= br.repeats:
                 continue
             try:
                 samples[br.name].append(timer.time(_call(be), *inputs[(r + j) % n_sets]))
@@ -309,7 +318,8 @@ def _release(device: str) -> None:
 def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
               device: str | None = None, repeats: int = 10, warmup: int = 2, seed: int = 0,
               sets: int | None = None, backends: tuple[str, ...] | None = None,
-              progress: bool | None = None, capture_environment: bool = True) -> BenchReport:
+              progress: bool | None = None, capture_environment: bool = True,
+              max_backend_s: float | None = None) -> BenchReport:
     """Time every backend over `shapes`; shape i uses input seeds from `seed + 1000*i`.
 
     progress: True/False, or None for a rich progress bar on stderr only when it is a terminal.
@@ -323,6 +333,8 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
         raise UsageError("--repeats must be >= 1")
     if warmup < 0:
         raise UsageError("--warmup must be >= 0")
+    if max_backend_s is not None and not (max_backend_s > 0):
+        raise UsageError("--max-backend-seconds must be > 0")
     if sets is not None and not (1 <= sets <= 64):
         raise UsageError("--sets must be between 1 and 64")
     selection.check_shapes(shapes)
@@ -334,7 +346,8 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
         for i, shape in enumerate(shapes):
             results.append(bench_shape(selection, shape, dtype, repeats, warmup,
                                        seed + 1000 * i, sets, backends, tick,
-                                       bootstrap_seed=seed + 100 * i))
+                                       bootstrap_seed=seed + 100 * i,
+                                       max_backend_s=max_backend_s))
     name = torch.cuda.get_device_name() if selection.device == "cuda" else ""
     timer = _Timer(selection.device).name
     env = capture() if capture_environment else None

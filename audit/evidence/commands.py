@@ -183,10 +183,14 @@ def _print_parity(report) -> None:
               type=click.Choice(["primary", "naive", "eager", "sdpa-flash", "sdpa-cudnn",
                                  "sdpa-efficient"]),
               help="Time only these (repeatable) [default: all].")
+@click.option("--max-backend-seconds", type=float, default=None,
+              help="Cap the timed seconds of one backend on one shape: fewer repeats (>= 3, "
+              "recorded) for a slow baseline [default: no cap].")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: only on a terminal].")
 def bench_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, device, seed,
-              json_out, config_path, repeats, warmup, sets, backend_names, progress):
+              json_out, config_path, repeats, warmup, sets, backend_names, max_backend_seconds,
+              progress):
     """Time the kernel against our naive path, torch eager and PyTorch SDPA (vendor A/B).
 
     \b
@@ -214,7 +218,7 @@ def bench_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, devi
     names = tuple(backend_names) or tuple(conf.get("backends", ())) or None
     sel, parsed, dtype = _prepare(target, lib, candidate, shapes, presets, dtype, device)
     report = run_bench(sel, parsed, dtype, repeats=repeats, warmup=warmup, seed=seed, sets=sets,
-                       backends=names, progress=progress)
+                       backends=names, progress=progress, max_backend_s=max_backend_seconds)
     _write_json(json_out, report.to_dict())
     _print_bench(report)
     prim = [s.backend(report.primary) for s in report.shapes]
