@@ -1,0 +1,193 @@
+"""`sovereign-audit inspect PATH... [--json]`: what the ELF reader sees in each file.
+
+Directories are walked (symlinked directories are not followed, so loops cannot occur); files
+in them that are not ELF are counted and skipped. A path named on the command line that is not
+an ELF file is an error. Exit 0, or 3 if any input could not be read (the others still print;
+each error is one line on stderr). All strings from binaries and file names are escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+
+import click
+
+from audit.elf.model import ElfInfo
+from audit.elf.reader import is_elf, read_elf
+from audit.errors import EXIT_INPUT, EXIT_OK, InputError
+
+SCHEMA = "sovereign-audit.inspect/1"
+TEXT_LIMIT = 40  # rows per list in text output; --json has them all
+
+
+@dataclass
+class InspectResult:
+    files: list[ElfInfo] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (path, one-line message)
+    skipped: int = 0  # non-ELF (or non-regular) files met while walking directories
+    vendor_pattern: re.Pattern[bytes] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_INPUT if self.errors else EXIT_OK
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "files": [f.to_dict() for f in self.files],
+                "errors": [{"path": p, "error": e} for p, e in self.errors],
+                "skipped_non_elf": self.skipped}
+
+
+def expand_paths(paths: list[str], result: InspectResult) -> list[str]:
+    """Files to read: named files as given, directories walked (sorted, deduplicated by real path)."""
+    out: list[str] = []
+    seen: set[str] = set()
+
+    def add(p: str) -> None:
+        real = os.path.realpath(p)
+        if real not in seen:
+            seen.add(real)
+            out.append(p)
+
+    for arg in paths:
+        if os.path.isdir(arg):
+            def onerror(exc: OSError, arg=arg):
+                result.errors.append((exc.filename or arg, f"cannot list directory: {exc.strerror or exc}"))
+
+            for dirpath, dirnames, filenames in os.walk(arg, onerror=onerror, followlinks=False):
+                dirnames.sort()
+                for name in sorted(filenames):
+                    p = os.path.join(dirpath, name)
+                    try:
+                        st = os.stat(p)
+                    except OSError:  # dangling symlink or a loop: nothing to read
+                        result.skipped += 1
+                        continue
+                    if not stat.S_ISREG(st.st_mode) or not is_elf(p):
+                        result.skipped += 1
+                        continue
+                    add(p)
+        else:
+            add(arg)  # read_elf says why if it is missing, unreadable or not ELF
+    return out
+
+
+def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None) -> InspectResult:
+    """Read every ELF under `paths`; never raises for a bad input (it becomes an error entry)."""
+    result = InspectResult(vendor_pattern=symbol_pattern)
+    for p in expand_paths(paths, result):
+        try:
+            result.files.append(read_elf(p, symbol_pattern))
+        except InputError as exc:
+            result.errors.append((p, exc.message))
+    return result
+
+
+# -- text rendering -------------------------------------------------------------------------
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def esc(text: str | None) -> str:
+    """A string from a binary or a file name, safe to print on a terminal or in a log."""
+    if text is None:
+        return "-"
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                       else f"\\u{ord(m.group()):04x}", text)
+
+
+def _join(items, empty: str = "-") -> str:
+    items = [esc(i) for i in items]
+    return ", ".join(items) if items else empty
+
+
+def _limited(lines: list[str], total: int) -> list[str]:
+    if total > len(lines):
+        lines.append(f"    ... and {total - len(lines)} more (--json lists all)")
+    return lines
+
+
+def render_file(info: ElfInfo, vendor: re.Pattern[bytes] | None) -> str:
+    out = [esc(info.path)]
+    row = lambda k, v: out.append(f"  {k:<14}{v}")  # noqa: E731
+    row("sha256", info.sha256)
+    row("size", f"{info.size} bytes")
+    row("build-id", esc(info.build_id))
+    row("format", f"ELF{info.elf_class} {info.endian}-endian {info.machine} {info.elf_type}")
+    row("soname", esc(info.soname))
+    row("interpreter", esc(info.interpreter))
+    row("needed", _join(info.needed))
+    row("rpath", _join(info.rpath))
+    row("runpath", _join(info.runpath))
+    row("verneed", "; ".join(f"{esc(v.file)} ({_join(v.versions)})" for v in info.version_needs) or "-")
+    imports = sum(1 for s in info.symbols if not s.defined)
+    counts = ", ".join(f"{k} {v}" for k, v in info.symbol_counts.items()) or "none"
+    row("symbols", f"{counts}; {imports} imports")
+    row("code loading", _join(info.code_loading_imports))
+    if vendor is not None:
+        hits = [s for s in info.symbols if vendor.search(s.name.encode("utf-8", "surrogateescape"))]
+        out.append(f"  vendor-looking symbols: {len(hits)}")
+        out += _limited([f"    {'defined' if s.defined else 'imported':<9}{s.table:<9}{s.kind:<8}{s.bind:<7}"
+                         f"{esc(s.name)}" + (f"@{esc(s.version)}" if s.version else "")
+                         for s in hits[:TEXT_LIMIT]], len(hits))
+    out.append(f"  library-name strings: {len(info.library_strings)}")
+    out += _limited([f"    {esc(h.section)} @{h.offset:#x}  {esc(h.text)}" for h in info.library_strings[:TEXT_LIMIT]],
+                    len(info.library_strings))
+    out.append(f"  device code: {len(info.device_code)}")
+    for d in info.device_code[:TEXT_LIMIT]:
+        line = f"    {d.container:<11}{d.kind:<19}{esc(d.target):<24}@{d.offset:#x} {d.size} bytes"
+        if d.compressed:
+            line += f" ({d.compressed})"
+        if d.bundle_id:
+            line += f" id {esc(d.bundle_id)}"
+        out.append(line)
+        if d.kernels:
+            out.append(f"      kernels: {_join(d.kernels)}")
+        if d.error:
+            out.append(f"      ERROR: {esc(d.error)}")
+    if len(info.device_code) > TEXT_LIMIT:
+        out.append(f"    ... and {len(info.device_code) - TEXT_LIMIT} more (--json lists all)")
+    for w in info.warnings:
+        out.append(f"  warning: {esc(w)}")
+    return "\n".join(out)
+
+
+def render_text(result: InspectResult) -> str:
+    parts = [render_file(f, result.vendor_pattern) for f in result.files]
+    tail = f"{len(result.files)} ELF file(s) read, {len(result.errors)} unreadable, {result.skipped} non-ELF skipped"
+    return "\n\n".join(parts + [tail])
+
+
+def _vendor_pattern(policy: str | None, use_policy: bool) -> re.Pattern[bytes] | None:
+    if not use_policy:
+        return None
+    from audit.linkage.policy import load_policy  # the policy's symbol patterns (lazy import)
+
+    return load_policy(policy).symbol_pattern
+
+
+@click.command("inspect")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (schema sovereign-audit.inspect/1).")
+@click.option("--policy", metavar="FILE", default=None,
+              help="Policy whose symbol patterns select the vendor-looking symbols (default: sovereign).")
+@click.option("--no-vendor-symbols", is_flag=True, help="Keep imports only; do not select vendor-looking symbols.")
+@click.pass_context
+def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols):
+    """Show what is inside ELF files: identity, linkage, symbols, strings and embedded device code.
+
+    \b
+    Exit codes: 0 every input read, 3 some input could not be read (the rest are still shown).
+    """
+    result = inspect_paths(list(paths), _vendor_pattern(policy, not no_vendor_symbols))
+    for path, message in result.errors:
+        # InputError messages already name the file; walk errors are given their path here
+        line = message if message.startswith(path) else f"{path}: {message}"
+        click.echo(f"error: {esc(line)}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=1, ensure_ascii=True))
+    else:
+        click.echo(render_text(result))
+    ctx.exit(result.exit_code)
