@@ -42,12 +42,13 @@ class Finding:
     rule: str
     kind: str  # one of KINDS
     subject: str  # what matched: a library name, a symbol, a string, a kernel
-    where: str  # where it was found: "DT_NEEDED", ".dynsym", ".rodata+0x1f20", ...
+    where: str  # where it was found: "DT_NEEDED", ".dynsym", ".rodata @0x1f20" (file offset), ...
     reason: str
     use_instead: str | None = None
     severity: str = "fail"  # "fail" | "warn"
     chain: list[str] = field(default_factory=list)  # audited file -> ... -> the library
     in_file: str | None = None  # the dependency it was found in (None: the audited file)
+    offset: int | None = None  # file offset of the evidence, where it has one
     count: int = 1  # how many names of this kind this rule matched here
     examples: list[str] = field(default_factory=list)  # a few more of them
     detail: str | None = None
@@ -72,7 +73,7 @@ class Finding:
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("rule", "kind", "subject", "where", "reason", "use_instead",
-                                          "severity", "chain", "in_file", "count", "examples", "detail",
+                                          "severity", "chain", "in_file", "offset", "count", "examples", "detail",
                                           "excepted", "exception_expired")}
         d["failing"] = self.failing
         d["message"] = self.message
@@ -347,11 +348,12 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
         if rule:
             strings.setdefault((rule.id, hit.text), []).append(hit)
     for (rid, text), hits in strings.items():
-        add(policy.rule(rid), "dlopen-string", text, f"{hits[0].section}+0x{hits[0].offset:x}", count=len(hits),
+        add(policy.rule(rid), "dlopen-string", text, f"{hits[0].section} @0x{hits[0].offset:x}", count=len(hits),
+            offset=hits[0].offset if in_file is None else None,
             detail=f"imports {loader}" if loader else "no code-loading import seen")
 
     for dc in info.device_code:
-        where = f"{dc.section}+0x{dc.offset:x} {dc.kind} {dc.target}"
+        where = f"{dc.section} @0x{dc.offset:x} {dc.kind} {dc.target}"
         if dc.error:
             errors.append(f"device code at {where}: {dc.error}")
         kern: dict[str, list[str]] = {}
@@ -361,6 +363,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
                 kern.setdefault(rule.id, []).append(name)
         for rid, names in kern.items():
             add(policy.rule(rid), "device-kernel", names[0], where, count=len(names),
+                offset=dc.offset if in_file is None else None,
                 examples=names[1:_MAX_EXAMPLES])
     return findings, errors
 

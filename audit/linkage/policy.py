@@ -408,3 +408,49 @@ def _globs(label: str, key: str, value) -> tuple[str, ...]:
         except PatternError as exc:
             raise PolicyError(f"{label}: {key}[{j}]: bad pattern '{pat}': {exc}") from None
     return tuple(value)
+
+
+# ---------------------------------------------------------------- showing
+
+
+def _toml_str(value: str) -> str:
+    out = ['"']
+    for ch in value:
+        o = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _toml_list(values) -> str:
+    return "[" + ", ".join(_toml_str(v) for v in values) + "]"
+
+
+def to_toml(policy: Policy) -> str:
+    """The effective policy (extends resolved) as TOML that load_policy reads back unchanged."""
+    lines = ["# effective policy, merged from: " + " <- ".join(s["path"] for s in policy.sources).replace("\n", " "),
+             f"name = {_toml_str(policy.name)}", f"description = {_toml_str(policy.description)}", "",
+             "[settings]"]
+    lines += [f"{k} = {_toml_str(v)}" for k, v in policy.settings.items()]
+    lines += ["", "[allow]", f"trusted = {_toml_list(policy.trusted)}", f"inspected = {_toml_list(policy.inspected)}"]
+    for r in policy.rules:
+        lines += ["", "[[rules]]", f"id = {_toml_str(r.id)}", f"family = {_toml_str(r.family)}",
+                  f"name = {_toml_str(r.name)}", f"reason = {_toml_str(r.reason)}"]
+        if r.use_instead is not None:
+            lines.append(f"use-instead = {_toml_str(r.use_instead)}")
+        for key in ("sonames", "symbols", "strings", "kernels"):
+            if getattr(r, key):
+                lines.append(f"{key} = {_toml_list(getattr(r, key))}")
+    for e in policy.exceptions:
+        lines += ["", "[[exceptions]]", f"file = {_toml_str(e.file)}", f"rule = {_toml_str(e.rule)}",
+                  f"reason = {_toml_str(e.reason)}"]
+        if e.expires:
+            lines.append(f"expires = {e.expires.isoformat()}")
+    return "\n".join(lines) + "\n"

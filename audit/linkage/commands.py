@@ -1,0 +1,72 @@
+"""The `check` and `policy` commands (thin: the logic is in check.py, policy.py, outputs.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from audit.errors import UsageError
+
+
+@click.command("check")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--policy", "policy_path", metavar="FILE",
+              help="Policy file or shipped policy name (default: sovereign).")
+@click.option("--format", "formats", multiple=True, metavar="FMT[=FILE]",
+              help="text, json, sarif, junit or github; =FILE writes there instead of stdout. Repeatable.")
+@click.option("--root", metavar="DIR", help="Sysroot: resolve libraries inside DIR (hermetic audit).")
+@click.option("--ldpath", multiple=True, metavar="DIR", help="Extra library directory (like LD_LIBRARY_PATH). Repeatable.")
+@click.option("--use-env", is_flag=True, help="Also search $LD_LIBRARY_PATH (ignored by default).")
+@click.pass_context
+def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env):
+    """Fail if PATH... links, loads or embeds a denied vendor library.
+
+    PATH is an ELF file, a directory (searched recursively; non-ELF files are skipped and
+    counted) or a wheel. Exit codes: 0 clean, 1 violation, 2 usage or policy error,
+    3 an input that could not be read or parsed.
+    """
+    from audit.linkage.check import check_paths
+    from audit.linkage.outputs import parse_format, write_outputs
+    from audit.linkage.policy import load_policy
+    from audit.linkage.resolve import ResolveOptions
+
+    specs = [parse_format(f) for f in formats]
+    if root is not None and not os.path.isdir(root):
+        raise UsageError(f"--root {root}: not a directory")
+    for d in ldpath:
+        if not os.path.isdir(d):
+            raise UsageError(f"--ldpath {d}: not a directory")
+    policy = load_policy(policy_path)
+    report = check_paths(list(paths), policy, ResolveOptions.from_cli(root, ldpath, use_env))
+    write_outputs(report, policy, specs)
+    ctx.exit(report.exit_code)
+
+
+@click.group("policy")
+def policy_group():
+    """Show and list deny-list policies."""
+
+
+@policy_group.command("show")
+@click.option("--policy", "policy_path", metavar="FILE", help="Policy file or shipped policy name (default: sovereign).")
+@click.option("--json", "as_json", is_flag=True, help="JSON instead of TOML.")
+def policy_show(policy_path, as_json):
+    """Print the effective policy (with `extends` resolved)."""
+    from audit.linkage.policy import load_policy, to_toml
+
+    policy = load_policy(policy_path)
+    if as_json:
+        click.echo(json.dumps(policy.to_dict(), indent=2, ensure_ascii=True))
+    else:
+        click.echo(to_toml(policy), nl=False)
+
+
+@policy_group.command("list")
+def policy_list():
+    """List the policies shipped with sovereign-audit."""
+    from audit.linkage.policy import shipped_policies
+
+    for name in shipped_policies():
+        click.echo(name)
