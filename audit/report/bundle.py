@@ -1,0 +1,343 @@
+"""The bundle: one folder a reader can check offline.
+
+    report.html              one self-contained file (inline CSS and SVG, no JavaScript)
+    ro-crate-metadata.json   RO-Crate 1.2 + Process Run Crate 0.5
+    evidence/*.json          the stages' evidence, copied verbatim
+    artifacts/<target>/      copies of the built objects (+ provenance.json): the attestation subjects
+    artifacts/user/          copies of --artifact objects
+    attestations/            DSSE envelopes (signing API), then manifest.json + public key (LAST)
+
+Every destination path is joined through `safe_join`, which refuses absolute names and `..`, so
+names taken from evidence (targets, file names) cannot place a file outside the bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable
+
+from audit.errors import InputError, UsageError
+
+MAX_EVIDENCE_BYTES = 64 * 1024 * 1024  # evidence JSON is small; refuse to parse anything huge
+EVIDENCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}\.json$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+SIGNING_UNAVAILABLE = "signing: not available"
+
+
+@dataclass
+class ArtifactCopy:
+    kind: str  # "target" (ours, from build.json) or "user" (--artifact)
+    label: str  # target name or the user's file name (untrusted: escaped when rendered)
+    path: str  # bundle-relative POSIX path
+    sha256: str
+    size: int
+    source: str  # where it was copied from
+    provenance: str | None = None  # bundle-relative path of provenance.json
+    digest_matches_evidence: bool | None = None  # vs the sha256 build.json / run.json recorded
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SigningInfo:
+    available: bool
+    ephemeral: bool | None = None
+    keyid: str | None = None
+    source: str | None = None
+    line: str = SIGNING_UNAVAILABLE  # the signed-state line the report prints
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class BundleResult:
+    out: Path
+    report: Path
+    crate: Path
+    evidence: list[str] = field(default_factory=list)
+    artifacts: list[ArtifactCopy] = field(default_factory=list)
+    attestations: list[str] = field(default_factory=list)
+    manifest: str | None = None
+    signing: SigningInfo = field(default_factory=lambda: SigningInfo(False))
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"out": str(self.out), "report": str(self.report), "crate": str(self.crate),
+                "evidence": self.evidence, "artifacts": [a.to_dict() for a in self.artifacts],
+                "attestations": self.attestations, "manifest": self.manifest,
+                "signing": self.signing.to_dict(), "warnings": self.warnings}
+
+
+# --------------------------------------------------------------------------------------------
+# paths
+
+
+def safe_component(name: str) -> bool:
+    """One path component that cannot leave its folder: no separators, not `.`/`..`, printable."""
+    return (bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
+            and not _CONTROL.search(name) and len(name.encode("utf-8", "surrogateescape")) <= 255)
+
+
+def safe_join(root: Path, rel: str) -> Path:
+    """root/rel for a bundle-relative POSIX path; InputError if it is absolute or climbs out."""
+    p = PurePosixPath(rel)
+    if not rel or p.is_absolute() or rel.startswith("\\") or re.match(r"^[A-Za-z]:", rel):
+        raise InputError(f"unsafe bundle path {rel!r}: absolute paths are refused")
+    if any(part in ("..", "") for part in rel.split("/")) or not all(safe_component(c) for c in p.parts):
+        raise InputError(f"unsafe bundle path {rel!r}: '..' and odd components are refused")
+    dest = root.joinpath(*p.parts)
+    # Symlinked folders inside the bundle could still point elsewhere: check the real location.
+    real_root = root.resolve()
+    real_parent = dest.parent.resolve()
+    if real_parent != real_root and real_root not in real_parent.parents:
+        raise InputError(f"unsafe bundle path {rel!r}: it resolves outside the bundle")
+    return dest
+
+
+def _copy_into(root: Path, rel: str, src: Path) -> Path:
+    dest = safe_join(root, rel)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    safe_join(root, rel)  # again, now that the parents exist (a symlinked parent is caught)
+    if dest.is_symlink():
+        dest.unlink()
+    shutil.copyfile(src, dest)  # the file's bytes, never a link to elsewhere
+    return dest
+
+
+def _user_name(name: str, index: int, sha256: str) -> str:
+    return name if safe_component(name) else f"artifact-{index}-{sha256[:12]}.so"
+
+
+# --------------------------------------------------------------------------------------------
+# evidence
+
+
+def load_evidence(evidence_dir: Path) -> tuple[dict[str, Any], list[str]]:
+    """{file stem: parsed JSON} for every evidence file; InputError (exit 3) on malformed JSON."""
+    from audit.report.orchestrate import EVIDENCE_FILES
+
+    warnings: list[str] = []
+    evidence: dict[str, Any] = {}
+    if not evidence_dir.is_dir():
+        raise InputError(f"{evidence_dir}: not a folder of evidence")
+    for p in sorted(evidence_dir.iterdir()):
+        if p.name.startswith(".") or p.suffix != ".json":
+            continue
+        if not EVIDENCE_NAME.match(p.name) or p.is_symlink() or not p.is_file():
+            warnings.append(f"evidence file {p.name!r} ignored: not a plain file with a safe name")
+            continue
+        if p.stat().st_size > MAX_EVIDENCE_BYTES:
+            raise InputError(f"{p}: evidence file larger than {MAX_EVIDENCE_BYTES >> 20} MiB")
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise InputError(f"{p}: evidence is not UTF-8 JSON") from None
+        except ValueError as exc:
+            raise InputError(f"{p}: malformed evidence JSON ({exc})") from None
+        except OSError as exc:
+            raise InputError(f"{p}: cannot read evidence ({exc.strerror or exc})") from None
+        if not isinstance(data, dict):
+            raise InputError(f"{p}: evidence must be a JSON object")
+        schema = data.get("schema")
+        if schema is not None and not isinstance(schema, str):
+            raise InputError(f"{p}: 'schema' must be a string")
+        evidence[p.stem] = data
+    known = {Path(n).stem for n in EVIDENCE_FILES.values()} | {"run"}
+    if not known & set(evidence):
+        raise InputError(f"{evidence_dir}: holds none of the evidence files "
+                         f"({', '.join(sorted(n + '.json' for n in known))})")
+    return evidence, warnings
+
+
+def _targets(build: dict | None) -> list[dict]:
+    from audit.report.orchestrate import _build_targets
+
+    return _build_targets(build)
+
+
+def _first_file(*paths: Path) -> Path | None:
+    return next((p for p in paths if p is not None and p.is_file() and not p.is_symlink()), None)
+
+
+def _place(out: Path, rel: str, src: Path) -> Path:
+    """Copy src to out/rel unless out/rel already is that file (a bundle regenerated in place)."""
+    dest = safe_join(out, rel)
+    if dest.is_file() and not dest.is_symlink() and src.resolve() == dest.resolve():
+        return dest
+    return _copy_into(out, rel, src)
+
+
+def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target", "user")
+                   ) -> tuple[list[ArtifactCopy], list[str]]:
+    """Copy our built objects (and the user's --artifact objects) into artifacts/.
+
+    Sources, first found: the bundle's own copy (in place), the copy in the bundle the evidence
+    came from, the path the evidence recorded. The digest is checked against the one recorded.
+    """
+    from audit.report.orchestrate import sha256_file, write_json_atomic
+
+    copies: list[ArtifactCopy] = []
+    warnings: list[str] = []
+    old_bundle = evidence_dir.resolve().parent / "artifacts"  # rebuilding from a bundle's evidence/
+    here = out / "artifacts"
+    for t in _targets(evidence.get("build")) if "target" in kinds else []:
+        if t.get("status") != "built":
+            continue
+        target = str(t.get("target", ""))
+        lib = t.get("library") or t.get("library_path") or t.get("path")
+        if not lib:
+            warnings.append(f"target {target!r}: build.json names no library")
+            continue
+        if not safe_component(target):
+            warnings.append(f"target {target!r}: unsafe name, its object was not copied")
+            continue
+        name = Path(str(lib)).name
+        name = name if safe_component(name) else "libflash_kernel.so"
+        src = _first_file(here / target / name, old_bundle / target / name, Path(str(lib)))
+        if src is None:
+            warnings.append(f"target {target}: object {lib} is gone; not copied (rebuild it)")
+            continue
+        rel = f"artifacts/{target}/{name}"
+        try:
+            dest = _place(out, rel, src)
+        except InputError as exc:
+            warnings.append(exc.message)
+            continue
+        digest = sha256_file(dest)
+        recorded = t.get("sha256")
+        prov = t.get("provenance")
+        prov_path = t.get("provenance_path") or (prov if isinstance(prov, str) else None)
+        prov_src = _first_file(here / target / "provenance.json", old_bundle / target / "provenance.json",
+                               Path(prov_path) if isinstance(prov_path, str) else None)
+        prov_rel = f"artifacts/{target}/provenance.json"
+        if prov_src is not None:
+            _place(out, prov_rel, prov_src)
+        elif isinstance(prov, dict):
+            write_json_atomic(safe_join(out, prov_rel), prov)
+        else:
+            prov_rel = None
+        match = None if not recorded else (recorded == digest)
+        if match is False:
+            warnings.append(f"target {target}: the copied object's sha256 differs from build.json's "
+                            "(it was rebuilt or changed after the build stage)")
+        copies.append(ArtifactCopy("target", target, rel, digest, dest.stat().st_size, str(src), prov_rel, match))
+    run = evidence.get("run") or {}
+    for i, a in enumerate(run.get("artifacts", []) or [] if "user" in kinds else []):
+        if not isinstance(a, dict):
+            continue
+        orig = Path(str(a.get("path", "")))
+        name = _user_name(str(a.get("name") or orig.name), i, str(a.get("sha256", "")))
+        src = _first_file(here / "user" / name, old_bundle / "user" / name, orig)
+        if src is None:
+            warnings.append(f"artifact {a.get('path')!r} is gone; not copied")
+            continue
+        rel = f"artifacts/user/{name}"
+        try:
+            dest = _place(out, rel, src)
+        except InputError as exc:
+            warnings.append(exc.message)
+            continue
+        digest = sha256_file(dest)
+        match = None if not a.get("sha256") else (a.get("sha256") == digest)
+        if match is False:
+            warnings.append(f"artifact {name!r}: changed since the run audited it (sha256 differs)")
+        copies.append(ArtifactCopy("user", str(a.get("name") or orig.name), rel, digest, dest.stat().st_size,
+                                   str(orig), None, match))
+    return copies, warnings
+
+
+# --------------------------------------------------------------------------------------------
+# signing (another module's API; guarded so a bundle is still written, marked unsigned)
+
+
+def load_key(key) -> tuple[Any, SigningInfo]:
+    try:
+        from audit.report.keys import SigningKey, load_signing_key
+    except ImportError as exc:
+        return None, SigningInfo(False, reason=f"signing module missing ({exc})")
+    k = key if isinstance(key, SigningKey) else load_signing_key(key)
+    line = (f"signed (Ed25519, keyid {k.keyid[:16]}…); ephemeral key: integrity only, no identity"
+            if k.ephemeral else f"signed (Ed25519, keyid {k.keyid[:16]}…) with the key from "
+            f"{getattr(k, 'source', '') or 'the given file'}: whoever holds it vouches for this bundle")
+    return k, SigningInfo(True, bool(k.ephemeral), k.keyid, getattr(k, "source", None), line)
+
+
+def sign(out: Path, key, info: SigningInfo, warnings: list[str]) -> tuple[list[str], bool]:
+    if key is None:
+        return [], False
+    try:
+        from audit.report.attest import write_attestations
+    except ImportError as exc:
+        warnings.append(f"attestations not written: signing module missing ({exc})")
+        return [], False
+    paths = write_attestations(out, key)
+    return [p.resolve().relative_to(out.resolve()).as_posix() for p in paths], True
+
+
+def manifest(out: Path, key, warnings: list[str]) -> str | None:
+    if key is None:
+        return None
+    try:
+        from audit.report.manifest import write_manifest
+    except ImportError as exc:
+        warnings.append(f"manifest not written: signing module missing ({exc})")
+        return None
+    return write_manifest(out, key).resolve().relative_to(out.resolve()).as_posix()
+
+
+# --------------------------------------------------------------------------------------------
+# the whole bundle
+
+
+def write_bundle(evidence_dir: Path, out: Path, key=None, on_rendered: Callable[[], None] | None = None,
+                 run: Any = None) -> BundleResult:
+    """Write the bundle into `out` from the evidence in `evidence_dir` (see module docstring).
+
+    `key`: a SigningKey, a PEM path, or None (env, else ephemeral). `on_rendered` runs after
+    report.html is written and before the RO-Crate and signing (the orchestrator closes run.json
+    there, so the manifest signs its final form).
+    """
+    from audit.report import claims, render, rocrate
+    from audit.report.orchestrate import prepare_out
+
+    evidence_dir, out = Path(evidence_dir), Path(out)
+    in_place = out.resolve() / "evidence" == evidence_dir.resolve()
+    evidence, warnings = load_evidence(evidence_dir)
+    key_obj, signing = load_key(key)
+    if not signing.available:
+        warnings.append(f"{SIGNING_UNAVAILABLE}: {signing.reason}")
+    if not in_place:
+        if out.resolve() == evidence_dir.resolve() or evidence_dir.resolve() in out.resolve().parents:
+            raise UsageError(f"--out {out}: must not be inside the evidence folder")
+        prepare_out(out)
+        for stem in evidence:
+            _copy_into(out, f"evidence/{stem}.json", evidence_dir / f"{stem}.json")
+    else:
+        # Regenerated in place: drop earlier signatures, keep the evidence and the artifacts it audited.
+        if (out / "attestations").is_dir() and not (out / "attestations").is_symlink():
+            shutil.rmtree(out / "attestations")
+    evidence_names = sorted(f"evidence/{stem}.json" for stem in evidence)
+    copies, w = copy_artifacts(out, evidence, evidence_dir)
+    warnings += w
+
+    model = claims.build_model(evidence, artifacts=copies, signing=signing, warnings=warnings)
+    report = out / "report.html"
+    render.write_report(model, report)
+    if on_rendered is not None:
+        on_rendered()
+        evidence, _ = load_evidence(out / "evidence")  # run.json was just finalised
+
+    attestations, signed = sign(out, key_obj, signing, warnings)
+    crate = rocrate.write_crate(out, evidence, copies, attestations=attestations, signing=signing,
+                                manifest_names=("manifest.json", "manifest.dsse.json", "public.pem")
+                                if signed else ())
+    manifest_name = manifest(out, key_obj, warnings) if signed else None
+    return BundleResult(out, report, crate, evidence_names, copies, attestations, manifest_name, signing,
+                        warnings)
