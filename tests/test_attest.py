@@ -95,6 +95,23 @@ def test_all_four_attestations(tmp_path, kernel_so):
                    "ci_low": 1.9, "ci_high": 2.1, "confidence": None}]
 
 
+def test_pipeline_figures_are_whole_word_matches(tmp_path, kernel_so):
+    ev = dict(EVIDENCE)
+    ev["pipeline"] = {"schema": "sovereign-audit.pipeline/1", "config": {"calibration_rel": 0.001},
+                      "comparisons": [{"speedup_dit_measured": 1.23, "op_speedup": 2.9, "amdahl_predicted_dit": 1.1,
+                                       "speedup_dit_ci": {"ratio": 1.23, "ci_low": 1.1}, "flag": True}]}
+    root = _bundle(tmp_path / "b", kernel_so, ev)
+    key = generate_keypair()
+    perf = _statements(write_attestations(root, key), key)["performance.dsse.json"]
+    assert [s["name"] for s in perf["subject"]] == ["evidence/bench.json", "evidence/pipeline.json",
+                                                   "evidence/environment.json"]
+    figures = perf["predicate"]["claims"]["pipeline"]["figures"]
+    assert figures == [{"path": "comparisons[0].speedup_dit_measured", "value": 1.23},
+                       {"path": "comparisons[0].op_speedup", "value": 2.9},
+                       {"path": "comparisons[0].amdahl_predicted_dit", "value": 1.1},
+                       {"path": "comparisons[0].speedup_dit_ci.ratio", "value": 1.23}]
+
+
 def test_failed_parity_and_linkage_are_failed(tmp_path, kernel_so):
     ev = dict(EVIDENCE)
     ev["parity"] = {"schema": "sovereign-audit.parity/1", "passed": False, "shapes": [

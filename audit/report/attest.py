@@ -15,6 +15,7 @@ their schemas. An evidence file that is missing just means its attestation is no
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from audit import __version__
@@ -30,6 +31,7 @@ BUILDER_ID = f"https://sovereign-audit.dev/builder/sovereign-audit@{__version__}
 EVIDENCE = ("build", "linkage", "parity", "bench", "pipeline", "environment")
 ATTESTATIONS_DIR = "attestations"
 NOT_RECORDED = "not recorded"
+CLAIM_WORDS = frozenset({"speedup", "ratio", "tflops", "amdahl"})
 
 
 def _load_evidence(bundle_dir: Path, stage: str) -> tuple[dict | None, str | None]:
@@ -272,9 +274,8 @@ def _find_claims(obj, path="", out=None, depth=0):
     if isinstance(obj, dict):
         for k, v in obj.items():
             p = f"{path}.{k}" if path else str(k)
-            kl = str(k).lower()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and any(
-                    w in kl for w in ("speedup", "ratio", "tflops", "amdahl")):
+            words = set(re.split(r"[^a-z0-9]+", str(k).lower()))  # whole words: "calibration" is no ratio
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and words & CLAIM_WORDS:
                 out.append({"path": p, "value": v})
             else:
                 _find_claims(v, p, out, depth + 1)
@@ -316,9 +317,9 @@ def performance(bench, bench_sha, pipeline, pipeline_sha, env, env_sha) -> dict:
         if not claim.get("speedups"):
             claim["figures"] = _find_claims(obj)
         predicate["claims"][stage] = claim
-        dev = _first(obj, "device_name", "device")
-        if isinstance(dev, (str, dict)) and dev and predicate["device"] == NOT_RECORDED:
-            predicate["device"] = dev
+        for k in ("device_name", "device"):
+            if isinstance(obj.get(k), str) and obj[k] and predicate["device"] == NOT_RECORDED:
+                predicate["device"] = obj[k]
     if env is not None:
         subjects.append(subject("evidence/environment.json", env_sha))
         predicate["environment"] = "evidence/environment.json"
