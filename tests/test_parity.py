@@ -222,3 +222,17 @@ def test_cross_attention_shape_runs():
     sel = _torch_sel(lambda q, k, v, scale=None: F.scaled_dot_product_attention(q, k, v, scale=scale))
     rep = run_parity(sel, [Shape(1, 1, 5, 300, 64)], "fp32", capture_environment=False)
     assert rep.passed and rep.shapes[0].scale_probe["nq"] == 5
+
+
+def test_oracle_that_fails_falls_back_to_eager_and_says_so():
+    def boom(q, k, v, scale=None):
+        raise MemoryError("no room for the score matrix")
+
+    sel = Selection("candidate", "t", "cpu",
+                    Backend("candidate", lambda q, k, v, scale=None:
+                            F.scaled_dot_product_attention(q, k, v, scale=scale), False),
+                    Backend("naive", boom, True), "test")
+    rep = run_parity(sel, resolve_shapes([], ["tiny-64"]), "fp32", capture_environment=False)
+    s = rep.shapes[0]
+    assert rep.passed and "no room" in s.oracle_note and "eager" in s.oracle
+    assert s.candidate_vs_oracle is not None

@@ -319,10 +319,13 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
               device: str | None = None, repeats: int = 10, warmup: int = 2, seed: int = 0,
               sets: int | None = None, backends: tuple[str, ...] | None = None,
               progress: bool | None = None, capture_environment: bool = True,
-              max_backend_s: float | None = None) -> BenchReport:
+              max_backend_s: float | None = None,
+              checkpoint: Callable | None = None) -> BenchReport:
     """Time every backend over `shapes`; shape i uses input seeds from `seed + 1000*i`.
 
     progress: True/False, or None for a rich progress bar on stderr only when it is a terminal.
+    checkpoint(report): called with the shapes done so far after each one (a killed run still
+    leaves them on disk).
     """
     import torch
 
@@ -348,12 +351,21 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
                                        seed + 1000 * i, sets, backends, tick,
                                        bootstrap_seed=seed + 100 * i,
                                        max_backend_s=max_backend_s))
+            if checkpoint:
+                checkpoint(_report(selection, dtype, repeats, warmup, seed, results, started,
+                                   None))
+    return _report(selection, dtype, repeats, warmup, seed, results, started,
+                   capture() if capture_environment else None)
+
+
+def _report(selection, dtype, repeats, warmup, seed, results, started, env) -> BenchReport:
+    import torch
+
     name = torch.cuda.get_device_name() if selection.device == "cuda" else ""
     timer = _Timer(selection.device).name
-    env = capture() if capture_environment else None
     return BenchReport(selection.to_dict(), dtype, selection.device, repeats, warmup, seed, timer,
-                       results, started, _now(), torch.__version__, name, selection.primary.name,
-                       env)
+                       list(results), started, _now(), torch.__version__, name,
+                       selection.primary.name, env)
 
 
 class _progress:

@@ -89,6 +89,13 @@ def _prepare(target, lib, candidate, shapes, presets, dtype, device):
     return sel, parsed, dtype
 
 
+def _checkpoint(path: str | None):
+    """Partial reports after each shape ("complete": false) so a killed run keeps its shapes."""
+    if not path:
+        return None
+    return lambda report: _write_json(path, {**report.to_dict(), "complete": False})
+
+
 def _write_json(path: str | None, data: dict) -> None:
     if not path:
         return
@@ -129,8 +136,8 @@ def parity_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, dev
     sel, parsed, dtype = _prepare(target, lib, candidate, shapes, presets, dtype, device)
     gates = effective_gates(dtype, config, overrides)
     report = run_parity(sel, parsed, dtype, gates=gates, seed=seed, scale=scale,
-                        progress=_parity_progress())
-    _write_json(json_out, report.to_dict())
+                        progress=_parity_progress(), checkpoint=_checkpoint(json_out))
+    _write_json(json_out, {**report.to_dict(), "complete": True})
     _print_parity(report)
     failures = report.failure_lines()
     if failures:
@@ -218,8 +225,9 @@ def bench_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, devi
     names = tuple(backend_names) or tuple(conf.get("backends", ())) or None
     sel, parsed, dtype = _prepare(target, lib, candidate, shapes, presets, dtype, device)
     report = run_bench(sel, parsed, dtype, repeats=repeats, warmup=warmup, seed=seed, sets=sets,
-                       backends=names, progress=progress, max_backend_s=max_backend_seconds)
-    _write_json(json_out, report.to_dict())
+                       backends=names, progress=progress, max_backend_s=max_backend_seconds,
+                       checkpoint=_checkpoint(json_out))
+    _write_json(json_out, {**report.to_dict(), "complete": True})
     _print_bench(report)
     prim = [s.backend(report.primary) for s in report.shapes]
     if not any(b is not None and b.summary is not None for b in prim):

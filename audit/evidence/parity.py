@@ -125,6 +125,8 @@ class ShapeParity:
     gates: list[GateResult] = field(default_factory=list)
     poisoned: bool = False  # True: the output was NaN-filled by us before the kernel wrote it
     oracle_poisoned: bool = False
+    oracle: str = ""  # what the oracle of this shape was
+    oracle_note: str = ""  # why it is not the selection's oracle, if it is not
     error: str = ""
 
     @property
@@ -137,7 +139,8 @@ class ShapeParity:
 
         return {"shape": self.shape.to_dict(), "seed": self.seed, "scale": self.scale,
                 "status": self.status, "poisoned": self.poisoned,
-                "oracle_poisoned": self.oracle_poisoned,
+                "oracle_poisoned": self.oracle_poisoned, "oracle": self.oracle,
+                "oracle_note": self.oracle_note,
                 "candidate_vs_reference": md(self.candidate_vs_reference),
                 "oracle_vs_reference": md(self.oracle_vs_reference),
                 "candidate_vs_oracle": md(self.candidate_vs_oracle),
@@ -228,6 +231,16 @@ def _run_backend(be: Backend, q, k, v, scale) -> tuple[object, bool]:
     return out, poisoned
 
 
+def _free(t) -> None:
+    if t.is_cuda:
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def _eager_oracle(reason: str) -> Backend:
     return Backend("eager", lambda q, k, v, scale=None: M.eager_attention(q, k, v, scale),
                    sovereign=False, about=f"torch eager softmax(QK^T)V ({reason})")
@@ -252,8 +265,17 @@ def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, se
     try:
         ref_out, res.oracle_poisoned = _run_backend(oracle, q, k, v, scale)
     except _CallFailed as exc:
-        ref_out = None
-        res.error = f"oracle {oracle.name} failed: {exc}"
+        # Our naive path materialises Nq x Nk per head: at N ~ 1e5 it may not fit. The chunked
+        # eager path is the same computation; use it and say so, rather than skip the gate.
+        res.oracle_note = f"oracle {oracle.name} failed ({exc}); torch eager used instead"
+        oracle = _eager_oracle("fallback")
+        _free(q)
+        try:
+            ref_out, res.oracle_poisoned = _run_backend(oracle, q, k, v, scale)
+        except _CallFailed as exc2:
+            ref_out = None
+            res.error = f"oracle failed: {exc}; eager fallback failed: {exc2}"
+    res.oracle = oracle.about or oracle.name
     outputs = {"candidate": out} if ref_out is None else {"candidate": out, "oracle": ref_out}
     vs_ref = M.reference_compare(q, k, v, outputs, scale)
     res.candidate_vs_reference = vs_ref["candidate"]
@@ -316,11 +338,12 @@ def _lower(name, against, value, thr) -> GateResult:
 def run_parity(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
                device: str | None = None, gates: Gates | None = None, seed: int = 0,
                scale: float | None = None, progress=None,
-               capture_environment: bool = True) -> ParityReport:
+               capture_environment: bool = True, checkpoint=None) -> ParityReport:
     """Parity of `selection` over `shapes`; shape i uses seed `seed + i`.
 
     `device` must agree with the selection's (it is there so `run` can pass what it resolved).
-    `progress(i, shape)` is called before each shape when given.
+    `progress(i, shape)` is called before each shape when given; `checkpoint(report)` after each
+    one with the shapes done so far.
     """
     import torch
 
@@ -341,13 +364,21 @@ def run_parity(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
         results.append(parity_shape(selection, shape, dtype, gates, seed + i, scale))
         if selection.device == "cuda":
             torch.cuda.empty_cache()
+        if checkpoint:
+            checkpoint(_report(selection, dtype, seed, gates, results, started, None))
+    from audit.evidence.environment import capture
+
+    return _report(selection, dtype, seed, gates, results, started,
+                   capture() if capture_environment else None)
+
+
+def _report(selection, dtype, seed, gates, results, started, env) -> ParityReport:
+    import torch
+
     name = torch.cuda.get_device_name() if selection.device == "cuda" else _cpu_name()
     oracle = (selection.oracle.about if selection.oracle else
               f"torch eager softmax(QK^T)V ({selection.oracle_note})")
-    from audit.evidence.environment import capture
-
-    env = capture() if capture_environment else None
-    return ParityReport(selection.to_dict(), dtype, selection.device, seed, gates, results,
+    return ParityReport(selection.to_dict(), dtype, selection.device, seed, gates, list(results),
                         oracle, started, _now(), torch.__version__, name, env)
 
 
