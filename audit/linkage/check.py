@@ -334,7 +334,8 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
         rule = policy.rule_for_symbol(sym.name)
         if rule:
             key = (rule.id, "static-symbol" if sym.defined else "imported-symbol")
-            groups.setdefault(key, {})[sym.name] = None
+            # .symtab spells versioned imports "name@VERSION": one name, not two
+            groups.setdefault(key, {})[sym.name.split("@", 1)[0] or sym.name] = None
             tables.setdefault(key, {})[sym.table] = None
     for (rid, kind), names in groups.items():
         ordered = sorted(names)
