@@ -42,11 +42,38 @@ def test_order_is_interleaved_and_rotated_and_input_sets_rotate():
     timed = log[2:]  # after one warm-up call each
     names = [n for n, _ in timed]
     assert names == ["candidate", "naive", "naive", "candidate"] * 3  # start rotates every repeat
-    ptrs = {p for n, p in timed if n == "candidate"}
-    assert len(ptrs) == 3  # every input set was used
+    assert len({p for _, p in timed}) == 3  # every input set was used
     shape = rep.shapes[0]
     assert shape.input_sets == 3
     assert all(len(b.summary.samples) == 6 for b in shape.backends)
+
+
+@pytest.mark.parametrize("sets,n_backends", [(2, 2), (2, 4), (3, 3), (4, 2)])
+def test_every_backend_sees_every_input_set_and_consecutive_calls_differ(sets, n_backends):
+    log = []
+
+    def make(i):
+        def fn(q, k, v, scale=None):
+            log.append((i, q.data_ptr()))
+            return q
+        return Backend(f"b{i}", fn, False)
+
+    sel = Selection("candidate", "t", "cpu", make(0), make(1) if n_backends > 1 else None, "")
+    # n logging backends in place of the real list
+    from audit.evidence import bench as B
+
+    orig = B.backends_for
+    B.backends_for = lambda s, d, w=None: [(f"b{i}", make(i)) for i in range(n_backends)]
+    try:
+        B.run_bench(sel, [SMALL], "fp32", repeats=8, warmup=1, sets=sets, progress=False,
+                    capture_environment=False)
+    finally:
+        B.backends_for = orig
+    timed = log[n_backends:]
+    for i in range(n_backends):
+        assert len({p for b, p in timed if b == i}) >= 2  # no backend re-reads one set only
+    assert all(a[1] != b[1] for a, b in zip(timed, timed[1:]))  # never the set just read
+    assert len({p for _, p in timed}) == sets
 
 
 def test_out_of_memory_backend_is_skipped_and_the_rest_goes_on():

@@ -185,7 +185,7 @@ def _print_parity(report) -> None:
 @click.option("--repeats", type=int, default=None, help="Timed calls per backend [default: 10].")
 @click.option("--warmup", type=int, default=None, help="Untimed calls first [default: 2].")
 @click.option("--sets", type=int, default=None,
-              help="Input sets rotated through [default: enough to exceed 256 MiB, 2..8].")
+              help="Input sets rotated through [default: enough to exceed 256 MiB, 2..64].")
 @click.option("--backend", "backend_names", multiple=True,
               type=click.Choice(["primary", "naive", "eager", "sdpa-flash", "sdpa-cudnn",
                                  "sdpa-efficient"]),

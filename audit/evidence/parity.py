@@ -290,7 +290,7 @@ def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, se
                    nonfinite <= gates.nonfinite,
                    f"= {nonfinite} NaN/Inf elements ({cr.nan} NaN, {cr.inf} Inf"
                    f"{', NaN may be elements never written' if res.poisoned else ''})"
-                   f" > {gates.nonfinite}")
+                   f" {'<=' if nonfinite <= gates.nonfinite else '>'} {gates.nonfinite}")
     res.gates.append(g)  # first: a NaN is the cause of the other failures
     res.gates.append(_upper("rel_l2", "reference", cr.rel_l2, gates.rel_l2))
     co = res.candidate_vs_oracle
