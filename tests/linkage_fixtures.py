@@ -186,3 +186,43 @@ def build_linkage_fixtures(base: Path) -> Lib:
 @pytest.fixture(scope="session")
 def linkage_libs(fixture_root) -> Lib:
     return build_linkage_fixtures(Path(fixture_root))
+
+
+DEVICE_SRC = Path(__file__).parent / "fixtures" / "linkage"
+
+
+def _compile_parallel(jobs: dict[str, list[str]], env=None) -> None:
+    procs = {k: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for k, cmd in jobs.items()}
+    errors = []
+    for k, proc in procs.items():
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            errors.append(f"{k}: {' '.join(jobs[k])}\n{err}")
+    if errors:
+        raise RuntimeError("\n".join(errors))
+
+
+@pytest.fixture(scope="session")
+def hip_linkage_libs(fixture_root) -> dict[str, Path]:
+    """hipcc --offload-arch=gfx1030: our own kernel, and one named like a Tensile GEMM kernel."""
+    hipcc = require_tool("hipcc")
+    d = Path(fixture_root) / "linkage-hip"
+    d.mkdir(exist_ok=True)
+    env = dict(os.environ, HIP_PLATFORM="amd")  # hipcc picks NVIDIA when nvcc is on PATH
+    jobs = {name: [hipcc, "--offload-arch=gfx1030", "-shared", "-fPIC", "-o", str(d / f"lib{name}.so"),
+                   str(DEVICE_SRC / f"{name}.hip")] for name in ("sovereign_kernel", "tensile_named")}
+    _compile_parallel(jobs, env)
+    return {name: d / f"lib{name}.so" for name in jobs}
+
+
+@pytest.fixture(scope="session")
+def cuda_linkage_libs(fixture_root) -> dict[str, Path]:
+    """nvcc -arch=sm_90 (cudart static, nvcc's default): our own kernel, and one in namespace cutlass."""
+    nvcc = require_tool("nvcc")
+    d = Path(fixture_root) / "linkage-cuda"
+    d.mkdir(exist_ok=True)
+    jobs = {name: [nvcc, "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-o", str(d / f"lib{name}.so"),
+                   str(DEVICE_SRC / f"{name}.cu")] for name in ("sovereign_kernel", "cutlass_named")}
+    _compile_parallel(jobs)
+    return {name: d / f"lib{name}.so" for name in jobs}
