@@ -248,15 +248,26 @@ class Library:
                               FK_ERR_NULL_POINTER)
 
     def run_into(self, q, k, v, o, scale: float, layout: str, naive: bool) -> None:
-        """Call the C forward writing into `o` (already allocated like q). No allocation here:
-        this is the body of the custom op, safe inside a CUDA graph capture."""
+        """Call the C forward writing into `o` (allocated by the caller, shaped like q). `scale`
+        0.0 or None means 1/sqrt(D). Allocates nothing itself (inputs whose D stride is not 1 are
+        copied first), so it is the body of the custom op and safe inside a CUDA graph capture."""
         import torch
 
+        q, k, v = check_inputs(q, k, v, layout, self.head_dims)
         self.check_device(q.device)
+        # o is written through raw pointers: it must be exactly q's shape, dtype and device, with
+        # rows the kernel can address, or the C side would write outside it.
+        if not isinstance(o, torch.Tensor) or o.shape != q.shape or o.dtype != q.dtype or o.device != q.device:
+            raise KernelError(f"o must be a tensor shaped like q {tuple(q.shape)} {q.dtype} on {q.device}",
+                              FK_ERR_SIZE)
+        if not _addressable(o, layout):
+            raise KernelError(f"o's strides {tuple(o.stride())} are not addressable (D stride 1, rows apart)",
+                              FK_ERR_STRIDE)
+        s = 0.0 if scale is None or (isinstance(scale, (int, float)) and scale == 0) else resolve_scale(scale, 0)
         stream = None
         if q.device.type == "cuda":
             stream = torch.cuda.current_stream(q.device).cuda_stream or None
-        args = fill_args(q, k, v, o, layout, scale, stream)
+        args = fill_args(q, k, v, o, layout, s, stream)
         fn = self._dll.fk_naive_forward if naive else self._dll.fk_flash_forward
         if q.device.type == "cuda":
             with torch.cuda.device(q.device):
