@@ -3,23 +3,35 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import stat
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
+from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_USAGE, AuditError
 from audit.report.keys import ENV_KEY, ENV_PASSWORD, load_public_key, load_signing_key
 from conftest import require_tool
 
 
-def cli(*args, env=None):
-    p = subprocess.run([sys.executable, "-m", "audit", *map(str, args)], capture_output=True, text=True,
-                       timeout=60, env=env)
-    assert "Traceback" not in p.stderr, p.stderr
-    return p.returncode, p.stdout, p.stderr
+def cli(*args):
+    """The CLI in-process through audit.cli.main (the console entry point): (exit code, out, err)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err), pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    assert "Traceback" not in err.getvalue(), err.getvalue()
+    return exc.value.code, out.getvalue(), err.getvalue()
+
+
+def test_keygen_console_entry(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "audit", "keygen", "--out", str(tmp_path / "k")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "k.key").exists() and (tmp_path / "k.pub").exists()
 
 
 @pytest.fixture(autouse=True)

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
+from audit.cli import main
 from audit.report.attest import write_attestations
 from audit.report.keys import generate_keypair, load_signing_key, write_keypair
 from audit.report.manifest import write_manifest
@@ -88,6 +91,16 @@ def bundle(tmp_path, kernel_so):
 
 
 def cli(*args) -> tuple[int, str, str]:
+    """Run the CLI in-process through audit.cli.main (the console entry point): (exit code, out, err)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err), pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    assert "Traceback" not in err.getvalue(), err.getvalue()
+    return exc.value.code, out.getvalue(), err.getvalue()
+
+
+def cli_subprocess(*args) -> tuple[int, str, str]:
+    """The same in a child process with a timeout: for tests where a hang is the failure."""
     p = subprocess.run([sys.executable, "-m", "audit", *map(str, args)], capture_output=True, text=True,
                        timeout=120)
     assert "Traceback" not in p.stderr, p.stderr
@@ -113,7 +126,7 @@ def flip_byte(path: Path, offset: int = -1) -> None:
 
 def test_round_trip_with_key(bundle):
     root, pub = bundle
-    rc, out, err = cli("verify", root, "--key", pub)
+    rc, out, err = cli_subprocess("verify", root, "--key", pub)
     assert rc == 0, out + err
     assert fail_lines(out) == []
     assert ": OK;" in out
@@ -269,7 +282,7 @@ def test_subject_to_a_fifo_outside_never_hangs(tmp_path, kernel_so):
     root, key = make_bundle(tmp_path / "b", kernel_so)
     os.mkfifo(tmp_path / "fifo")
     _resign_with_subject(root, key, "../fifo", "0" * 64)
-    rc, out, _ = cli("verify", root)  # cli() has a timeout: a read of the FIFO would hang
+    rc, out, _ = cli_subprocess("verify", root)  # with a timeout: a read of the FIFO would hang
     assert rc == 1 and "'..' points outside the bundle" in out
 
 
@@ -322,7 +335,7 @@ def test_symlinked_folder_pointing_outside(bundle, tmp_path):
 def test_fifo_in_bundle_is_a_failure_not_a_hang(bundle):
     root, pub = bundle
     os.mkfifo(root / "evidence" / "pipe")
-    rc, out, _ = cli("verify", root, "--key", pub)
+    rc, out, _ = cli_subprocess("verify", root, "--key", pub)
     assert rc == 1
     assert "FAIL evidence/pipe: not a regular file" in out
 
@@ -396,7 +409,7 @@ def test_no_public_key_and_no_key(bundle):
 
 
 def test_not_a_folder(tmp_path):
-    rc, _, err = cli("verify", tmp_path / "nowhere")
+    rc, _, err = cli_subprocess("verify", tmp_path / "nowhere")
     assert rc == 2 and err.startswith("error: ")
 
 
