@@ -100,6 +100,9 @@ def test_key_sources(tmp_path, monkeypatch):
     assert not from_env.ephemeral and from_env.public_pem == (tmp_path / "b.pub").read_bytes()
     assert load_signing_key(tmp_path / "a.key").keyid == a.keyid  # an explicit path wins over the env
 
+    monkeypatch.setenv(ENV_KEY, b_pem.replace("\n", "\\n"))  # one line with literal \n escapes
+    assert load_signing_key(None).keyid == from_env.keyid
+
     monkeypatch.setenv(ENV_KEY, str(tmp_path / "a.key"))  # a path
     assert load_signing_key(None).keyid == a.keyid
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import base64
 import json
 import os
+import posixpath
 import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audit.errors import AuditError
 from audit.report import dsse
@@ -101,3 +104,19 @@ def test_refuses_newlines_in_names(tmp_path):
 ])
 def test_name_rules(name, ok):
     assert (name_problem(name) is None) == ok
+
+
+# Names built from the pieces that matter: separators, dots, dot-dots, plain parts.
+_parts = st.sampled_from(["a", "b.json", "..", ".", "", "...", "..a", "a..", " ", "<x>", "é"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.booleans(), st.lists(_parts, min_size=1, max_size=6))
+def test_accepted_names_never_leave_the_bundle(absolute, parts):
+    """Every name name_problem accepts resolves (lexically) to a path strictly inside the root."""
+    name = ("/" if absolute else "") + "/".join(parts)
+    root = "/bundle/root"
+    if name_problem(name) is None:
+        joined = posixpath.normpath(posixpath.join(root, name))
+        assert joined.startswith(root + "/"), name
+        assert posixpath.relpath(joined, root) == name  # already normalised: one spelling per file

@@ -3,7 +3,8 @@
 Where the signing key comes from, in order:
 1. an explicit path (`--key FILE`): a PEM file holding a PKCS#8 Ed25519 private key;
 2. the environment variable SOVEREIGN_AUDIT_SIGNING_KEY (for CI secrets): its value is either the PEM
-   text itself (it starts with "-----BEGIN") or, otherwise, the path of a PEM file;
+   text itself (it starts with "-----BEGIN"; literal "\n" escapes are accepted for one-line secrets)
+   or, otherwise, the path of a PEM file;
 3. neither: a fresh EPHEMERAL key that exists only for this run. It proves the bundle was not changed
    after signing (integrity) but says nothing about who signed it (no identity).
 An encrypted private key takes its passphrase from SOVEREIGN_AUDIT_SIGNING_KEY_PASSWORD.
@@ -104,6 +105,8 @@ def load_signing_key(path: str | Path | None = None) -> SigningKey:
     env = os.environ.get(ENV_KEY, "")
     if env.strip():
         if env.lstrip().startswith("-----BEGIN"):
+            if "\n" not in env and "\\n" in env:  # a secret stored with literal \n escapes (some CI UIs)
+                env = env.replace("\\n", "\n")
             return _from_private(private_key_from_pem(env.encode(), f"${ENV_KEY}"), False, f"env {ENV_KEY}")
         p = Path(env)
         return _from_private(private_key_from_pem(_read_small(p, f"signing key (${ENV_KEY})"),

@@ -48,6 +48,6 @@ def verify_cmd(ctx, bundle, pubkey, as_json):
         for note in result.notes:
             click.echo(f"note: {note}")
         verdict = "OK" if result.ok else f"FAILED ({len(result.failures)} failing)"
-        click.echo(f"verify {printable(bundle)}: {verdict}; {result.checked} checks; key {result.keyid[:16]}")
+        click.echo(f"verify {printable(bundle)}: {verdict}; {result.checked} checks; keyid {result.keyid}")
     if not result.ok:
         ctx.exit(EXIT_VIOLATION)
