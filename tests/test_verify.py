@@ -378,6 +378,12 @@ def test_envelope_bad_json(bundle):
     _expect_malformed(root, contains="attestations/parity.test-result.dsse.json: not JSON")
 
 
+def test_deeply_nested_json_is_malformed_not_a_crash(bundle):
+    root, _ = bundle
+    (root / "manifest.json").write_text("[" * 200000)
+    _expect_malformed(root, contains="manifest.json: not JSON")
+
+
 def test_envelope_bad_base64(bundle):
     root, _ = bundle
     p = root / "attestations" / "linkage.test-result.dsse.json"

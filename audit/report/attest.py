@@ -45,7 +45,7 @@ def _load_evidence(bundle_dir: Path, stage: str) -> tuple[dict | None, str | Non
         raise InputError(f"bundle {bundle_dir!s}: {name}: {exc}") from None
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise InputError(f"bundle {bundle_dir!s}: {name}: not JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise InputError(f"bundle {bundle_dir!s}: {name}: not a JSON object")
@@ -107,7 +107,7 @@ def _target_provenance(bundle_dir: Path, target: str, entry: dict) -> dict:
         obj = json.loads(read_member(bundle_dir, f"artifacts/{target}/provenance.json"))
         if isinstance(obj, dict):
             return obj
-    except (UnsafePath, ValueError, UnicodeDecodeError):
+    except (UnsafePath, ValueError, UnicodeDecodeError, RecursionError):
         pass
     prov = entry.get("provenance")
     return prov if isinstance(prov, dict) else entry

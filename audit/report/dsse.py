@@ -116,6 +116,6 @@ def parse(obj, what: str = "envelope") -> Envelope:
 def loads(text: str | bytes, what: str = "envelope") -> Envelope:
     try:
         obj = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise MalformedEnvelope(f"{what}: not JSON ({exc})") from None
     return parse(obj, what)

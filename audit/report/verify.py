@@ -96,7 +96,7 @@ class _Checker:
             return None  # an unauthenticated payload is not read further
         try:
             st = json.loads(env.payload)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise MalformedBundle(f"{printable(name)}: payload is not JSON") from None
         if not isinstance(st, dict) or st.get("_type") != STATEMENT_TYPE or not isinstance(st.get("subject"), list):
             raise MalformedBundle(f"{printable(name)}: payload is not an in-toto Statement v1")
@@ -143,7 +143,7 @@ def _load_manifest(root: Path) -> dict:
         raise  # a symlink or a non-file where the manifest should be: a failure, reported by the caller
     try:
         m = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise MalformedBundle(f"{MANIFEST}: not JSON ({exc})") from None
     if not isinstance(m, dict) or m.get("schema") != SCHEMA or not isinstance(m.get("files"), list):
         raise MalformedBundle(f"{MANIFEST}: not a {SCHEMA} manifest")
