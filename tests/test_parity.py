@@ -234,5 +234,14 @@ def test_oracle_that_fails_falls_back_to_eager_and_says_so():
                     Backend("naive", boom, True), "test")
     rep = run_parity(sel, resolve_shapes([], ["tiny-64"]), "fp32", capture_environment=False)
     s = rep.shapes[0]
-    assert rep.passed and "no room" in s.oracle_note and "eager" in s.oracle
+    assert rep.passed and "no room" in s.oracle_note and "fp32" in s.oracle
     assert s.candidate_vs_oracle is not None
+
+
+def test_precise_eager_is_closer_to_float64_than_framework_eager_in_bf16():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 200, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    ref = {"fast": M.eager_attention(q, k, v), "precise": M.eager_attention(q, k, v, precise=True)}
+    m = M.reference_compare(q, k, v, ref)
+    assert m["precise"].rel_l2 < m["fast"].rel_l2
+    assert ref["precise"].dtype == torch.bfloat16

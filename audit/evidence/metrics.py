@@ -148,9 +148,15 @@ def reference_head(q, k, v, scale: float, budget: int | None = None):
     return out
 
 
-def eager_attention(q, k, v, scale: float | None = None, budget: int | None = None):
-    """softmax(scale Q K^T) V as a framework user writes it (matmuls in the input dtype, softmax in
-    fp32), over (B,H,N,D) tensors; chunked over heads and query rows so the score matrix fits."""
+def eager_attention(q, k, v, scale: float | None = None, budget: int | None = None,
+                    precise: bool = False):
+    """softmax(scale Q K^T) V over (B,H,N,D) tensors, chunked over heads and query rows so the
+    score matrix fits in `budget` bytes.
+
+    precise=False: as a framework user writes it (matmuls in the input dtype, softmax in fp32):
+    the bench baseline. precise=True: scores, softmax and P V in fp32 like our naive pre-flash
+    path: the oracle when that path cannot run (bf16 scores alone cost ~1e-5 of cosine).
+    """
     import torch
 
     if budget is None:
@@ -160,16 +166,21 @@ def eager_attention(q, k, v, scale: float | None = None, budget: int | None = No
     sc = default_scale(d, scale)
     out = torch.empty_like(q)
     qf, kf, vf, of = (t.reshape(b * h, t.shape[2], d) for t in (q, k, v, out))
-    per_score = 2 * q.element_size() + 4  # scores in dtype, fp32 softmax, P in dtype
+    work = torch.float32 if precise else q.dtype
+    # bytes per score: S in `work`, the fp32 softmax, P in `work`
+    per_score = 4 + 4 if precise else 2 * q.element_size() + 4
     heads = max(1, min(b * h, budget // max(1, nq * nk * per_score)))
     rows = nq if heads > 1 or nq * nk * per_score <= budget else _row_chunk(nq, nk, per_score, budget)
     for i in range(0, b * h, heads):
-        kt = kf[i:i + heads].transpose(1, 2)
+        kt = kf[i:i + heads].to(work).transpose(1, 2)
+        vw = vf[i:i + heads].to(work)
         for r in range(0, nq, rows):
-            s = torch.matmul(qf[i:i + heads, r:r + rows], kt) * sc
-            p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+            s = torch.matmul(qf[i:i + heads, r:r + rows].to(work), kt)
+            s.mul_(sc)
+            p = torch.softmax(s, dim=-1, dtype=torch.float32)
             del s
-            of[i:i + heads, r:r + rows] = torch.matmul(p, vf[i:i + heads])
+            p = p.to(work)
+            of[i:i + heads, r:r + rows] = torch.matmul(p, vw).to(q.dtype)
             del p
     return out
 

@@ -242,8 +242,9 @@ def _free(t) -> None:
 
 
 def _eager_oracle(reason: str) -> Backend:
-    return Backend("eager", lambda q, k, v, scale=None: M.eager_attention(q, k, v, scale),
-                   sovereign=False, about=f"torch eager softmax(QK^T)V ({reason})")
+    return Backend("eager", lambda q, k, v, scale=None: M.eager_attention(q, k, v, scale,
+                                                                          precise=True),
+                   sovereign=False, about=f"torch softmax(QK^T)V in fp32, chunked ({reason})")
 
 
 def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, seed: int,
@@ -377,7 +378,7 @@ def _report(selection, dtype, seed, gates, results, started, env) -> ParityRepor
 
     name = torch.cuda.get_device_name() if selection.device == "cuda" else _cpu_name()
     oracle = (selection.oracle.about if selection.oracle else
-              f"torch eager softmax(QK^T)V ({selection.oracle_note})")
+              f"torch softmax(QK^T)V in fp32 ({selection.oracle_note})")
     return ParityReport(selection.to_dict(), dtype, selection.device, seed, gates, list(results),
                         oracle, started, _now(), torch.__version__, name, env)
 
