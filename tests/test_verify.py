@@ -19,8 +19,11 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from audit.cli import main
+from audit.errors import AuditError
 from audit.report.attest import write_attestations
 from audit.report.keys import generate_keypair, load_signing_key, write_keypair
 from audit.report.manifest import write_manifest
@@ -430,3 +433,47 @@ def test_key_file_not_a_key(bundle, tmp_path):
     (tmp_path / "junk.pub").write_text("hello\n")
     rc, _, err = cli("verify", root, "--key", tmp_path / "junk.pub")
     assert rc == 2 and "not a PEM public key" in err
+
+
+@pytest.fixture(scope="module")
+def fuzz_bundle(tmp_path_factory, kernel_so):
+    root, _ = make_bundle(tmp_path_factory.mktemp("fuzz") / "b", kernel_so)
+    return root
+
+
+def _same_signed_content(data: bytes, original: bytes) -> bool:
+    """Edits DSSE leaves unsigned (JSON layout, keyid): the envelope still says the same signed thing."""
+    from audit.report import dsse
+    try:
+        a, b = dsse.loads(data), dsse.loads(original)
+    except AuditError:
+        return False
+    return (a.payload_type, a.payload) == (b.payload_type, b.payload) and \
+        {x.sig for x in b.signatures} <= {x.sig for x in a.signatures}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(target=st.sampled_from(["manifest.json", "manifest.dsse.json", "attestations/parity.test-result.dsse.json"]),
+       edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=4))
+def test_mutated_bundles_fail_cleanly(fuzz_bundle, target, edits):
+    """Any byte edits: a failure naming the file or a clean malformed-bundle error, never a crash."""
+    path = fuzz_bundle / target
+    original = path.read_bytes()
+    data = bytearray(original)
+    for where, byte in edits:
+        data[int(where * len(data))] = byte
+    data = bytes(data)
+    try:
+        path.write_bytes(data)
+        try:
+            r = verify_bundle(fuzz_bundle, None)
+        except AuditError as exc:
+            assert exc.exit_code in (2, 3) and "\n" not in exc.message
+        else:
+            if r.ok:  # only an unchanged file, or the one unlisted envelope saying the same signed thing
+                assert data == original or (target == "manifest.dsse.json" and _same_signed_content(data, original))
+            else:
+                assert any(target in f for f in r.failures), r.failures
+    finally:
+        path.write_bytes(original)
+    assert verify_bundle(fuzz_bundle, None).ok
