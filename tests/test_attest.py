@@ -160,6 +160,17 @@ def test_missing_evidence_writes_only_what_exists(tmp_path, kernel_so):
     assert [p.name for p in write_attestations(root, key)] == ["performance.dsse.json"]
 
 
+def test_rebuilding_in_place_drops_stale_attestations(tmp_path, kernel_so):
+    root = _bundle(tmp_path / "b", kernel_so)
+    key = generate_keypair()
+    assert len(write_attestations(root, key)) == 4
+    (root / "evidence" / "parity.json").unlink()
+    (root / "attestations" / "someone-elses.json").write_text("{}")
+    names = sorted(p.name for p in write_attestations(root, key))
+    assert "parity.test-result.dsse.json" not in names
+    assert sorted(p.name for p in (root / "attestations").iterdir()) == sorted(names + ["someone-elses.json"])
+
+
 def test_user_artifacts_are_audited_not_built(tmp_path, kernel_so):
     root = _bundle(tmp_path / "b", kernel_so)
     (root / "artifacts" / "user").mkdir()

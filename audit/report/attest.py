@@ -31,6 +31,8 @@ BUILDER_ID = f"https://sovereign-audit.dev/builder/sovereign-audit@{__version__}
 EVIDENCE = ("build", "linkage", "parity", "bench", "pipeline", "environment")
 ATTESTATIONS_DIR = "attestations"
 NOT_RECORDED = "not recorded"
+ATTESTATION_NAMES = ("build.provenance.dsse.json", "parity.test-result.dsse.json",
+                     "linkage.test-result.dsse.json", "performance.dsse.json")
 CLAIM_WORDS = frozenset({"speedup", "ratio", "tflops", "amdahl"})
 
 
@@ -374,4 +376,9 @@ def write_attestations(bundle_dir: Path, key) -> list[Path]:
     if ev["bench"][0] is not None or ev["pipeline"][0] is not None:
         written.append(_write(bundle_dir, "performance.dsse.json",
                               performance(*ev["bench"], *ev["pipeline"], *ev["environment"]), key))
+    # A bundle rebuilt in place must not keep an attestation of evidence that is gone now.
+    for name in ATTESTATION_NAMES:
+        stale = bundle_dir / ATTESTATIONS_DIR / name
+        if stale not in written and stale.is_file() and not stale.is_symlink():
+            stale.unlink()
     return written
