@@ -56,7 +56,7 @@ def render_github(report: CheckReport) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-_MD_SPECIAL = set("\\`*_{}[]()#+-.!|~>")
+_MD_SPECIAL = set("\\`*_{}[]()#+-.!|~")  # < > & are HTML-escaped instead
 
 
 def md_escape(text) -> str:
