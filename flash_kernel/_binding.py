@@ -302,11 +302,13 @@ _lock = threading.Lock()
 
 def load(path: str | os.PathLike) -> Library:
     """Load (once per resolved path) a shared object exporting the flash_kernel C ABI."""
-    key = str(Path(path).resolve())
+    p = Path(path)
+    if p.is_dir():
+        p = p / "libflash_kernel.so"
+    key = str(p.resolve())
     with _lock:
         lib = _cache.get(key)
         if lib is None:
-            lib = Library(path)
+            lib = Library(p)
             _cache[key] = lib
-            _cache[lib.path] = lib
         return lib

@@ -1,0 +1,344 @@
+"""The `flash_kernel` Python binding: loading, lookup, errors, Python-side checks mirroring the C
+validation, the torch custom op and standing in for F.scaled_dot_product_attention."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import flash_kernel  # noqa: E402
+from audit.build.builder import ensure_built  # noqa: E402
+from flash_kernel import _binding as B  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def build_root(fixture_root) -> Path:
+    # the same build folder as tests/test_kernel_cpu.py: built once, reused while its provenance matches
+    out = fixture_root / "fk_build"
+    tb = ensure_built(["cpu"], out).get("cpu")
+    assert tb.status == "built", tb.reason
+    return out
+
+
+@pytest.fixture(scope="session")
+def lib(build_root):
+    return flash_kernel.load(build_root / "cpu" / "libflash_kernel.so")
+
+
+def seeded():
+    seed = int.from_bytes(os.urandom(4), "little")
+    return seed, torch.Generator().manual_seed(seed)
+
+
+def qkv(shape_q, shape_kv, dtype=torch.float32, gen=None):
+    return (torch.randn(shape_q, generator=gen).to(dtype), torch.randn(shape_kv, generator=gen).to(dtype),
+            torch.randn(shape_kv, generator=gen).to(dtype))
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def gcc_so(tmp_path: Path, name: str, source: str) -> Path:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("gcc not on PATH (apt install gcc)")
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    out = tmp_path / f"lib{name}.so"
+    subprocess.run([gcc, "-shared", "-fPIC", "-O1", str(src), "-o", str(out)], check=True, capture_output=True)
+    return out
+
+
+FAKE_ABI = r"""
+#include <stdint.h>
+int32_t fk_abi_version(void) { return %d; }
+const char *fk_target(void) { return "fake"; }
+const char *fk_flash_path(void) { return "none"; }
+int32_t fk_supported_head_dims(int32_t *d, int32_t c) { if (d && c > 0) d[0] = 64; return 1; }
+const char *fk_last_error(void) { return "fake library"; }
+int32_t fk_flash_forward(const void *a) { return 8; }
+int32_t fk_naive_forward(const void *a) { return 8; }
+"""
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+def test_load_reports_the_getters(lib, build_root):
+    assert lib.abi_version == 1 == flash_kernel.ABI_VERSION
+    assert lib.target == "cpu" and lib.flash_path == "cpu"
+    assert {64, 128} <= set(lib.head_dims)
+    assert lib.path == str((build_root / "cpu" / "libflash_kernel.so").resolve())
+    assert flash_kernel.load(build_root / "cpu") is lib  # a folder holding the library, same object
+
+
+def test_missing_library_says_how_to_build(tmp_path):
+    with pytest.raises(flash_kernel.LibraryNotFound) as ei:
+        flash_kernel.load(tmp_path / "nope" / "libflash_kernel.so")
+    assert "sovereign-audit build --target" in str(ei.value)
+    assert isinstance(ei.value, flash_kernel.KernelError)
+
+
+def test_abi_mismatch_is_refused(tmp_path):
+    so = gcc_so(tmp_path, "abi2", FAKE_ABI % 2)
+    with pytest.raises(flash_kernel.AbiMismatch) as ei:
+        flash_kernel.load(so)
+    assert "ABI 2" in str(ei.value) and ei.value.status == B.FK_ERR_ABI
+
+
+def test_a_library_without_the_abi_is_refused(tmp_path):
+    so = gcc_so(tmp_path, "other", "int something(void) { return 1; }\n")
+    with pytest.raises(flash_kernel.KernelError) as ei:
+        flash_kernel.load(so)
+    assert "does not export the flash_kernel C ABI" in str(ei.value) and "fk_flash_forward" in str(ei.value)
+
+
+def test_a_file_that_is_not_a_library_is_a_kernel_error(tmp_path):
+    p = tmp_path / "libflash_kernel.so"
+    p.write_bytes(b"\x7fELF not really\n")
+    with pytest.raises(flash_kernel.KernelError) as ei:
+        flash_kernel.load(p)
+    assert "cannot load" in str(ei.value)
+
+
+def test_any_library_exporting_the_abi_loads_and_its_errors_surface(tmp_path):
+    fake = flash_kernel.load(gcc_so(tmp_path, "fake", FAKE_ABI % 1))
+    assert (fake.target, fake.flash_path, fake.head_dims) == ("fake", "none", (64,))
+    q = torch.zeros(1, 1, 4, 64)
+    with pytest.raises(flash_kernel.KernelError):  # "fake" is not cpu: it takes GPU tensors only
+        fake.attention(q, q, q)
+
+
+# ---- lookup -------------------------------------------------------------------------------------
+
+def test_default_build_dir_is_the_checkout_build(monkeypatch):
+    monkeypatch.delenv("FLASH_KERNEL_BUILD", raising=False)
+    assert flash_kernel.build_dir() == Path(flash_kernel.__file__).resolve().parent.parent / "build"
+
+
+def test_library_for_uses_flash_kernel_build(monkeypatch, build_root, lib):
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))
+    assert flash_kernel.library_for("cpu") is lib
+    assert flash_kernel.library_for(torch.device("cpu")) is lib
+    seed, gen = seeded()
+    q, k, v = qkv((2, 2, 33, 64), (2, 2, 40, 64), gen=gen)
+    assert torch.equal(flash_kernel.attention(q, k, v), lib.attention(q, k, v))
+    assert torch.equal(flash_kernel.naive_attention(q, k, v), lib.naive_attention(q, k, v))
+
+
+def test_library_for_cuda_names_the_target_to_build(monkeypatch, build_root):
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))  # holds cpu only
+    monkeypatch.delenv("FLASH_KERNEL_TARGET", raising=False)
+    with pytest.raises(flash_kernel.LibraryNotFound) as ei:
+        flash_kernel.library_for("cuda:0")
+    assert "sovereign-audit build --target sm_90" in str(ei.value) and "sm_80" in str(ei.value)
+    monkeypatch.setenv("FLASH_KERNEL_TARGET", "sm_90-generic")
+    with pytest.raises(flash_kernel.LibraryNotFound) as ei:
+        flash_kernel.library_for("cuda")
+    assert "--target sm_90-generic" in str(ei.value)
+
+
+def test_library_for_an_empty_build_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(tmp_path))
+    with pytest.raises(flash_kernel.LibraryNotFound) as ei:
+        flash_kernel.library_for("cpu")
+    assert "sovereign-audit build --target cpu" in str(ei.value)
+    with pytest.raises(flash_kernel.KernelError):
+        flash_kernel.library_for("mps")
+
+
+# ---- Python checks mirror the C validation ------------------------------------------------------
+
+def _bad_inputs():
+    good = (1, 2, 8, 64)
+    z = torch.zeros
+    return [
+        ("int64 dtype", lambda: (z(good, dtype=torch.int64),) * 3, {}, B.FK_ERR_DTYPE),
+        ("float64 dtype", lambda: (z(good, dtype=torch.float64),) * 3, {}, B.FK_ERR_DTYPE),
+        ("mixed dtypes", lambda: (z(good), z(good, dtype=torch.float16), z(good)), {}, B.FK_ERR_DTYPE),
+        ("3-D q", lambda: (z(2, 8, 64), z(good), z(good)), {}, B.FK_ERR_SIZE),
+        ("zero tokens", lambda: (z(1, 2, 0, 64), z(good), z(good)), {}, B.FK_ERR_SIZE),
+        ("head dim 100", lambda: (z(1, 2, 8, 100),) * 3, {}, B.FK_ERR_HEAD_DIM),
+        ("k and v differ", lambda: (z(good), z(1, 2, 9, 64), z(good)), {}, B.FK_ERR_SIZE),
+        ("q and k heads differ", lambda: (z(good), z(1, 3, 8, 64), z(1, 3, 8, 64)), {}, B.FK_ERR_SIZE),
+        ("unknown layout", lambda: (z(good),) * 3, {"layout": "bnd"}, B.FK_ERR_STRIDE),
+        ("negative scale", lambda: (z(good),) * 3, {"scale": -1.0}, B.FK_ERR_SCALE),
+        ("zero scale", lambda: (z(good),) * 3, {"scale": 0.0}, B.FK_ERR_SCALE),
+        ("NaN scale", lambda: (z(good),) * 3, {"scale": float("nan")}, B.FK_ERR_SCALE),
+        ("scale beyond fp32", lambda: (z(good),) * 3, {"scale": 1e300}, B.FK_ERR_SCALE),
+        ("not a tensor", lambda: ([[0.0]], z(good), z(good)), {}, B.FK_ERR_NULL_POINTER),
+        ("meta tensors", lambda: (torch.empty(good, device="meta"),) * 3, {}, B.FK_ERR_NULL_POINTER),
+    ]
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["flash", "naive"])
+@pytest.mark.parametrize("label,make,kw,status", _bad_inputs(), ids=[b[0] for b in _bad_inputs()])
+def test_bad_inputs_raise_kernel_error_with_the_c_status(lib, label, make, kw, status, naive):
+    fn = lib.naive_attention if naive else lib.attention
+    with pytest.raises(flash_kernel.KernelError) as ei:
+        fn(*make(), **kw)
+    assert ei.value.status == status, f"{label}: {ei.value.status_name} {ei.value}"
+    assert "\n" not in str(ei.value) and str(ei.value)
+
+
+def test_run_into_refuses_an_output_unlike_q(lib):
+    q = torch.zeros(1, 2, 8, 64)
+    for o in (torch.zeros(1, 2, 7, 64), torch.zeros(1, 2, 8, 64, dtype=torch.float16),
+              torch.zeros(1, 2, 8, 128)[..., ::2]):
+        with pytest.raises(flash_kernel.KernelError):
+            lib.run_into(q, q, q, o, 0.0, "bhnd", naive=False)
+
+
+def test_c_side_refuses_what_python_would(lib):
+    """Both layers fail closed: the C validation answers even when Python checks are bypassed."""
+    q = torch.zeros(1, 2, 8, 64)
+    args = B.fill_args(q, q, q, q.clone(), "bhnd", 0.0, None)
+    args.head_dim = 100
+    assert lib._dll.fk_flash_forward(args) == B.FK_ERR_HEAD_DIM
+    assert "head_dim 100" in lib.last_error()
+
+
+# ---- layouts, strides, scale --------------------------------------------------------------------
+
+def test_bnhd_layout_matches_transposed_bhnd(lib):
+    seed, gen = seeded()
+    q, k, v = qkv((2, 50, 3, 64), (2, 70, 3, 64), gen=gen)  # (B, N, H, D)
+    out = lib.attention(q, k, v, layout="bnhd")
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+    assert rel(out, ref) <= 1e-5, f"seed {seed}"
+
+
+def test_d_stride_not_one_is_made_contiguous(lib):
+    seed, gen = seeded()
+    q, k, v = qkv((1, 2, 64, 40), (1, 2, 64, 50), gen=gen)
+    qt, kt, vt = (t.transpose(-1, -2) for t in (q, k, v))  # (1, 2, N, 64) with D stride != 1
+    assert qt.stride(-1) != 1
+    assert rel(lib.attention(qt, kt, vt), F.scaled_dot_product_attention(qt, kt, vt)) <= 1e-5, f"seed {seed}"
+
+
+def test_broadcast_kv_with_zero_head_stride(lib):
+    seed, gen = seeded()
+    q = torch.randn(2, 4, 30, 64, generator=gen)
+    k1, v1 = torch.randn(2, 1, 45, 64, generator=gen), torch.randn(2, 1, 45, 64, generator=gen)
+    k, v = k1.expand(2, 4, 45, 64), v1.expand(2, 4, 45, 64)  # H stride 0: read in place
+    assert k.stride(1) == 0
+    assert rel(lib.attention(q, k, v), F.scaled_dot_product_attention(q, k.contiguous(), v.contiguous())) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_stands_in_for_sdpa_with_scale(lib, dtype):
+    seed, gen = seeded()
+    q, k, v = qkv((2, 3, 77, 128), (2, 3, 91, 128), dtype, gen)
+    for scale in (None, 0.05):
+        ours = lib.attention(q, k, v, scale=scale)
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=scale)
+        tol = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+        assert ours.dtype == dtype and rel(ours, ref) <= tol, f"seed {seed} scale {scale}"
+
+
+def test_replaces_sdpa_inside_a_model(lib, monkeypatch, build_root):
+    """A module written against F.scaled_dot_product_attention gives the same output when the
+    function is swapped for flash_kernel.attention."""
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(128, 3 * 128)
+            self.out = torch.nn.Linear(128, 128)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            q, k, v = self.qkv(x).view(b, n, 3, 2, 64).permute(2, 0, 3, 1, 4)  # 3 x (B, H, N, D)
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            return self.out(o.transpose(1, 2).reshape(b, n, 128))
+
+    seed, gen = seeded()
+    torch.manual_seed(seed)
+    model = Block().eval()
+    x = torch.randn(2, 100, 128, generator=gen)
+    with torch.no_grad():
+        ref = model(x)
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda q, k, v, scale=None: flash_kernel.attention(q, k, v, scale=scale))
+        ours = model(x)
+    assert rel(ours, ref) <= 1e-5, f"seed {seed}"
+
+
+# ---- the torch custom op ------------------------------------------------------------------------
+
+def test_custom_ops_are_registered(lib):
+    lib.attention(*(torch.zeros(1, 1, 2, 64),) * 3)  # registers the ops on first use
+    assert hasattr(torch.ops.flash_kernel, "attention") and hasattr(torch.ops.flash_kernel, "naive_attention")
+    schema = str(torch.ops.flash_kernel.attention.default._schema)
+    assert schema.startswith("flash_kernel::attention(Tensor q, Tensor k, Tensor v, float scale, str layout")
+
+
+def test_fake_implementation_gives_shape_without_running(lib):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    lib.attention(*(torch.zeros(1, 1, 2, 64),) * 3)
+    with FakeTensorMode():
+        q = torch.empty(2, 3, 4097, 128, dtype=torch.bfloat16)
+        k = torch.empty(2, 3, 100, 128, dtype=torch.bfloat16)
+        out = torch.ops.flash_kernel.attention(q, k, k, 0.0, "bhnd", lib.path)
+    assert out.shape == (2, 3, 4097, 128) and out.dtype == torch.bfloat16
+
+
+def test_opcheck(lib):
+    seed, gen = seeded()
+    q, k, v = qkv((1, 2, 17, 64), (1, 2, 23, 64), gen=gen)
+    lib.attention(q, k, v)
+    for op in (torch.ops.flash_kernel.attention, torch.ops.flash_kernel.naive_attention):
+        torch.library.opcheck(op, (q, k, v, 0.0, "bhnd", lib.path),
+                              test_utils=("test_schema", "test_faketensor"))
+
+
+def test_traced_by_torch_compile(lib):
+    """Dynamo traces through the op (fake implementation) and the compiled call matches eager."""
+    seed, gen = seeded()
+    q, k, v = qkv((1, 2, 33, 64), (1, 2, 40, 64), gen=gen)
+    path = lib.path
+
+    def f(q, k, v):
+        return torch.ops.flash_kernel.attention(q * 2.0, k, v, 0.0, "bhnd", path) + 1.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    assert torch.allclose(compiled(q, k, v), f(q, k, v), rtol=1e-6, atol=1e-6), f"seed {seed}"
+
+
+# ---- CUDA (run on the device machine) -----------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+def test_cuda_current_stream_and_graph_capture():
+    lib = flash_kernel.library_for("cuda")
+    gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+    q, k, v = (torch.randn(1, 4, 1000, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # launched on the current (side) stream
+        out = lib.attention(q, k, v)
+    side.synchronize()
+    assert rel(out, ref) <= 1e-2
+    static_q = q.clone()
+    lib.attention(static_q, k, v)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = lib.attention(static_q, k, v)
+    static_q.copy_(torch.randn_like(q))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref2 = F.scaled_dot_product_attention(static_q.double(), k.double(), v.double())
+    assert rel(static_out, ref2) <= 1e-2
