@@ -80,6 +80,11 @@ step bench-$GLABEL-bf16 90 python3 -m audit bench --target "$GENERIC_TARGET" --d
   --dtype bf16 "${VIDEO[@]}" --repeats 10 --warmup 2 --max-backend-seconds 20 --no-progress \
   --backend primary --backend sdpa-flash --json "$OUT/bench-$GLABEL-bf16.json"
 
+# GPU-only checks of the measuring code itself: a real OOM is skipped, CUDA events, poisoning.
+if [[ ${SMOKE:-0} != 1 ]]; then
+  step pytest-gpu 90 python3 -m pytest -q -x -p no:cacheprovider tests/test_bench_gpu.py
+fi
+
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,memory.used --format=csv \
   >"$OUT/nvidia-smi-after.txt" 2>&1
 
