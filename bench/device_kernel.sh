@@ -14,6 +14,7 @@ FK_BUILD=${FK_BUILD:-build/h3}
 FK_STAGES=${FK_STAGES:-"test memcheck bench"}
 FK_SHAPES=${FK_SHAPES:-"1,12,32760,128 1,30,17776,64"}
 FK_DTYPE=${FK_DTYPE:-bf16}
+FK_SLOW_PATHS=${FK_SLOW_PATHS-1}   # set empty to skip timing the generic and naive paths
 mkdir -p "$OUT" "$FK_BUILD"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 SUMMARY=$OUT/summary.txt
@@ -55,8 +56,23 @@ stage_test() {
     grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -8 | tee -a "$SUMMARY"
 }
 
+# Each tuning variant's mma path through the same tests (its own build folder holding it as sm_90).
+stage_vtest() {
+    for v in "${VARS[@]}"; do
+        [ -z "$v" ] && continue
+        name=${v%%:*}
+        mkdir -p "$FK_BUILD/t-$name/sm_90"
+        cp "$FK_BUILD/var-$name/libflash_kernel.so" "$FK_BUILD/t-$name/sm_90/" || continue
+        FLASH_KERNEL_BUILD=$FK_BUILD/t-$name timeout ${FK_TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider \
+            -k "not generic" tests/test_kernel_gpu.py >>"$OUT/pytest.log" 2>&1
+        note "pytest (variant $name, mma path): $(tail -1 "$OUT/pytest.log")"
+    done
+}
+
 stage_memcheck() {
-    cat > "$OUT/fk_memcheck.cpp" <<'CPP'
+    local DRV=/tmp/fk_memcheck_drv
+    mkdir -p $DRV
+    cat > "$DRV/fk_memcheck.cpp" <<'CPP'
 // Calls the C ABI over the GPU test shapes with exact-size buffers; returns non-zero on any failure.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -111,11 +127,11 @@ int main(int argc, char **argv) {
     return bad ? 1 : 0;
 }
 CPP
-    nvcc -O2 -std=c++17 -I flash_kernel/include "$OUT/fk_memcheck.cpp" -o "$OUT/fk_memcheck" -ldl >"$OUT/memcheck-build.log" 2>&1 \
-        || note "memcheck driver build failed"
+    nvcc -O2 -std=c++17 -I flash_kernel/include "$DRV/fk_memcheck.cpp" -o "$DRV/fk_memcheck" -ldl >"$DRV/build.log" 2>&1 \
+        || note "memcheck driver build failed: $(tail -3 $DRV/build.log)"
     for t in sm_90 sm_90-generic; do
         timeout ${FK_MEMCHECK_TIMEOUT:-120} compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-            "$OUT/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$OUT/memcheck-$t.log" 2>&1
+            "$DRV/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$OUT/memcheck-$t.log" 2>&1
         note "memcheck $t: exit $? | $(grep -E 'ERROR SUMMARY|calls' "$OUT/memcheck-$t.log" | tr '\n' ' ')"
     done
 }
@@ -125,8 +141,8 @@ stage_bench() {
     for s in $FK_SHAPES; do SHAPE_ARGS+=(--shape "$s"); done
     timeout ${FK_BENCH_TIMEOUT:-240} python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$FK_DTYPE" \
         --lib "ours_mma=$FK_BUILD/sm_90/libflash_kernel.so" "${VARIANT_LIBS[@]}" \
-        --generic-lib "$FK_BUILD/sm_90-generic/libflash_kernel.so" \
-        --naive-lib "$FK_BUILD/sm_90/libflash_kernel.so" ${FK_BENCH_ARGS:-} --json "$OUT/bench.json" \
+        ${FK_SLOW_PATHS:+--generic-lib "$FK_BUILD/sm_90-generic/libflash_kernel.so"} \
+        ${FK_SLOW_PATHS:+--naive-lib "$FK_BUILD/sm_90/libflash_kernel.so"} ${FK_BENCH_ARGS:-} --json "$OUT/bench.json" \
         >"$OUT/bench.txt" 2>&1
     note "bench exit $?"
 }

@@ -139,7 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rotate", type=int, default=3, help="input sets cycled through")
     ap.add_argument("--eager-gib", type=float, default=16.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-torch", action="store_true", help="skip SDPA/eager (only ours)")
+    ap.add_argument("--torch-methods", default="sdpa_flash,sdpa_cudnn,eager",
+                    help="comma list of PyTorch baselines to time (sdpa_flash, sdpa_cudnn, eager; '' for none)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     if args.repeats < 10:
@@ -156,11 +157,12 @@ def main(argv=None) -> int:
         name, _, path = spec.partition("=")
         lib = flash_kernel.load(path)
         methods.append((name, lib.attention, args.repeats))
-    if not args.no_torch:
-        methods += [("sdpa_flash", sdpa(SDPBackend.FLASH_ATTENTION), args.repeats),
-                    ("sdpa_cudnn", sdpa(SDPBackend.CUDNN_ATTENTION), args.repeats),
-                    ("eager", lambda q, k, v: eager(q, k, v, 1 / math.sqrt(q.shape[-1]), args.eager_gib * 2**30),
-                     args.repeats)]
+    baselines = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+                 "eager": lambda q, k, v: eager(q, k, v, 1 / math.sqrt(q.shape[-1]), args.eager_gib * 2**30)}
+    for name in filter(None, args.torch_methods.split(",")):
+        if name not in baselines:
+            ap.error(f"unknown --torch-methods entry {name!r} (choose from {', '.join(baselines)})")
+        methods.append((name, baselines[name], args.repeats))
     if args.generic_lib:
         methods.append(("ours_generic", flash_kernel.load(args.generic_lib).attention, args.slow_repeats))
     if args.naive_lib:

@@ -118,7 +118,8 @@ template <class E, int D>
 __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashParams p) {
 #if defined(FK_MMA_DEVICE_OK)
     using Tile = MmaTile<D>;
-    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::kThreads;
+    constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::kThreads, MT = Tile::MT;
+    constexpr bool kQInRegs = Tile::kQInRegs;
     constexpr int KS = D / 16;   // k-steps of Q K^T
     constexpr int NS = BN / 8;   // n8 tiles of S
     constexpr int DT = D / 8;    // n8 tiles of O
@@ -141,18 +142,25 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
 
     cp_async_wait<1>();  // Q landed (K may still be in flight)
     __syncthreads();
-    // Q fragments (A operand, row-major): matrices (rows 0-7|8-15) x (cols k0|k0+8).
-    uint32_t qf[KS][4];
-    {
-        const int r = warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+    // Q fragments (A operand, row-major): matrices (rows 0-7|8-15) x (cols k0|k0+8). This warp's
+    // m16 tiles are rows warp*16*MT + mt*16.
+    const int qrow = warp * 16 * MT + (lane % 8) + 8 * ((lane / 8) % 2);
+    uint32_t qf[kQInRegs ? KS : 1][MT][4];
+    if (kQInRegs) {
 #pragma unroll
-        for (int ks = 0; ks < KS; ++ks) ldmatrix_x4(qf[ks], sq + swz<D>(r, 2 * ks + lane / 16));
+        for (int ks = 0; ks < (kQInRegs ? KS : 1); ++ks)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[ks][mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
     }
 
-    float acc[DT][4];
+    float acc[MT][DT][4];
 #pragma unroll
-    for (int d = 0; d < DT; ++d) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;  // rows lane/4 and lane/4 + 8
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int d = 0; d < DT; ++d) acc[mt][d][0] = acc[mt][d][1] = acc[mt][d][2] = acc[mt][d][3] = 0.0f;
+    float mrow[MT][2], lrow[MT][2];  // rows lane/4 and lane/4 + 8 of each m16 tile (log2 domain)
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) mrow[mt][0] = mrow[mt][1] = -INFINITY, lrow[mt][0] = lrow[mt][1] = 0.0f;
     const float sl2 = p.scale_log2;
     const int64_t ntiles = (p.nk + BN - 1) / BN;
 
@@ -163,21 +171,37 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
         load_tile_async<D, BN, NT>(sv, v, p.vs[2], k0, p.nk);
         cp_async_commit();
 
-        float s[NS][4];
+        float s[MT][NS][4];
 #pragma unroll
-        for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
         {
             // K fragments (B operand, "col" = K row-major): (rows n0|n0+8) x (cols k0|k0+8).
             const int rr = (lane % 8) + 8 * (lane / 16), cc = (lane / 8) % 2;
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks)
+            for (int ks = 0; ks < KS; ++ks) {
+                uint32_t qt[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    if (kQInRegs) {
+#pragma unroll
+                        for (int x = 0; x < 4; ++x) qt[mt][x] = qf[kQInRegs ? ks : 0][mt][x];
+                    } else {
+                        ldmatrix_x4(qt[mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
+                    }
+                }
 #pragma unroll
                 for (int np = 0; np < NS / 2; ++np) {
                     uint32_t kf[4];
                     ldmatrix_x4(kf, sk + swz<D>(np * 16 + rr, 2 * ks + cc));
-                    Ptx<E>::mma(s[2 * np], qf[ks], kf[0], kf[1]);
-                    Ptx<E>::mma(s[2 * np + 1], qf[ks], kf[2], kf[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        Ptx<E>::mma(s[mt][2 * np], qt[mt], kf[0], kf[1]);
+                        Ptx<E>::mma(s[mt][2 * np + 1], qt[mt], kf[2], kf[3]);
+                    }
                 }
+            }
         }
 
         if (k0 + BN > p.nk) {  // ragged last tile: keys past nk get no weight
@@ -185,44 +209,51 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
 #pragma unroll
             for (int n = 0; n < NS; ++n) {
                 const int64_t c = k0 + n * 8 + t2;
-                if (c >= p.nk) s[n][0] = s[n][2] = -INFINITY;
-                if (c + 1 >= p.nk) s[n][1] = s[n][3] = -INFINITY;
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    if (c >= p.nk) s[mt][n][0] = s[mt][n][2] = -INFINITY;
+                    if (c + 1 >= p.nk) s[mt][n][1] = s[mt][n][3] = -INFINITY;
+                }
             }
         }
 
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        uint32_t pf[MT][NS / 2][4];  // P as the A operand of P V, one k16 step per pair of n8 tiles
 #pragma unroll
-        for (int n = 0; n < NS; ++n) {
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-        }
-        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 1));
-        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 2));
-        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 1));
-        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 2));
-        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);  // finite: tile has a valid key
-        const float a0 = ex2(m0 - mn0), a1 = ex2(m1 - mn1);
-        m0 = mn0;
-        m1 = mn1;
-        float sum0 = 0.0f, sum1 = 0.0f;
-        uint32_t pf[NS / 2][4];  // P as the A operand of P V, one k16 step per pair of n8 tiles
+        for (int mt = 0; mt < MT; ++mt) {
+            float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < NS; ++n) {
-            const float e0 = ex2(fmaf(s[n][0], sl2, -mn0)), e1 = ex2(fmaf(s[n][1], sl2, -mn0));
-            const float e2 = ex2(fmaf(s[n][2], sl2, -mn1)), e3 = ex2(fmaf(s[n][3], sl2, -mn1));
-            sum0 += e0 + e1;
-            sum1 += e2 + e3;
-            pf[n / 2][(n % 2) * 2 + 0] = Ptx<E>::pack(e0, e1);
-            pf[n / 2][(n % 2) * 2 + 1] = Ptx<E>::pack(e2, e3);
-        }
-        l0 = l0 * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
-        l1 = l1 * a1 + sum1;
+            for (int n = 0; n < NS; ++n) {
+                mx0 = fmaxf(mx0, fmaxf(s[mt][n][0], s[mt][n][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[mt][n][2], s[mt][n][3]));
+            }
+            mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 1));
+            mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 2));
+            mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 1));
+            mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 2));
+            // finite: every tile holds at least one valid key
+            const float mn0 = fmaxf(mrow[mt][0], mx0 * sl2), mn1 = fmaxf(mrow[mt][1], mx1 * sl2);
+            const float a0 = ex2(mrow[mt][0] - mn0), a1 = ex2(mrow[mt][1] - mn1);
+            mrow[mt][0] = mn0;
+            mrow[mt][1] = mn1;
+            float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int d = 0; d < DT; ++d) {
-            acc[d][0] *= a0;
-            acc[d][1] *= a0;
-            acc[d][2] *= a1;
-            acc[d][3] *= a1;
+            for (int n = 0; n < NS; ++n) {
+                const float e0 = ex2(fmaf(s[mt][n][0], sl2, -mn0)), e1 = ex2(fmaf(s[mt][n][1], sl2, -mn0));
+                const float e2 = ex2(fmaf(s[mt][n][2], sl2, -mn1)), e3 = ex2(fmaf(s[mt][n][3], sl2, -mn1));
+                sum0 += e0 + e1;
+                sum1 += e2 + e3;
+                pf[mt][n / 2][(n % 2) * 2 + 0] = Ptx<E>::pack(e0, e1);
+                pf[mt][n / 2][(n % 2) * 2 + 1] = Ptx<E>::pack(e2, e3);
+            }
+            lrow[mt][0] = lrow[mt][0] * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
+            lrow[mt][1] = lrow[mt][1] * a1 + sum1;
+#pragma unroll
+            for (int d = 0; d < DT; ++d) {
+                acc[mt][d][0] *= a0;
+                acc[mt][d][1] *= a0;
+                acc[mt][d][2] *= a1;
+                acc[mt][d][3] *= a1;
+            }
         }
 
         cp_async_wait<0>();  // V(j) landed
@@ -241,23 +272,32 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
                 for (int dp = 0; dp < DT / 2; ++dp) {
                     uint32_t vf[4];
                     ldmatrix_x4_trans(vf, sv + swz<D>(kk * 16 + rr, 2 * dp + cc));
-                    Ptx<E>::mma(acc[2 * dp], pf[kk], vf[0], vf[1]);
-                    Ptx<E>::mma(acc[2 * dp + 1], pf[kk], vf[2], vf[3]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
+                        Ptx<E>::mma(acc[mt][2 * dp], pf[mt][kk], vf[0], vf[1]);
+                        Ptx<E>::mma(acc[mt][2 * dp + 1], pf[mt][kk], vf[2], vf[3]);
+                    }
                 }
         }
     }
 
-    l0 += fk_shfl_xor(l0, 1);
-    l0 += fk_shfl_xor(l0, 2);
-    l1 += fk_shfl_xor(l1, 1);
-    l1 += fk_shfl_xor(l1, 2);
-    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-    const int64_t r0 = q0 + warp * 16 + lane / 4, r1 = r0 + 8;
     const int c = 2 * (lane % 4);
 #pragma unroll
-    for (int d = 0; d < DT; ++d) {
-        if (r0 < p.nq) *reinterpret_cast<uint32_t *>(o + r0 * p.os[2] + d * 8 + c) = Ptx<E>::pack(acc[d][0] * i0, acc[d][1] * i0);
-        if (r1 < p.nq) *reinterpret_cast<uint32_t *>(o + r1 * p.os[2] + d * 8 + c) = Ptx<E>::pack(acc[d][2] * i1, acc[d][3] * i1);
+    for (int mt = 0; mt < MT; ++mt) {
+        float l0 = lrow[mt][0], l1 = lrow[mt][1];
+        l0 += fk_shfl_xor(l0, 1);
+        l0 += fk_shfl_xor(l0, 2);
+        l1 += fk_shfl_xor(l1, 1);
+        l1 += fk_shfl_xor(l1, 2);
+        const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+        const int64_t r0 = q0 + warp * 16 * MT + mt * 16 + lane / 4, r1 = r0 + 8;
+#pragma unroll
+        for (int d = 0; d < DT; ++d) {
+            if (r0 < p.nq)
+                *reinterpret_cast<uint32_t *>(o + r0 * p.os[2] + d * 8 + c) = Ptx<E>::pack(acc[mt][d][0] * i0, acc[mt][d][1] * i0);
+            if (r1 < p.nq)
+                *reinterpret_cast<uint32_t *>(o + r1 * p.os[2] + d * 8 + c) = Ptx<E>::pack(acc[mt][d][2] * i1, acc[mt][d][3] * i1);
+        }
     }
 #else
     __trap();

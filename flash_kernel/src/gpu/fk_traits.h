@@ -58,9 +58,11 @@ struct GenericTile {
     static_assert(kSmemBytes <= 48 * 1024, "generic tile exceeds 48 KiB of shared memory");
 };
 
-// ---- mma.sync path (NVIDIA sm_80+): one warp owns 16 query rows ----
-// BM = 16 * warps; BN keys per K/V tile; Q, K and V tiles each BM|BN x D in shared memory,
-// XOR-swizzled in 16-byte chunks. Overridable at compile time for tuning runs.
+// ---- mma.sync path (NVIDIA sm_80+): one warp owns MT m16 tiles = 16*MT query rows ----
+// BM = 16 * MT * warps; BN keys per K/V tile; Q, K and V tiles each BM|BN x D in shared memory,
+// XOR-swizzled in 16-byte chunks. Two m16 tiles per warp reuse each K/V fragment twice (half the
+// ldmatrix traffic of one tile). Q fragments stay in registers when they are few (MT*D <= 128),
+// else they are re-read from shared memory each k-step. Overridable at compile time for tuning.
 #ifndef FK_MMA_WARPS_D64
 #define FK_MMA_WARPS_D64 4
 #endif
@@ -73,17 +75,25 @@ struct GenericTile {
 #ifndef FK_MMA_BN_D128
 #define FK_MMA_BN_D128 64
 #endif
+#ifndef FK_MMA_MT_D64
+#define FK_MMA_MT_D64 1
+#endif
+#ifndef FK_MMA_MT_D128
+#define FK_MMA_MT_D128 1
+#endif
 
 template <int D>
 struct MmaTile {
     static constexpr int kWarps = D == 64 ? FK_MMA_WARPS_D64 : FK_MMA_WARPS_D128;
     static constexpr int BN = D == 64 ? FK_MMA_BN_D64 : FK_MMA_BN_D128;
+    static constexpr int MT = D == 64 ? FK_MMA_MT_D64 : FK_MMA_MT_D128;
     static constexpr int kThreads = 32 * kWarps;
-    static constexpr int BM = 16 * kWarps;
+    static constexpr int BM = 16 * MT * kWarps;
+    static constexpr bool kQInRegs = MT * D <= 128;
     static constexpr int kChunks = D / 8;             // 16-byte chunks per row
     static constexpr int kSmemBytes = (BM + 2 * BN) * D * 2;
     static_assert(D == 64 || D == 128, "mma path: head dims 64 and 128");
-    static_assert(BN % 16 == 0 && kChunks >= 8, "mma tile shape");
+    static_assert(BN % 16 == 0 && kChunks >= 8 && (MT == 1 || MT == 2), "mma tile shape");
 };
 
 // ---- naive (pre-flash) path ----
