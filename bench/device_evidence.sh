@@ -135,7 +135,7 @@ for p in sorted(glob.glob(os.path.join(out, "bench-*.json"))):
             if t:
                 tag = " vendor A/B" if b["vendor"] else ""
                 print(f"    {b['name']:15s} {t['median']:9.3f} ms [{t['iqr']:.3f}] "
-                      f"{b['tflops']:7.1f} TF/s  n={t['n']}{tag}")
+                      f"{b['tflops'] or 0:7.1f} TF/s  n={t['n']}{tag}")
             else:
                 print(f"    {b['name']:15s} skipped: {b['reason'][:110]}")
         for sp in s["speedups"]:

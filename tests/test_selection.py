@@ -105,7 +105,7 @@ def test_device_cuda_without_gpu(cand, capsys):
 
 @pytest.mark.parametrize("gate,needle", [("rel_l2", "malformed --gate"), ("speed=3", "malformed --gate"),
                                          ("rel_l2=abc", "not a number"), ("cosine=2", "<= 1"),
-                                         ("rel_l2=-1", ">= 0")])
+                                         ("rel_l2=-1", ">= 0"), ("rel_l2=inf", "finite")])
 def test_bad_gate_values(gate, needle, cand, capsys):
     code, out, err = run_cli(["parity", "--candidate", f"{cand}:good", "--device", "cpu",
                               "--preset", "tiny-64", "--gate", gate], capsys)

@@ -295,13 +295,14 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
     for br, _ in active:
         if br.status == "ok" and samples[br.name]:
             br.summary = summarize(samples[br.name])
-            br.tflops = shape.flops / (br.summary.median * 1e-3) / 1e12
+            med = br.summary.median
+            br.tflops = shape.flops / (med * 1e-3) / 1e12 if med > 0 else None
         elif br.status == "ok":
             br.status, br.reason = "skipped", "no samples"
     prim = res.backend(sel.primary.name)
     if prim is not None and prim.summary is not None:
         for i, br in enumerate(res.backends):
-            if br is prim or br.summary is None:
+            if br is prim or br.summary is None or br.summary.min <= 0 or prim.summary.min <= 0:
                 continue
             ci = bootstrap_ratio_ci(br.summary.samples, prim.summary.samples,
                                     seed=bootstrap_seed + i)

@@ -96,9 +96,21 @@ def _checkpoint(path: str | None):
     return lambda report: _write_json(path, {**report.to_dict(), "complete": False})
 
 
+def _finite(node):
+    """JSON has no NaN/Infinity: a non-finite float becomes null (its meaning is in the counts)."""
+    if isinstance(node, float):
+        return node if math.isfinite(node) else None
+    if isinstance(node, dict):
+        return {k: _finite(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_finite(v) for v in node]
+    return node
+
+
 def _write_json(path: str | None, data: dict) -> None:
     if not path:
         return
+    data = _finite(data)
     try:
         p = Path(path)
         if p.parent and not p.parent.exists():
@@ -243,6 +255,10 @@ def _int_conf(conf: dict, key: str, default: int) -> int:
     return val
 
 
+def _tf(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
 def _print_bench(report) -> None:
     sel = report.selection
     click.echo(f"bench: {_safe(sel['kind'])} {_safe(sel['spec'])} on {report.device} "
@@ -259,7 +275,7 @@ def _print_bench(report) -> None:
                 continue
             t = b.summary
             click.echo(f"    {b.name:16s} {t.median:10.3f} {t.iqr:9.3f} {t.min:9.3f} {t.max:9.3f} "
-                       f"{b.tflops:8.3g}{tag}")
+                       f"{_tf(b.tflops):>8s}{tag}")
         for sp in s.speedups:
             c = sp.ci
             click.echo(f"    speedup {sp.subject} vs {sp.baseline}: {c.ratio:.2f}x "

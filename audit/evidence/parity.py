@@ -45,8 +45,8 @@ def _gate_value(name: str, raw) -> float:
         val = float(raw)
     except (TypeError, ValueError):
         raise UsageError(f"gate {name}: {raw!r} is not a number") from None
-    if math.isnan(val) or val < 0:
-        raise UsageError(f"gate {name}: {raw!r} must be a number >= 0")
+    if not math.isfinite(val) or val < 0:
+        raise UsageError(f"gate {name}: {raw!r} must be a finite number >= 0")
     if name == "cosine" and val > 1:
         raise UsageError(f"gate cosine: {raw!r} must be <= 1")
     return val
