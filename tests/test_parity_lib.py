@@ -186,3 +186,13 @@ def test_target_cpu_parity(dtype, tmp_path, capsys):
     data = json.loads(js.read_text())
     assert data["selection"]["library"]["target"] == "cpu"
     assert all(s["poisoned"] for s in data["shapes"])
+
+
+def test_target_cpu_rejects_a_head_dim_it_lacks(capsys):
+    _cpu_target_or_skip()
+    from audit.evidence.selection import load_library, library_path
+
+    dims = load_library(library_path("cpu")).head_dims
+    missing = next(d for d in range(8, 512, 8) if d not in dims)
+    code, out, err = run_cli(["parity", "--target", "cpu", "--shape", f"1,1,10,{missing}"], capsys)
+    assert code == 2 and f"head dim {missing}" in err

@@ -50,16 +50,18 @@ def _version_line(argv: tuple[str, ...], pick: str | None = None) -> str | None:
     return _line(lines[-1] if pick else lines[0]) if lines else None
 
 
+_SMI_MINIMAL = ("name", "driver_version", "memory.total", "clocks.sm", "clocks.max.sm")
+
+
 def nvidia_smi() -> list[dict] | None:
-    out = _run(["nvidia-smi", f"--query-gpu={','.join(_SMI_FIELDS)}",
-                "--format=csv,noheader,nounits"])
-    if not out:
-        return None
-    gpus = []
-    for row in out.strip().splitlines():
-        vals = [v.strip() for v in row.split(",")]
-        gpus.append({k.replace(".", "_"): _line(v) for k, v in zip(_SMI_FIELDS, vals)})
-    return gpus
+    """One dict per GPU; the field set shrinks to a minimal one if a driver rejects a name."""
+    for fields in (_SMI_FIELDS, _SMI_MINIMAL):
+        out = _run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
+                    "--format=csv,noheader,nounits"])
+        if out and out.strip():
+            return [{k.replace(".", "_"): _line(v.strip()) for k, v in zip(fields, row.split(","))}
+                    for row in out.strip().splitlines()]
+    return None
 
 
 def cpu_model() -> str | None:
