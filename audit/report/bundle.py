@@ -166,6 +166,43 @@ def _first_file(*paths: Path) -> Path | None:
     return next((p for p in paths if p is not None and p.is_file() and not p.is_symlink()), None)
 
 
+def _is_elf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _is_json_object(path: Path) -> bool:
+    try:
+        return path.stat().st_size <= MAX_EVIDENCE_BYTES and isinstance(json.loads(path.read_text("utf-8")), dict)
+    except (OSError, ValueError):
+        return False
+
+
+def _object_source(recorded_sha: str | None, *paths: Path) -> tuple[Path | None, str]:
+    """The first candidate that is an ELF object with the digest the evidence recorded.
+
+    Evidence may come from elsewhere: copying whatever path it names would let a crafted
+    build.json pull any local file (say /etc/passwd) into a bundle that is then shared.
+    """
+    from audit.report.orchestrate import sha256_file
+
+    why = "not found"
+    for p in paths:
+        if p is None or p.is_symlink() or not p.is_file():
+            continue
+        if not _is_elf(p):
+            why = f"{p} is not an ELF object"
+            continue
+        if recorded_sha and sha256_file(p) != recorded_sha:
+            why = f"{p} does not have the sha256 the evidence recorded (rebuilt or changed since)"
+            continue
+        return p, ""
+    return None, why
+
+
 def _place(out: Path, rel: str, src: Path) -> Path:
     """Copy src to out/rel unless out/rel already is that file (a bundle regenerated in place)."""
     dest = safe_join(out, rel)
@@ -200,9 +237,10 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
             continue
         name = Path(str(lib)).name
         name = name if safe_component(name) else "libflash_kernel.so"
-        src = _first_file(here / target / name, old_bundle / target / name, Path(str(lib)))
+        src, why = _object_source(t.get("sha256"), here / target / name, old_bundle / target / name,
+                                  Path(str(lib)))
         if src is None:
-            warnings.append(f"target {target}: object {lib} is gone; not copied (rebuild it)")
+            warnings.append(f"target {target}: object not copied: {why}")
             continue
         rel = f"artifacts/{target}/{name}"
         try:
@@ -212,12 +250,11 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
             continue
         digest = sha256_file(dest)
         recorded = t.get("sha256")
+        # Provenance: only the file beside the verified object, else the copy embedded in build.json.
         prov = t.get("provenance")
-        prov_path = t.get("provenance_path") or (prov if isinstance(prov, str) else None)
-        prov_src = _first_file(here / target / "provenance.json", old_bundle / target / "provenance.json",
-                               Path(prov_path) if isinstance(prov_path, str) else None)
+        prov_src = _first_file(src.parent / "provenance.json")
         prov_rel = f"artifacts/{target}/provenance.json"
-        if prov_src is not None:
+        if prov_src is not None and _is_json_object(prov_src):
             _place(out, prov_rel, prov_src)
         elif isinstance(prov, dict):
             write_json_atomic(safe_join(out, prov_rel), prov)
@@ -234,9 +271,9 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
             continue
         orig = Path(str(a.get("path", "")))
         name = _user_name(str(a.get("name") or orig.name), i, str(a.get("sha256", "")))
-        src = _first_file(here / "user" / name, old_bundle / "user" / name, orig)
+        src, why = _object_source(a.get("sha256"), here / "user" / name, old_bundle / "user" / name, orig)
         if src is None:
-            warnings.append(f"artifact {a.get('path')!r} is gone; not copied")
+            warnings.append(f"artifact {str(a.get('name') or orig.name)!r} not copied: {why}")
             continue
         rel = f"artifacts/user/{name}"
         try:

@@ -25,9 +25,11 @@ from audit.errors import InputError, UsageError
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timing repeats per backend.")
 @click.option("--pipeline-preset", default=None, help="DiT pipeline preset (default: tiny on CPU, wan-480p on CUDA).")
 @click.option("--pipeline-steps", type=click.IntRange(min=1), default=None)
+@click.option("--skip", "skip", multiple=True, type=click.Choice(["parity", "bench", "pipeline"]),
+              help="Do not run this evidence stage (recorded as skipped; repeatable).")
 @click.pass_context
 def run_cmd(ctx, out, device, targets, artifacts, no_build, key, build_dir, repeats, pipeline_preset,
-            pipeline_steps):
+            pipeline_steps, skip):
     """Build, audit, gather evidence and write the signed research-object report.
 
     \b
@@ -43,7 +45,7 @@ def run_cmd(ctx, out, device, targets, artifacts, no_build, key, build_dir, repe
         raise InputError(f"--key {key}: no such file")
     config = RunConfig(out=out, device=device, targets=tuple(targets), artifacts=tuple(artifacts),
                        no_build=no_build, key=key, build_dir=build_dir, repeats=repeats,
-                       pipeline_preset=pipeline_preset, pipeline_steps=pipeline_steps,
+                       pipeline_preset=pipeline_preset, pipeline_steps=pipeline_steps, skip=tuple(skip),
                        argv=["sovereign-audit", "run", *_reconstruct(ctx)])
     result = run(config, echo=lambda s: click.echo(s, err=True))
     failed = [s for s in result.record.stages if s.status == "failed" or s.verdict == "fail"]
@@ -54,7 +56,7 @@ def run_cmd(ctx, out, device, targets, artifacts, no_build, key, build_dir, repe
     ctx.exit(result.exit_code)
 
 
-_FLAGS = {"targets": "--target", "artifacts": "--artifact"}
+_FLAGS = {"targets": "--target", "artifacts": "--artifact"}  # multiple options: singular flags
 
 
 def _reconstruct(ctx) -> list[str]:

@@ -129,6 +129,7 @@ class RunConfig:
     repeats: int | None = None  # None: per device default
     pipeline_preset: str | None = None  # None: tiny on CPU, wan-480p on CUDA
     pipeline_steps: int | None = None
+    skip: tuple[str, ...] = ()  # evidence stages not to run (recorded as skipped)
     argv: list[str] = field(default_factory=list)
 
 
@@ -305,7 +306,10 @@ class Runner:
         self.echo(f"[{name}] ...")
         t0 = time.monotonic()
         try:
-            fn(rec)
+            if name in self.config.skip:
+                self.skip(rec, f"--skip {name}")
+            else:
+                fn(rec)
             if rec.status == "running":
                 rec.status = "ok"
         except KeyboardInterrupt:
@@ -344,9 +348,12 @@ class Runner:
     def run_build(self, rec: StageRecord) -> None:
         if self.config.no_build:
             return self.skip(rec, "--no-build: our kernel was not built; only --artifact objects are audited")
-        from audit.build.builder import build_targets
+        from audit.build import builder
 
-        result = build_targets(list(self.config.targets) or None, self.config.build_dir)
+        # Reuse a target whose provenance proves it current (same sources, compiler, flags and
+        # library digest: its reason says so); build the rest.
+        build = getattr(builder, "ensure_built", None) or builder.build_targets
+        result = build(list(self.config.targets) or None, self.config.build_dir)
         self.results["build"] = result
         data = result.to_dict()
         rec.evidence = self.save_evidence("build", data)
@@ -365,7 +372,7 @@ class Runner:
         from audit.report.bundle import copy_artifacts
 
         copies, warnings = copy_artifacts(self.out, {"build": data}, self.evidence_dir, kinds=("target",))
-        self.copies = {c.label: str(self.out / c.path) for c in copies}
+        self.copies = {c.label: str((self.out / c.path).resolve()) for c in copies}
         rec.notes += warnings
         if failed:
             rec.status, rec.verdict = "failed", "fail"
@@ -438,22 +445,22 @@ class Runner:
                                                                 repeats), gated=False)
 
     def _per_library(self, rec: StageRecord, stage: str, call: Callable[[str], Any], gated: bool) -> None:
-        """Our library's evidence goes to <stage>.json; each --artifact's to <stage>.artifact-N.json."""
+        """The primary library's evidence (ours; with --no-build the first --artifact) goes to
+        <stage>.json, every other --artifact's to <stage>.artifact-N.json."""
         if not self.libraries:
             return self.skip(rec, f"no library runs on {self.record.device}: nothing for {stage}")
         failures = []
         for i, (label, lib) in enumerate(self.libraries):
-            ours = not label.startswith("artifact:")
             try:
                 report = call(lib)
             except Exception as exc:
-                if ours or len(self.libraries) == 1:
+                if i == 0:  # the primary (ours, else the first --artifact): the stage fails
                     raise
                 rec.notes.append(f"{label}: {one_line(exc)}")
                 failures.append(label)
                 continue
             data = report.to_dict()
-            if ours and rec.evidence is None:
+            if i == 0:
                 self.results[stage] = report
                 rec.evidence = self.save_evidence(stage, data)
             else:
@@ -472,9 +479,10 @@ class Runner:
             rec.status, rec.reason = "failed", f"{stage} failed for " + ", ".join(failures)
 
     def run_pipeline(self, rec: StageRecord) -> None:
-        ours = [lib for t, lib in self.libraries if not t.startswith("artifact:")]
+        ours = [lib for _, lib in self.libraries[:1]]  # the primary library
         if not ours:
-            return self.skip(rec, f"our kernel is not built for {self.record.device}: the DiT pipeline needs it")
+            return self.skip(rec, f"no library with our C ABI runs on {self.record.device}: "
+                                  "the DiT pipeline needs one")
         from audit.evidence.pipeline import run_pipeline
 
         device = self.record.device
@@ -512,6 +520,16 @@ class Runner:
         from audit.report.bundle import write_bundle
 
         cfg = self.config
+        unknown = [s for s in cfg.skip if s not in ("parity", "bench", "pipeline")]
+        if unknown:
+            raise UsageError(f"--skip {unknown[0]!r}: only parity, bench and pipeline can be skipped")
+        if cfg.targets and not cfg.no_build:
+            try:
+                from audit.build.builder import resolve_targets
+            except ImportError:
+                pass  # the build stage records that the builder is missing
+            else:
+                resolve_targets(list(cfg.targets))  # an unknown target is a usage error (exit 2)
         self.record.device = resolve_device(cfg.device)
         self.record.artifacts = [describe_artifact(Path(p)) for p in cfg.artifacts]
         prepare_out(self.out)

@@ -1,0 +1,274 @@
+"""`sovereign-audit run`: the real pipeline on this GPU-less machine, exit codes, crash safety."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+import sys
+
+import pytest
+
+from test_report_fixtures import (REPO, abi_so, cli, cpu_run, load, openblas_so, require_cpu_run,
+                                  tmpdir)
+
+STAGES = ["environment", "build", "linkage", "parity", "bench", "pipeline", "report"]
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- the real run (one per session, shared with the report/crate/browser tests) -------------
+
+@pytest.mark.slow
+def test_run_exits_0_and_prints_where_the_report_is():
+    out, proc = cpu_run()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"report: {out / 'report.html'}" in proc.stdout.splitlines()
+    assert (out / "report.html").is_file()
+
+
+@pytest.mark.slow
+def test_run_json_records_every_stage_in_order():
+    out = require_cpu_run()
+    run = load(out / "evidence" / "run.json")
+    assert run["schema"] == "sovereign-audit.run/1"
+    assert [s["name"] for s in run["stages"]] == STAGES
+    for s in run["stages"]:
+        assert s["status"] == "ok", s
+        assert s["started"] <= s["ended"]
+        assert s["seconds"] >= 0
+    assert run["command"][:2] == ["sovereign-audit", "run"]
+    assert "--out" in run["command"] and str(out) in run["command"]
+    assert run["device"] == "cpu" and run["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_each_stage_saved_its_evidence_with_its_schema():
+    out = require_cpu_run()
+    for stage in ["environment", "build", "linkage", "parity", "bench", "pipeline"]:
+        data = load(out / "evidence" / f"{stage}.json")
+        assert data["schema"] == f"sovereign-audit.{stage}/1"
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp") or ".tmp" in p.name]
+
+
+@pytest.mark.slow
+def test_objects_audited_are_the_bundle_copies():
+    out = require_cpu_run()
+    build = load(out / "evidence" / "build.json")
+    linkage = load(out / "evidence" / "linkage.json")
+    built = {t["target"]: t for t in build["targets"] if t["status"] == "built"}
+    assert "cpu" in built
+    audited = {f["path"]: f["sha256"] for f in linkage["files"]}
+    for target, t in built.items():
+        copy = out / "artifacts" / target / "libflash_kernel.so"
+        assert sha256(copy) == t["sha256"], target
+        assert audited[str(copy.resolve())] == t["sha256"]
+        assert (out / "artifacts" / target / "provenance.json").is_file()
+
+
+@pytest.mark.slow
+def test_sm90_is_built_but_never_run_and_the_report_says_so():
+    out = require_cpu_run()
+    run = load(out / "evidence" / "run.json")
+    assert run["targets_run"] == ["cpu"]
+    if "sm_90" not in run["targets_built"]:
+        pytest.skip("nvcc missing: sm_90 was not built")
+    html = (out / "report.html").read_text()
+    assert "Built and audited but never run here: sm_90." in html
+    assert "Any correctness or speed figure for sm_90" in html
+
+
+def _median_ratio(bench: dict, shape_index: int, baseline: str, subject: str = "flash") -> float:
+    backends = {b["name"]: b for b in bench["shapes"][shape_index]["backends"]}
+    return (statistics.median(backends[baseline]["timing"]["samples"])
+            / statistics.median(backends[subject]["timing"]["samples"]))
+
+
+@pytest.mark.slow
+def test_title_states_the_measured_headline():
+    out = require_cpu_run()
+    html = (out / "report.html").read_text()
+    title = re.search(r"<h1 id=\"title\">(.*?)</h1>", html).group(1)
+    m = re.fullmatch(r"Sovereign flash attention on (.+): (\d+\.\d)x op, (\d+\.\d\d)x end-to-end", title)
+    assert m, title
+    bench = load(out / "evidence" / "bench.json")
+    flops = [s["shape"]["batch"] * s["shape"]["heads"] * s["shape"]["nq"] * s["shape"]["nk"] * s["shape"]["head_dim"]
+             for s in bench["shapes"]]
+    largest = flops.index(max(flops))
+    assert m.group(2) == f"{_median_ratio(bench, largest, 'naive'):.1f}"  # recomputed from raw samples
+    pipe = load(out / "evidence" / "pipeline.json")
+    runs = {r["attention"]: r for r in pipe["runs"]}
+    e2e = ((runs["naive"]["dit_loop_s"] + runs["naive"]["vae_decode_s"])
+           / (runs["flash"]["dit_loop_s"] + runs["flash"]["vae_decode_s"]))
+    assert abs(float(m.group(3)) - e2e) <= 0.011  # the pipeline rounds its seconds to 4 places
+
+
+@pytest.mark.slow
+def test_the_bundle_verifies_with_the_signing_code():
+    out = require_cpu_run()
+    proc = cli("verify", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    html = (out / "report.html").read_text()
+    assert "ephemeral key: integrity only, no identity" in html
+
+
+# --- exit codes: a violated policy and a failed gate are 1 ------------------------------------
+
+def test_policy_violation_exits_1_and_the_title_says_non_sovereign():
+    out = tmpdir("policy-fail") / "b"
+    proc = cli("run", "--out", str(out), "--no-build", "--artifact", str(openblas_so()), "--device", "cpu",
+               "--skip", "parity", "--skip", "bench", "--skip", "pipeline", timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    linkage = load(out / "evidence" / "linkage.json")
+    assert linkage["exit_code"] == 1 and linkage["files"][0]["verdict"] == "fail"
+    html = (out / "report.html").read_text()
+    assert "<h1 id=\"title\">Non-sovereign build: flash attention on" in html
+    assert "linkage gate failed" in proc.stderr or "linkage: gate failed" in proc.stderr
+    assert "libopenblas" in html  # the finding is shown
+
+
+def test_parity_gate_failure_exits_1_and_no_parity_claim_is_rendered():
+    out = tmpdir("parity-fail") / "b"
+    proc = cli("run", "--out", str(out), "--no-build", "--artifact", str(abi_so(skew=True)), "--device", "cpu",
+               "--skip", "bench", "--skip", "pipeline", timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    parity = load(out / "evidence" / "parity.json")
+    assert parity["passed"] is False
+    run = load(out / "evidence" / "run.json")
+    stage = {s["name"]: s for s in run["stages"]}["parity"]
+    assert stage["verdict"] == "fail" and "rel_l2" in stage["reason"]
+    html = (out / "report.html").read_text()
+    assert "matches a float64 reference" not in html
+    assert '<td class="fail">FAIL</td>' in html
+
+
+def test_an_artifact_with_our_abi_is_checked_and_timed():
+    out = tmpdir("abi-good") / "b"
+    proc = cli("run", "--out", str(out), "--no-build", "--artifact", str(abi_so(skew=False)), "--device", "cpu",
+               "--skip", "pipeline", "--repeats", "2", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert load(out / "evidence" / "parity.json")["passed"] is True
+    bench = load(out / "evidence" / "bench.json")
+    assert bench["selection"]["library"]["path"] == str(abi_so(skew=False))
+    run = load(out / "evidence" / "run.json")
+    assert run["artifacts"][0]["abi"] == "cpu"
+
+
+# --- bad input: one line, documented exit code ------------------------------------------------
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--device", "cuda"], 2, "no CUDA GPU"),
+    (["--target", "nonesuch"], 2, "unknown target"),
+    (["--artifact", "/nonexistent/lib.so", "--no-build"], 3, "/nonexistent/lib.so"),
+    (["--no-build"], 2, "--no-build needs"),
+    (["--skip", "build"], 2, "build"),
+])
+def test_bad_input_one_line_and_exit_code(args, code, words):
+    out = tmpdir("bad") / f"b{abs(hash(tuple(args)))}"
+    proc = cli("run", "--out", str(out), *args, timeout=120)
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines and words in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len([ln for ln in lines if ln.startswith(("error:", "Error:", "Usage:", "Try"))]) >= 1
+
+
+def test_out_folder_that_is_not_a_bundle_is_refused():
+    out = tmpdir("not-a-bundle")
+    (out / "precious.txt").write_text("keep me")
+    proc = cli("run", "--out", str(out), "--no-build", "--artifact", str(abi_so(skew=False)), timeout=120)
+    assert proc.returncode == 2 and "not a sovereign-audit bundle" in proc.stderr
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+# --- crash safety (in-process: the stage functions are replaced to fail on purpose) ------------
+
+def _config(out, **kw):
+    from audit.report.orchestrate import RunConfig
+
+    return RunConfig(out=out, device="cpu", no_build=True, artifacts=(abi_so(skew=False),),
+                     skip=("pipeline",), repeats=2, argv=["sovereign-audit", "run", "--test"], **kw)
+
+
+def test_ctrl_c_keeps_everything_already_written(monkeypatch):
+    from audit.report import orchestrate
+
+    def interrupted(self, rec):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(orchestrate.Runner, "run_bench", interrupted)
+    out = tmpdir("ctrl-c") / "b"
+    with pytest.raises(KeyboardInterrupt):
+        orchestrate.run(_config(out))
+    run = load(out / "evidence" / "run.json")
+    stages = {s["name"]: s for s in run["stages"]}
+    assert stages["parity"]["status"] == "ok" and stages["linkage"]["status"] == "ok"
+    assert stages["bench"]["status"] == "failed" and "interrupted" in stages["bench"]["reason"]
+    assert load(out / "evidence" / "parity.json")["passed"] is True
+    assert load(out / "evidence" / "linkage.json")["schema"] == "sovereign-audit.linkage/1"
+    assert not [p for p in (out / "evidence").iterdir() if p.name.startswith(".")]
+
+
+def test_a_stage_that_raises_is_recorded_shown_and_exits_1(monkeypatch):
+    from audit.evidence import bench
+    from audit.report import orchestrate
+
+    def boom(*a, **k):
+        raise RuntimeError("timer exploded <b>loudly</b>")
+
+    monkeypatch.setattr(bench, "run_bench", boom)
+    out = tmpdir("raises") / "b"
+    result = orchestrate.run(_config(out))
+    assert result.exit_code == 1
+    stage = result.record.stage("bench")
+    assert stage.status == "failed" and stage.reason == "RuntimeError: timer exploded <b>loudly</b>"
+    html = (out / "report.html").read_text()
+    assert "timer exploded &lt;b&gt;loudly&lt;/b&gt;" in html
+    assert "bench failed" in html
+    assert not (out / "evidence" / "bench.json").exists()
+
+
+def test_a_missing_stage_module_is_recorded_as_failed(monkeypatch):
+    import audit.evidence
+    from audit.report import orchestrate
+
+    monkeypatch.setitem(sys.modules, "audit.evidence.bench", None)  # import now raises ImportError
+    monkeypatch.delattr(audit.evidence, "bench", raising=False)
+    out = tmpdir("missing-module") / "b"
+    result = orchestrate.run(_config(out))
+    stage = result.record.stage("bench")
+    assert stage.status == "failed" and stage.reason.startswith("stage not available")
+    assert result.exit_code == 1
+    assert result.record.stage("parity").status == "ok"  # the others went on
+
+
+def test_atomic_write_never_leaves_half_a_file(tmp_path):
+    from audit.report.orchestrate import write_json_atomic
+
+    target = tmp_path / "x.json"
+    write_json_atomic(target, {"ok": 1})
+
+    class Unserialisable:
+        def __str__(self):
+            raise RuntimeError("fails half way")
+
+    with pytest.raises(RuntimeError):
+        write_json_atomic(target, {"a": list(range(1000)), "b": Unserialisable()})
+    assert json.loads(target.read_text()) == {"ok": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_rerun_into_an_earlier_bundle_replaces_it():
+    out = tmpdir("rerun") / "b"
+    args = ["run", "--out", str(out), "--no-build", "--artifact", str(abi_so(skew=False)), "--device", "cpu",
+            "--skip", "parity", "--skip", "bench", "--skip", "pipeline"]
+    assert cli(*args, timeout=120).returncode == 0
+    first = load(out / "evidence" / "run.json")["started"]
+    (out / "evidence" / "bench.json").write_text("{}")  # stale evidence from an "earlier" run
+    assert cli(*args, timeout=120).returncode == 0
+    assert load(out / "evidence" / "run.json")["started"] != first
+    assert not (out / "evidence" / "bench.json").exists()
+    assert cli("verify", str(out), timeout=120).returncode == 0
