@@ -39,6 +39,8 @@ def resolve_device(device: str, wanted_by_library: str | None = None) -> str:
     """'auto' | 'cpu' | 'cuda' -> 'cpu' or 'cuda'; a library's own device wins over 'auto'."""
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"unknown device {device!r}; use auto, cpu or cuda")
+    if device == "auto" and wanted_by_library == "cuda" and not cuda_available():
+        raise UsageError("the selected library runs on a CUDA GPU and torch sees none")
     if device == "auto":
         device = wanted_by_library or ("cuda" if cuda_available() else "cpu")
     if wanted_by_library and device != wanted_by_library:
@@ -140,7 +142,7 @@ def library_device(lib) -> str:
     target = str(lib.target)
     if target == "cpu":
         return "cpu"
-    if target.startswith("gfx"):
+    if target.startswith(("gfx", "amdgcn")):  # an AMD code object (HIP) library
         import torch
 
         if getattr(torch.version, "hip", None) is None:
