@@ -129,10 +129,11 @@ int main(int argc, char **argv) {
 CPP
     nvcc -O2 -std=c++17 -I flash_kernel/include "$DRV/fk_memcheck.cpp" -o "$DRV/fk_memcheck" -ldl >"$DRV/build.log" 2>&1 \
         || note "memcheck driver build failed: $(tail -3 $DRV/build.log)"
-    for t in sm_90 sm_90-generic; do
+    for t in ${FK_MEMCHECK_LIBS:-sm_90 sm_90-generic}; do
         timeout ${FK_MEMCHECK_TIMEOUT:-120} compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
-            "$DRV/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$OUT/memcheck-$t.log" 2>&1
-        note "memcheck $t: exit $? | $(grep -E 'ERROR SUMMARY|calls' "$OUT/memcheck-$t.log" | tr '\n' ' ')"
+            "$DRV/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$DRV/memcheck-$t.log" 2>&1
+        note "memcheck $t: exit $? | $(grep -E 'ERROR SUMMARY|calls' "$DRV/memcheck-$t.log" | tr '\n' ' ')"
+        { echo "=== $t"; cat "$DRV/memcheck-$t.log"; } >> "$OUT/memcheck.log"
     done
 }
 
