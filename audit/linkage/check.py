@@ -330,8 +330,9 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
 
     groups: dict[tuple, dict[str, None]] = {}
     tables: dict[tuple, dict[str, None]] = {}
+    by_name = policy.classify_symbols(s.name for s in info.symbols)
     for sym in info.symbols:
-        rule = policy.rule_for_symbol(sym.name)
+        rule = by_name.get(sym.name)
         if rule:
             key = (rule.id, "static-symbol" if sym.defined else "imported-symbol")
             # .symtab spells versioned imports "name@VERSION": one name, not two

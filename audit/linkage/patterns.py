@@ -85,7 +85,7 @@ def combined_bytes_regex(patterns: list[str]) -> re.Pattern[bytes]:
     trie: dict = {}
     for pat in dict.fromkeys(patterns):
         glob_to_regex(pat)  # validate the whole pattern first
-        for literal, rest in _literal_prefixes(pat):
+        for literal, rest in literal_prefixes(pat):
             node = trie
             for ch in literal:
                 node = node.setdefault(ch, {})
@@ -95,21 +95,40 @@ def combined_bytes_regex(patterns: list[str]) -> re.Pattern[bytes]:
     return re.compile(("^" + _emit(trie) + "$").encode("ascii"))
 
 
-def _literal_prefixes(pattern: str) -> list[tuple[str, str]]:
-    """Split into (literal prefix, glob rest); small leading classes expand: [sd]gemm_ -> s, d."""
+def literal_prefixes(pattern: str) -> list[tuple[str, str]]:
+    """Split into (literal prefix, glob rest); small classes expand: [sd]gemm_ -> s.., d..;
+    _Z[0-9][0-9]flash* -> _Z00flash, ... (at most 128 prefixes per pattern)."""
     todo, out = [("", pattern)], []
     while todo:
         literal, rest = todo.pop()
         while rest and rest[0] not in "*?[":
             literal, rest = literal + rest[0], rest[1:]
-        if rest.startswith("[") and len(todo) + len(out) < 32:
+        if rest.startswith("["):
             end = rest.find("]", 2)
-            body = rest[1:end] if end > 0 else ""
-            if body and body[0] not in "!^" and "-" not in body and len(body) <= 8:
-                todo += [(literal + ch, rest[end + 1:]) for ch in reversed(body)]
+            chars = _class_chars(rest[1:end]) if end > 0 else None
+            if chars and (len(todo) + len(out) + 1) * len(chars) <= 128:
+                todo += [(literal + ch, rest[end + 1:]) for ch in reversed(chars)]
                 continue
         out.append((literal, rest))
     return out
+
+
+def _class_chars(body: str) -> str | None:
+    """The characters of a small, positive class body (`sdcz`, `0-9`), else None."""
+    if not body or body[0] in "!^" or "\\" in body:
+        return None
+    chars, i = [], 0
+    while i < len(body):
+        if i + 2 < len(body) and body[i + 1] == "-":
+            lo, hi = ord(body[i]), ord(body[i + 2])
+            if hi < lo or hi - lo >= 10:
+                return None
+            chars += [chr(c) for c in range(lo, hi + 1)]
+            i += 3
+        else:
+            chars.append(body[i])
+            i += 1
+    return "".join(dict.fromkeys(chars)) if len(chars) <= 10 else None
 
 
 def _emit(node: dict) -> str:

@@ -9,6 +9,7 @@ Shipped policies are package data (`audit.policies`), found through importlib.re
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import hashlib
 import re
@@ -23,6 +24,7 @@ from audit.linkage.patterns import (
     combined_bytes_regex,
     compile_globs,
     glob_to_regex,
+    literal_prefixes,
     soname_matches,
 )
 
@@ -140,8 +142,8 @@ class Policy:
         self._re = {"trusted": compile_globs(self.trusted), "inspected": compile_globs(self.inspected)}
         self._re["symbols"] = combined_bytes_regex([p for r in self.rules for p in r.symbols])
         self._by_id = {r.id: r for r in self.all_rules()}
-        # One regex per evidence type, a named group per rule, in policy order: the first rule
-        # that matches wins, in one C-level match per name (libtorch_cpu has ~85k MKL/oneDNN names).
+        # Single lookups (strings, kernels): one regex per evidence type, a named group per
+        # rule in policy order, so the first rule that matches wins.
         for kind, attrs in (("symbols", ("symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",))):
             alts = []
             for i, r in enumerate(self.rules):
@@ -149,19 +151,37 @@ class Policy:
                 if pats:
                     alts.append(f"(?P<r{i}>" + "|".join(glob_to_regex(p) for p in pats) + ")")
             self._re["by_" + kind] = re.compile("(?:" + "|".join(alts) + r")\Z") if alts else None
-        self._memo = {"symbols": {}, "kernels": {}}
+        # Bulk symbol classification: each rule's literal prefixes (cublas, _ZN7cutlass, sgemm_ ...).
+        self._prefixes = []
+        for r in self.rules:
+            lits = sorted({lit for p in r.symbols for lit, _ in literal_prefixes(p)})
+            self._prefixes.append([x for x in lits if not any(x != y and x.startswith(y) for y in lits)])
         return self
 
     def _classify(self, kind: str, name: str) -> Rule | None:
-        memo = self._memo.get(kind)
-        if memo is not None and name in memo:
-            return memo[name]
         rx = self._re.get("by_" + kind)
         m = rx.match(name) if rx else None
-        rule = self.rules[int(m.lastgroup[1:])] if m else None
-        if memo is not None:
-            memo[name] = rule
-        return rule
+        return self.rules[int(m.lastgroup[1:])] if m else None
+
+    def classify_symbols(self, names) -> dict[str, Rule]:
+        """name -> the first rule (policy order) whose symbol patterns match it, for many names.
+
+        Names are sorted once; each rule then looks only at the contiguous range of names that
+        start with one of its literal prefixes, so 85k vendor names cost ~one regex match each.
+        """
+        ordered = sorted(set(names))
+        out: dict[str, Rule] = {}
+        for rule, prefixes in zip(self.rules, self._prefixes):
+            rx = rule._re.get("symbols")
+            if rx is None:
+                continue
+            for lit in prefixes:
+                lo = bisect.bisect_left(ordered, lit)
+                hi = bisect.bisect_left(ordered, lit + "\U0010ffff") if lit else len(ordered)
+                for name in ordered[lo:hi]:
+                    if name not in out and rx.match(name):
+                        out[name] = rule
+        return out
 
     def rule_for_symbol(self, name: str) -> Rule | None:
         """The first rule whose symbol patterns match the whole name."""
