@@ -72,7 +72,7 @@ def test_every_backend_sees_every_input_set_and_consecutive_calls_differ(sets, n
     timed = log[n_backends:]
     for i in range(n_backends):
         assert len({p for b, p in timed if b == i}) >= 2  # no backend re-reads one set only
-    assert all(a[1] != b[1] for a, b in zip(timed, timed[1:]))  # never the set just read
+    assert all(a[1] != b[1] for a, b in zip(timed, timed[1:], strict=False))  # never the set just read
     assert len({p for _, p in timed}) == sets
 
 

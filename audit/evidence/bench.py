@@ -333,7 +333,6 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
     checkpoint(report): called with the shapes done so far after each one (a killed run still
     leaves them on disk).
     """
-    import torch
 
     if device is not None and device != selection.device:
         raise UsageError(f"run_bench: device {device} differs from the selection's "

@@ -59,7 +59,7 @@ def nvidia_smi() -> list[dict] | None:
         out = _run(["nvidia-smi", f"--query-gpu={','.join(fields)}",
                     "--format=csv,noheader,nounits"])
         if out and out.strip():
-            return [{k.replace(".", "_"): _line(v.strip()) for k, v in zip(fields, row.split(","))}
+            return [{k.replace(".", "_"): _line(v.strip()) for k, v in zip(fields, row.split(","), strict=False)}
                     for row in out.strip().splitlines()]
     return None
 

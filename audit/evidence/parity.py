@@ -249,7 +249,6 @@ def _eager_oracle(reason: str) -> Backend:
 
 def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, seed: int,
                  scale: float | None = None) -> ShapeParity:
-    import torch
 
     dtype = torch_dtype(dtype_name)
     dev = sel.device
