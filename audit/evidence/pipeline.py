@@ -188,7 +188,7 @@ class ModeRun:
 
 @dataclass
 class Comparison:
-    """A core against the reference core (the first of --attention)."""
+    """A core against the reference core (the first of --attention that ran)."""
 
     attention: str
     reference: str
@@ -271,7 +271,13 @@ class PipelineReport:
     wall_s: float | None = None
 
     @property
-    def reference(self) -> str:
+    def reference(self) -> str | None:
+        """The first core of --attention that ran; a later one stands in (and the report says
+        so through reference != reference_requested) when the first failed."""
+        return next((r.attention for r in self.runs if r.status == "ok"), None)
+
+    @property
+    def reference_requested(self) -> str:
         return self.config["attention"][0]
 
     def run(self, name: str) -> ModeRun | None:
@@ -286,7 +292,8 @@ class PipelineReport:
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "preset": self.preset, "complete": self.complete,
                 "started": self.started, "finished": self.finished, "wall_s": _r(self.wall_s, 3),
-                "reference": self.reference, "config": self.config, "versions": self.versions,
+                "reference": self.reference, "reference_requested": self.reference_requested,
+                "config": self.config, "versions": self.versions,
                 "library": self.library, "method": METHOD,
                 "runs": [r.to_dict() for r in self.runs],
                 "comparisons": [c.to_dict() for c in self.comparisons],
@@ -666,7 +673,7 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
                 if vae is not None:
                     frames, run.vae_decode_s = decode(vae, latents, dev)
                     say(f"{name}: DiT {run.dit_loop_s:.2f} s, VAE decode {run.vae_decode_s:.2f} s")
-                    if name == names[0]:
+                    if name == report.reference:
                         frames_ref = frames
                     elif frames_ref is not None:
                         _comparison(report, name).frames = metrics.compare(frames, frames_ref,
@@ -682,7 +689,7 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
                 latents_of.pop(name, None)
                 if dev.type == "cuda":
                     torch.cuda.empty_cache()
-            if name != names[0] and run.status == "ok" and names[0] in latents_of:
+            if run.status == "ok" and name != report.reference:
                 _fill_comparison(report, name, latents_of, metrics)
             save()
 
@@ -734,8 +741,8 @@ def _calibrate(report, transformer, inputs, steps, guidance, tdtype, dev, librar
     ran ("flash" if it did, else the reference)."""
     name = "flash" if "flash" in latents_of else report.reference
     cal = Calibration(name, rel, seed + 4)
-    if name not in latents_of:
-        cal.status, cal.reason = "skipped", f"no unperturbed {name} run to compare with"
+    if name is None or name not in latents_of:
+        cal.status, cal.reason = "skipped", "no core ran, so there is nothing to perturb"
         return cal
     perturb = Perturbation(rel, seed + 4)
     try:
