@@ -245,3 +245,18 @@ def test_precise_eager_is_closer_to_float64_than_framework_eager_in_bf16():
     m = M.reference_compare(q, k, v, ref)
     assert m["precise"].rel_l2 < m["fast"].rel_l2
     assert ref["precise"].dtype == torch.bfloat16
+
+
+def test_public_path_that_differs_from_the_raw_call_fails():
+    def right_into(q, k, v, out, scale=None):
+        out.copy_(F.scaled_dot_product_attention(q, k, v, scale=scale))
+
+    def public(q, k, v, scale=None):  # what bench would time: a different computation
+        return 1.5 * F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+    eager = Backend("eager", lambda q, k, v, scale=None: M.eager_attention(q, k, v, scale), False)
+    sel = Selection("lib", "t", "cpu", Backend("flash", public, True, writer=right_into), eager, "")
+    rep = run_parity(sel, resolve_shapes([], ["tiny-64"]), "fp32", capture_environment=False)
+    s = rep.shapes[0]
+    assert s.poisoned
+    assert [g.name for g in s.failures] == ["public_path"]

@@ -186,6 +186,9 @@ def _print_parity(report) -> None:
         if orr is not None:
             click.echo(f"    oracle vs float64: rel_l2 {fmt_num(orr.rel_l2)}  "
                        f"cos {fmt_cosine(orr.cosine)}")
+        if s.public_vs_raw is not None:
+            click.echo(f"    binding (timed) vs raw ABI call: max_abs "
+                       f"{fmt_num(s.public_vs_raw.max_abs)}")
         for gr in s.failures:
             click.echo(f"    FAILED {gr.name} {_safe(gr.detail)}")
     click.echo(f"parity: {'PASSED' if report.passed else 'FAILED'} "

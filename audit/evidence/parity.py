@@ -121,6 +121,7 @@ class ShapeParity:
     candidate_vs_reference: M.ErrorMetrics | None = None
     oracle_vs_reference: M.ErrorMetrics | None = None
     candidate_vs_oracle: M.ErrorMetrics | None = None
+    public_vs_raw: M.ErrorMetrics | None = None  # libraries: binding output vs poisoned raw call
     scale_probe: dict | None = None
     gates: list[GateResult] = field(default_factory=list)
     poisoned: bool = False  # True: the output was NaN-filled by us before the kernel wrote it
@@ -144,6 +145,7 @@ class ShapeParity:
                 "candidate_vs_reference": md(self.candidate_vs_reference),
                 "oracle_vs_reference": md(self.oracle_vs_reference),
                 "candidate_vs_oracle": md(self.candidate_vs_oracle),
+                "public_vs_raw": md(self.public_vs_raw),
                 "scale_probe": self.scale_probe, "gates": [g.to_dict() for g in self.gates],
                 "error": self.error}
 
@@ -282,7 +284,18 @@ def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, se
     res.oracle_vs_reference = vs_ref.get("oracle")
     if ref_out is not None:
         res.candidate_vs_oracle = M.compare(out, ref_out)
-    del outputs, ref_out, out
+    del outputs, ref_out
+    public = None
+    if res.poisoned:
+        # The output above came through the raw ABI into our buffer; bench times the public
+        # binding (the torch custom op). They must compute the same thing.
+        try:
+            pub, _ = _run_backend(Backend("public", sel.primary.fn, True), q, k, v, scale)
+            res.public_vs_raw = M.compare(pub, out)
+            del pub
+        except _CallFailed as exc:
+            public = f"the public binding path failed: {exc}"
+    del out
 
     cr = res.candidate_vs_reference
     nonfinite = cr.nonfinite
@@ -299,6 +312,16 @@ def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, se
                                     f"not evaluated: {res.error}"))
     else:
         res.gates.append(_lower("cosine", "oracle", co.cosine, gates.cosine))
+
+    if res.public_vs_raw is not None or public:
+        pv = res.public_vs_raw
+        if pv is None:
+            res.gates.append(GateResult("public_path", "raw", None, gates.rel_l2, False, public))
+        else:
+            res.gates.append(_upper("public_path", "raw", pv.rel_l2, gates.rel_l2,
+                                    f"(the timed binding path vs the raw ABI call, NaN {pv.nan})"))
+            if pv.nonfinite:
+                res.gates[-1].passed = False
 
     # The scale probe: a sharper, explicit scale on the first PROBE_ROWS queries.
     probe_scale = PROBE_SCALE_FACTOR / math.sqrt(shape.head_dim)
