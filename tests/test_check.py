@@ -163,7 +163,9 @@ def test_bad_inputs_exit_3_one_line_each(linkage_libs, tmp_path, capsys):
     hdr = bytearray(clean)
     hdr[4] = 7  # a bad EI_CLASS byte
     (tmp_path / "badclass.so").write_bytes(bytes(hdr))
-    for name in ("truncated.so", "empty.so", "text.so", "badclass.so", "missing.so"):
+    os.mkfifo(tmp_path / "fifo.so")  # must not block
+    (tmp_path / "libstatic.a").write_bytes(b"!<arch>\n")
+    for name in ("truncated.so", "empty.so", "text.so", "badclass.so", "missing.so", "fifo.so", "libstatic.a"):
         rc, out, err = cli(capsys, "check", str(tmp_path / name))
         assert rc == EXIT_INPUT, name
         assert "Traceback" not in out + err
@@ -179,9 +181,11 @@ def test_directory_skips_non_elf_but_fails_closed_on_broken_elf(linkage_libs, tm
     os.symlink("nowhere", tree / "lib/dangling.so")
     (tree / "README.md").write_text("docs\n")
     (tree / "lib/data.bin").write_bytes(b"\0" * 64)
+    (tree / "lib/libvendor_static.a").write_bytes(b"!<arch>\n")
     rc, doc, _ = check_json(capsys, tree)
     assert rc == EXIT_OK and [f["path"] for f in doc["files"]] == [str(tree / "lib/libclean.so")]
-    assert doc["summary"]["skipped"] == {"non_elf": 2, "duplicate": 1, "broken_symlink": 1}
+    assert doc["summary"]["skipped"] == {"non_elf": 2, "duplicate": 1, "broken_symlink": 1, "archive": 1}
+    assert any("static archive" in w for w in doc["warnings"])
     (tree / "lib/libbroken.so").write_bytes(linkage_libs["clean"].read_bytes()[:200])
     rc, doc, _ = check_json(capsys, tree)
     assert rc == EXIT_INPUT
@@ -219,6 +223,12 @@ def test_unsafe_or_corrupt_wheels_are_errors(tmp_path, capsys):
     junk.write_bytes(b"PK\x03\x04 definitely not a zip")
     rc, doc, _ = check_json(capsys, junk)
     assert rc == EXIT_INPUT and "cannot read wheel" in doc["files"][0]["error"]
+
+
+def test_nothing_to_audit_fails_closed(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("no binaries here\n")
+    rc, doc, _ = check_json(capsys, tmp_path)
+    assert rc == EXIT_INPUT and doc["files"] == [] and "no ELF file found" in doc["warnings"][-1]
 
 
 def test_usage_errors_exit_2(linkage_libs, tmp_path, capsys):

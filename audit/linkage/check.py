@@ -127,8 +127,9 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
-        """3 if any file could not be audited (fail closed), else 1 on a violation, else 0."""
-        if any(f.verdict == "error" for f in self.files):
+        """3 if any file could not be audited or none was found (fail closed), else 1 on a
+        violation, else 0."""
+        if not self.files or any(f.verdict == "error" for f in self.files):
             return EXIT_INPUT
         if any(f.verdict == "fail" for f in self.files):
             return EXIT_VIOLATION
@@ -216,6 +217,8 @@ class _Inputs:
             return
         if stat.S_ISDIR(st.st_mode):
             yield from self._walk(arg)
+        elif not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            yield _Input(arg, None, True, "not a regular file")
         elif arg.endswith(".whl"):
             yield from self._wheel(arg, arg)
         else:
@@ -235,6 +238,11 @@ class _Inputs:
             return
         if magic == b"\x7fELF":
             yield _Input(report, host, explicit)
+        elif magic == b"!<ar" and explicit:
+            yield _Input(report, None, True, "a static archive (ar), not an ELF file: audit the object it is linked into")
+        elif magic == b"!<ar":  # a static archive: its members are not audited, so say so
+            self.skip("archive")
+            self.warnings.append(f"{report}: static archive (ar) not audited; audit the object it is linked into")
         elif explicit:
             yield _Input(report, None, True, "not an ELF file" + (" (empty)" if not magic else ""))
         else:
@@ -494,6 +502,8 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
     finally:
         inputs.cleanup()
     warnings = list(resolver.warnings) + inputs.warnings
+    if not files:
+        warnings.append("no ELF file found in: " + ", ".join(str(p) for p in paths))
     for i, exc in enumerate(policy.exceptions):
         if i not in used:
             state = " (and it has expired)" if exc.expired(today) else ""
