@@ -57,7 +57,7 @@ def kinds(result):
 def test_clean_library_passes(linkage_libs, capsys):
     rc, doc, _ = check_json(capsys, linkage_libs["clean"])
     assert rc == EXIT_OK
-    assert doc["schema"] == "sovereign-audit.linkage/1" and doc["exit_code"] == 0
+    assert doc["schema"] == "sovereign-audit.linkage/1" and doc["exit_code"] == 0 and doc["verdict"] == "pass"
     f = doc["files"][0]
     assert f["verdict"] == "pass" and f["findings"] == [] and len(f["sha256"]) == 64
     assert "libm.so.6" in f["needed"]

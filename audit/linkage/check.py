@@ -136,6 +136,11 @@ class CheckReport:
         return EXIT_OK
 
     @property
+    def verdict(self) -> str:
+        """"pass" | "fail" | "error" for the whole run (same precedence as exit_code)."""
+        return {EXIT_OK: "pass", EXIT_VIOLATION: "fail"}.get(self.exit_code, "error")
+
+    @property
     def summary(self) -> dict:
         count = {v: sum(f.verdict == v for f in self.files) for v in ("pass", "fail", "error")}
         return {"files": len(self.files), **count,
@@ -144,7 +149,7 @@ class CheckReport:
     def to_dict(self) -> dict:
         return {"schema": self.schema, "tool": {"name": "sovereign-audit", "version": self.tool_version},
                 "policy": self.policy, "options": self.options, "inputs": self.inputs,
-                "exit_code": self.exit_code, "summary": self.summary, "warnings": self.warnings,
+                "exit_code": self.exit_code, "verdict": self.verdict, "summary": self.summary, "warnings": self.warnings,
                 "elapsed_s": round(self.elapsed_s, 3), "files": [f.to_dict() for f in self.files]}
 
 
