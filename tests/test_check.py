@@ -123,6 +123,11 @@ def test_removed_needed_is_caught_by_verneed(linkage_libs):
     assert res.verdict == "fail"
 
 
+def test_an_audited_vendor_library_is_itself_a_finding(linkage_libs):
+    _, res = one(linkage_libs.root / "verneed/vendor/libcublas.so.12")
+    assert ("nvidia.cublas", "soname") in kinds(res) and ("nvidia.cublas", "static-symbol") in kinds(res)
+
+
 def _exception_policy(tmp_path, file_glob, expires):
     path = tmp_path / "exc.toml"
     path.write_text('extends = "sovereign"\n[[exceptions]]\n'

@@ -28,7 +28,7 @@ from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
 from audit.linkage.resolve import DepNode, Resolver, ResolveOptions, TreeTooLarge
 
 SCHEMA = "sovereign-audit.linkage/1"
-KINDS = ("needed", "transitive", "verneed", "static-symbol", "imported-symbol", "dlopen-string",
+KINDS = ("soname", "needed", "transitive", "verneed", "static-symbol", "imported-symbol", "dlopen-string",
          "device-kernel", "rpath", "unresolved", "mismatch")
 _MAX_EXAMPLES = 10
 _MAX_DIR_LIST = 20000  # entries looked at per RPATH/RUNPATH directory
@@ -468,6 +468,13 @@ def check_file(inp: _Input, policy: Policy, resolver: Resolver, read: Callable[[
     )
     errors: list[str] = []
     findings, errs = scan_object(info, policy, [os.path.basename(inp.report)], None)
+    # the audited object is itself a denied library (e.g. a vendor .so shipped inside a wheel)
+    for where, name in (("DT_SONAME", info.soname), ("file name", os.path.basename(inp.report))):
+        rule = policy.deny_rule_for_soname(name) if name else None
+        if rule:
+            findings.insert(0, Finding(rule=rule.id, kind="soname", subject=name, where=where, reason=rule.reason,
+                                       use_instead=rule.use_instead, chain=[os.path.basename(inp.report)]))
+            break
     errors += errs
     try:
         tree, warns = resolver.tree(info, inp.host)
