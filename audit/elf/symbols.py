@@ -1,13 +1,14 @@
-"""Symbol tables in bulk: numpy structured arrays over the section bytes, no per-symbol objects.
+r"""Symbol tables in bulk: numpy structured arrays over the section bytes, no per-symbol objects.
 
 Only the symbols worth reporting become `Symbol`s: imports from `.dynsym` always (from `.symtab`
 too when the file has no `.dynsym`, as in relocatable objects), and any symbol whose name matches
 the caller's pattern. Names are resolved only for those: the pattern runs once over the whole
-string table (`audit.elf.textscan`), and the matching string ranges are joined to st_name with
-numpy (searchsorted), then each candidate name is checked on its own with the real pattern.
+string table (`audit.elf.textscan`), the matching string ranges are joined to st_name with numpy
+(searchsorted), and only names the scan cannot settle are checked one by one.
 
-Pattern semantics: `pattern.search(name)` on each name (bytes). `^` and `$` anchor at the name's
-start and end; `\\A` and `\\Z` are not supported (the scan runs over the joined table).
+Pattern semantics: exactly `pattern.search(name)` on each name alone (bytes): `^`/`\A` anchor
+at the name's start, `$`/`\Z` at its end. MULTILINE patterns are allowed but take the slow,
+name-by-name path.
 """
 
 from __future__ import annotations

@@ -1,23 +1,27 @@
-"""Run one bytes regex over a whole NUL-separated string table in one pass.
+r"""Run one bytes regex over a whole NUL-separated string table in one pass.
 
 `matching_strings` returns the strings of the table that the pattern selects, as sorted
 start/end offsets relative to the table, so callers join them to st_name offsets in bulk, and
 says whether each one still needs checking on its own with `pattern.search(name)`.
 
-Two paths:
-- Whole-name patterns, written the way audit.linkage.patterns writes them: they start with the
-  NUL-boundary lookbehind `(?<![^\\x00])`. The scan consumes the NUL instead (`\\x00(?:...)`),
-  which lets the regex engine jump from NUL to NUL with its literal-prefix search instead of
-  trying every byte; a match that lies inside one string is final (no per-name check).
-- Any other pattern: `finditer` over the table; every string with a match is a candidate that
-  is checked on its own (lookarounds may see across the NUL in the joined table).
-Patterns using `^`, `$`, `\\A`, `\\Z` or `\\b`-style anchors (they would anchor at the table's
-ends, not each name's) are not scanned at all: `None` tells the caller to check every name.
+Semantics are those of `pattern.search(name)` on each name alone. To keep them over the joined
+table, the pattern is rewritten once (on its parse tree) before scanning:
+- `^` / `\A` become "just after a NUL" and `$` / `\Z` "just before a NUL" (`$` also before a
+  final newline, as on a lone name); `\b` / `\B` need nothing (NUL is not a word character).
+- A pattern that starts with such an anchor (or the NUL lookbehind `(?<![^\x00])`) is scanned
+  as `\x00(?:...)`: the engine then jumps from NUL to NUL with its literal-prefix search
+  instead of trying every byte, and each match lies inside one string ("whole" plan).
+- Alternatives are factored into a trie (`ab|ac` -> `a(?:b|c)`): each prefix is tested once.
+- Without lookarounds a match found inside one string is final; with them (they could see
+  across a NUL) every candidate string is re-checked on its own.
+MULTILINE patterns, or trees the rewrite does not understand, are not scanned at all: `None`
+tells the caller to check every name on its own (exact, slower).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,33 +34,72 @@ except ImportError:  # Python 3.10
     import sre_constants as _sre_constants  # type: ignore[no-redef]
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
-NUL_START = rb"(?<![^\x00])"
-_EMPTY = np.zeros(0, dtype=np.int64)
 
 
-def _has_anchor(pattern: re.Pattern[bytes]) -> bool:
-    """True if the pattern uses AT codes (^ $ \\A \\Z \\b \\B), or cannot be analysed."""
-    try:
-        tree = _sre_parse.parse(pattern.pattern, pattern.flags)
-    except Exception:  # noqa: BLE001 - private parser API: any surprise means "be exact"
-        return True
-    stack = [tree]
-    seen = 0
-    while stack:
-        node = stack.pop()
-        seen += 1
-        if seen > 100_000:
-            return True
-        items = node.data if hasattr(node, "data") else node
-        for op, av in items:
-            if op is _sre_constants.AT:
-                return True
-            for sub in (av if isinstance(av, (list, tuple)) else (av,)):
-                if isinstance(sub, _sre_parse.SubPattern):
-                    stack.append(sub)
-                elif isinstance(sub, (list, tuple)):
-                    stack.extend(x for x in sub if isinstance(x, _sre_parse.SubPattern))
-    return False
+class _Unscannable(Exception):
+    pass
+
+
+_C = _sre_constants
+_START_ATS = {_C.AT_BEGINNING, _C.AT_BEGINNING_STRING}
+_END_ATS = {_C.AT_END, _C.AT_END_STRING}
+_KEEP_ATS = {_C.AT_BOUNDARY, _C.AT_NON_BOUNDARY}
+
+
+def _snippet(src: bytes):
+    return _sre_parse.parse(src).data[0]
+
+
+def _is_nul_lookbehind(node) -> bool:
+    op, av = node
+    return (op is _C.ASSERT_NOT and av[0] == -1 and len(av[1].data) == 1
+            and av[1].data[0] == (_C.NOT_LITERAL, 0))
+
+
+def _is_nul_lookahead(node) -> bool:
+    op, av = node
+    return (op is _C.ASSERT_NOT and av[0] == 1 and len(av[1].data) == 1
+            and av[1].data[0] == (_C.NOT_LITERAL, 0))
+
+
+def _rewrite(sub, flags: dict):
+    """The tree with name anchors turned into NUL-boundary lookarounds; records whether the
+    original had lookarounds of its own. Raises _Unscannable for what it does not understand."""
+    flags["nodes"] = flags.get("nodes", 0) + len(sub.data)
+    if flags["nodes"] > 200_000:
+        raise _Unscannable("pattern too large to analyse")
+    data = []
+    for node in sub.data:
+        op, av = node
+        if op is _C.AT:
+            if av in _START_ATS:
+                data.append(_snippet(rb"(?<![^\x00])"))
+            elif av is _C.AT_END:
+                data.append(_snippet(rb"(?=\n?(?:\x00|\Z))"))
+            elif av is _C.AT_END_STRING:
+                data.append(_snippet(rb"(?=\x00|\Z)"))
+            elif av in _KEEP_ATS:
+                data.append(node)
+            else:  # MULTILINE line anchors, locale/unicode boundaries
+                raise _Unscannable(str(av))
+            continue
+        if op in (_C.ASSERT, _C.ASSERT_NOT):
+            if not (_is_nul_lookbehind(node) or _is_nul_lookahead(node)):  # same on a lone name
+                flags["lookaround"] = True
+            data.append((op, (av[0], _rewrite(av[1], flags))))
+        elif op is _C.BRANCH:
+            data.append((op, (av[0], [_rewrite(x, flags) for x in av[1]])))
+        elif op is _C.SUBPATTERN:
+            data.append((op, av[:3] + (_rewrite(av[3], flags),)))
+        elif op in (_C.MAX_REPEAT, _C.MIN_REPEAT) + ((_C.POSSESSIVE_REPEAT,) if hasattr(_C, "POSSESSIVE_REPEAT") else ()):
+            data.append((op, (av[0], av[1], _rewrite(av[2], flags))))
+        elif hasattr(_C, "ATOMIC_GROUP") and op is _C.ATOMIC_GROUP:
+            data.append((op, _rewrite(av, flags)))
+        elif op in (_C.GROUPREF, _C.GROUPREF_EXISTS):
+            raise _Unscannable("backreference")
+        else:
+            data.append(node)
+    return _sre_parse.SubPattern(sub.state, data)
 
 
 def _first_key(item, reorder: bool):
@@ -121,36 +164,87 @@ def _factor_tree(sub, reorder: bool = False):
     return _sre_parse.SubPattern(sub.state, data)
 
 
-def optimized(source: bytes, flags: int, reorder: bool = False) -> re.Pattern[bytes]:
-    """`source` compiled with its alternations factored into a trie (same matches, faster);
-    falls back to a plain compile if the private parser API is not what we expect."""
-    plain = re.compile(source, flags)
-    if flags & (re.IGNORECASE | re.LOCALE):
-        return plain
+_NUL_CATEGORIES = {_C.CATEGORY_NOT_DIGIT, _C.CATEGORY_NOT_SPACE, _C.CATEGORY_NOT_WORD,
+                   _C.CATEGORY_NOT_LINEBREAK}
+
+
+def _set_has_nul(items) -> bool:
+    negate = any(op is _C.NEGATE for op, _ in items)
+    has = False
+    for op, av in items:
+        if op is _C.LITERAL and av == 0:
+            has = True
+        elif op is _C.RANGE and av[0] <= 0 <= av[1]:
+            has = True
+        elif op is _C.CATEGORY and av in _NUL_CATEGORIES:
+            has = True
+        elif op not in (_C.NEGATE, _C.LITERAL, _C.RANGE, _C.CATEGORY):
+            return True  # something we do not model: assume it can
+    return has != negate
+
+
+def can_consume_nul(sub) -> bool:
+    """Conservative: False only if no part of the tree can consume a NUL byte."""
+    for op, av in sub.data:
+        if op is _C.ANY or (op is _C.NOT_LITERAL and av != 0) or (op is _C.LITERAL and av == 0):
+            return True
+        if op is _C.IN and _set_has_nul(av):
+            return True
+        if op is _C.BRANCH and any(can_consume_nul(x) for x in av[1]):
+            return True
+        if op is _C.SUBPATTERN and can_consume_nul(av[3]):
+            return True
+        if op in (_C.MAX_REPEAT, _C.MIN_REPEAT) or op is getattr(_C, "POSSESSIVE_REPEAT", None):
+            if can_consume_nul(av[2]):
+                return True
+        if op is getattr(_C, "ATOMIC_GROUP", None) and can_consume_nul(av):
+            return True
+        if op in (_C.GROUPREF, _C.GROUPREF_EXISTS, _C.GROUPREF_IGNORE):
+            return True
+        # LITERAL/NOT_LITERAL handled above; AT and lookarounds consume nothing
+    return False
+
+
+@dataclass(frozen=True)
+class ScanPlan:
+    kind: str  # "names" (check every name), "whole" (scanner starts at a NUL), "search"
+    scanner: re.Pattern[bytes] | None
+    final: bool  # a match inside one string needs no check of its own
+    nul_safe: bool = False  # the scanner cannot run over a NUL (after its leading one)
+
+
+_SCAN_CACHE: dict[tuple[bytes, int], ScanPlan] = {}
+
+
+def _plan(pattern: re.Pattern[bytes]) -> ScanPlan:
+    if pattern.flags & (re.MULTILINE | re.LOCALE) or not isinstance(pattern.pattern, bytes):
+        return ScanPlan("names", None, False)
     try:
-        tree = _factor_tree(_sre_parse.parse(source, flags), reorder)
-        fast = _sre_compile.compile(tree, flags)
-        fast.search(b"")  # it must accept bytes
-        return fast
-    except Exception:  # noqa: BLE001 - private API drift: the plain pattern is always correct
-        return plain
+        tree = _sre_parse.parse(pattern.pattern, pattern.flags)
+        info: dict = {}
+        tree = _rewrite(tree, info)
+        final = not info.get("lookaround")
+        kind = "search"
+        nul_safe = False
+        if tree.data and _is_nul_lookbehind(tree.data[0]):  # a name-start anchor leads
+            body = _sre_parse.SubPattern(tree.state, list(tree.data[1:]))
+            nul_safe = not can_consume_nul(body)
+            tree = _sre_parse.SubPattern(tree.state, [(_C.LITERAL, 0)] + list(body.data))
+            kind = "whole"
+        if not pattern.flags & re.IGNORECASE:
+            tree = _factor_tree(tree, reorder=True)
+        scanner = _sre_compile.compile(tree, pattern.flags)
+        scanner.search(b"")  # it must accept bytes
+        return ScanPlan(kind, scanner, final, nul_safe)
+    except Exception:  # noqa: BLE001 - private parser API drift or an odd tree: be exact instead
+        return ScanPlan("names", None, False)
 
 
-_SCAN_CACHE: dict[tuple[bytes, int], tuple[str, re.Pattern[bytes] | None]] = {}
-
-
-def scan_plan(pattern: re.Pattern[bytes]) -> tuple[str, re.Pattern[bytes] | None]:
-    """("names", None) | ("whole", nul-prefixed scanner) | ("search", pattern); cached."""
+def scan_plan(pattern: re.Pattern[bytes]) -> ScanPlan:
     key = (pattern.pattern, pattern.flags)
     plan = _SCAN_CACHE.get(key)
     if plan is None:
-        if _has_anchor(pattern):
-            plan = ("names", None)
-        elif pattern.pattern.startswith(NUL_START):
-            plan = ("whole", optimized(b"\\x00(?:" + pattern.pattern[len(NUL_START):] + b")",
-                                       pattern.flags, reorder=True))
-        else:
-            plan = ("search", pattern)
+        plan = _plan(pattern)
         if len(_SCAN_CACHE) > 64:
             _SCAN_CACHE.clear()
         _SCAN_CACHE[key] = plan
@@ -162,45 +256,79 @@ def matching_strings(buf, off: int, size: int, pattern: re.Pattern[bytes]):
     None when every name must be checked on its own. starts/ends are int64 arrays relative to
     `off` (ends exclusive, at the NUL or the table's end); final[i] is True when string i is
     known to match as a whole name, so only names starting inside it need their own check."""
-    kind, scan = scan_plan(pattern)
-    if kind == "names":
+    plan = scan_plan(pattern)
+    if plan.kind == "names":
         return None
     end = off + size
-    if kind == "whole":
-        spans = [m.span() for m in scan.finditer(buf, off, end)]
-        starts = [s + 1 - off for s, _ in spans]
-        ends = [e - off for _, e in spans]
-        # the first string has no NUL before it: try it directly
+    starts: list[int] = []
+    ends: list[int] = []
+    finals: list[bool] = []
+    find = buf.find
+    if plan.kind == "whole":
+        # the first string has no NUL before it: check it on its own
         if size and buf[off] != 0:
-            first_end = buf.find(b"\0", off, end)
-            first_end = end if first_end < 0 else first_end
-            if pattern.search(bytes(buf[off:first_end])):
-                starts.insert(0, 0)
-                ends.insert(0, first_end - off)
-        s_arr = np.asarray(starts, dtype=np.int64)
-        e_arr = np.asarray(ends, dtype=np.int64)
-        # final unless the match ran over a NUL (a pattern that can match one): then check it
-        final = np.ones(len(s_arr), dtype=bool)
-        for i in range(len(s_arr)):
-            if buf.find(b"\0", off + int(s_arr[i]), off + int(e_arr[i])) >= 0:
-                final[i] = False
-        return s_arr, e_arr, final
+            e = find(b"\0", off, end)
+            e = end if e < 0 else e
+            if pattern.search(bytes(buf[off:e])):
+                starts.append(0)
+                ends.append(e - off)
+                finals.append(True)
+        spans = [m.span() for m in plan.scanner.finditer(buf, off, end)]
+        if plan.nul_safe and spans:
+            # no match can run over a NUL: a match ending at a NUL (the usual case with `$`)
+            # ends its string; only the others need a look for their NUL
+            sp = np.asarray(spans, dtype=np.int64)
+            s_abs, m_end = sp[:, 0] + 1, sp[:, 1]
+            blob = np.frombuffer(buf, dtype=np.uint8, count=size, offset=off)
+            at_nul = (m_end >= end) | (blob[np.minimum(m_end, end - 1) - off] == 0)
+            e_abs = np.where(m_end >= end, end, m_end)
+            for i in np.flatnonzero(~at_nul).tolist():
+                e = find(b"\0", int(m_end[i]), end)
+                e_abs[i] = end if e < 0 else e
+            return (np.concatenate([np.asarray(starts, dtype=np.int64), s_abs - off]),
+                    np.concatenate([np.asarray(ends, dtype=np.int64), e_abs - off]),
+                    np.concatenate([np.asarray(finals, dtype=bool), np.full(len(sp), plan.final)]))
+        for m_start, m_end in spans:
+            s = m_start + 1
+            e = find(b"\0", s, end)
+            e = end if e < 0 else e
+            if m_end > e:  # the match ran over a NUL: it may hide later strings, go exact
+                return _search_strings(buf, off, size, plan.scanner)
+            starts.append(s - off)
+            ends.append(e - off)
+            finals.append(plan.final)
+        return (np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64),
+                np.asarray(finals, dtype=bool))
+    found = _search_strings(buf, off, size, plan.scanner)
+    # a name anchor at the table's first byte would look at whatever precedes the table
+    if size and buf[off] != 0 and (not len(found[0]) or found[0][0] != 0):
+        e = find(b"\0", off, end)
+        e = end if e < 0 else e
+        if pattern.search(bytes(buf[off:e])):
+            found = tuple(np.concatenate([[v], arr]).astype(arr.dtype)
+                          for v, arr in zip((0, e - off, False), found))
+    return found
+
+
+def _search_strings(buf, off: int, size: int, scanner):
+    """Every string holding a match of `scanner`, each to be checked on its own."""
     starts, ends = [], []
+    end = off + size
     pos = off
     find, rfind = buf.find, buf.rfind
     while pos < end:
-        m = scan.search(buf, pos, end)
+        m = scanner.search(buf, pos, end)
         if m is None:
             break
-        at = m.start()
-        r = rfind(b"\0", off, at)
+        at = min(m.start(), end - 1)
+        r = rfind(b"\0", off, at + 1) if buf[at] != 0 else rfind(b"\0", off, at)
         s = r + 1 if r >= 0 else off
         e = find(b"\0", at, end)
         e = end if e < 0 else e
+        if e < s:
+            e = s
         starts.append(s - off)
         ends.append(e - off)
-        pos = e + 1  # one candidate per string; the next search starts at the next string
-    if not starts:
-        return _EMPTY, _EMPTY, np.zeros(0, dtype=bool)
+        pos = max(e + 1, pos + 1)  # one candidate per string; always moves on
     return (np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64),
             np.zeros(len(starts), dtype=bool))
