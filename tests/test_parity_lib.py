@@ -37,8 +37,17 @@ int32_t fk_supported_head_dims(int32_t *dims, int32_t cap) {
     for (int i = 0; dims && i < 2 && i < cap; i++) dims[i] = d[i];
     return 2;
 }
-static int32_t run(const fk_attention_args *a) {
-    if (!a || !a->q || !a->k || !a->v || !a->o) { last = "null"; return FK_ERR_NULL_POINTER; }
+static int32_t run(const fk_attention_args *in) {
+    if (!in || !in->q || !in->k || !in->v || !in->o) { last = "null"; return FK_ERR_NULL_POINTER; }
+    fk_attention_args copy = *in;
+    const fk_attention_args *a = &copy;
+#ifdef IGNORE_STRIDES  /* a bug: assumes contiguous (B,H,N,D) whatever the strides say */
+    copy.q_stride[2] = copy.o_stride[2] = copy.k_stride[2] = copy.v_stride[2] = in->head_dim;
+    copy.q_stride[1] = copy.o_stride[1] = in->nq * in->head_dim;
+    copy.k_stride[1] = copy.v_stride[1] = in->nk * in->head_dim;
+    copy.q_stride[0] = copy.o_stride[0] = in->heads * in->nq * in->head_dim;
+    copy.k_stride[0] = copy.v_stride[0] = in->heads * in->nk * in->head_dim;
+#endif
     if (a->abi_version != FK_ABI_VERSION) { last = "abi"; return FK_ERR_ABI; }
     if (a->dtype != FK_DTYPE_F32) { last = "fixture is fp32 only"; return FK_ERR_DTYPE; }
     if (a->head_dim != 64 && a->head_dim != 128) { last = "head dim"; return FK_ERR_HEAD_DIM; }
@@ -98,7 +107,8 @@ def libs(fixture_root):
     pytest.importorskip("flash_kernel")
     return {"good": _build(fixture_root, "abi-good"),
             "abi2": _build(fixture_root, "abi-two", "-DFIXTURE_ABI=2"),
-            "skip": _build(fixture_root, "abi-skip", "-DSKIP_LAST_ROW")}
+            "skip": _build(fixture_root, "abi-skip", "-DSKIP_LAST_ROW"),
+            "nostride": _build(fixture_root, "abi-nostride", "-DIGNORE_STRIDES")}
 
 
 def run_cli(args, capsys):
@@ -196,3 +206,17 @@ def test_target_cpu_rejects_a_head_dim_it_lacks(capsys):
     missing = next(d for d in range(8, 512, 8) if d not in dims)
     code, out, err = run_cli(["parity", "--target", "cpu", "--shape", f"1,1,10,{missing}"], capsys)
     assert code == 2 and f"head dim {missing}" in err
+
+
+def test_bnhd_layout_catches_a_library_that_ignores_strides(libs, tmp_path, capsys):
+    args = ["parity", "--lib", str(libs["nostride"]), "--preset", "tiny-64"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err  # contiguous (B,H,N,D): the bug is invisible
+    js = tmp_path / "p.json"
+    code, out, err = run_cli([*args, "--layout", "bnhd", "--json", str(js)], capsys)
+    assert code == 1 and "tiny-64" in err
+    data = json.loads(js.read_text())
+    assert data["layout"] == "bnhd"
+    code, out, err = run_cli(["parity", "--lib", str(libs["good"]), "--preset", "tiny-64",
+                              "--layout", "bnhd"], capsys)
+    assert code == 0, err

@@ -99,12 +99,13 @@ class BenchReport:
     device_name: str = ""
     primary: str = ""
     environment: dict | None = None  # environment.capture(), schema sovereign-audit.environment/1
+    layout: str = "bhnd"  # bnhd: inputs stored (B,N,H,D), passed as strided (B,H,N,D) views
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "selection": self.selection, "primary": self.primary,
                 "dtype": self.dtype, "device": self.device, "device_name": self.device_name,
                 "torch": self.torch_version, "repeats": self.repeats, "warmup": self.warmup,
-                "seed": self.seed, "timer": self.timer,
+                "seed": self.seed, "timer": self.timer, "layout": self.layout,
                 "flops": "4*B*H*Nq*Nk*D per call", "order": "interleaved, rotated each repeat",
                 "started": self.started, "finished": self.finished,
                 "shapes": [s.to_dict() for s in self.shapes], "environment": self.environment}
@@ -220,7 +221,8 @@ def _call(be: Backend):
 
 def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, warmup: int,
                 seed: int, sets: int | None = None, wanted=None, tick: Callable | None = None,
-                bootstrap_seed: int = 0, max_backend_s: float | None = None) -> ShapeBench:
+                bootstrap_seed: int = 0, max_backend_s: float | None = None,
+                layout: str = "bhnd") -> ShapeBench:
     import torch
 
     from audit.evidence.parity import random_inputs
@@ -231,7 +233,7 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
                                        sel.device, sets)
     res = ShapeBench(shape, n_sets, set_bytes, seed)
     try:
-        inputs = [random_inputs(shape, dtype, sel.device, seed + j) for j in range(n_sets)]
+        inputs = [random_inputs(shape, dtype, sel.device, seed + j, layout) for j in range(n_sets)]
     except Exception as exc:
         if not _is_oom(exc):
             raise
@@ -326,7 +328,7 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
               sets: int | None = None, backends: tuple[str, ...] | None = None,
               progress: bool | None = None, capture_environment: bool = True,
               max_backend_s: float | None = None,
-              checkpoint: Callable | None = None) -> BenchReport:
+              checkpoint: Callable | None = None, layout: str = "bhnd") -> BenchReport:
     """Time every backend over `shapes`; shape i uses input seeds from `seed + 1000*i`.
 
     progress: True/False, or None for a rich progress bar on stderr only when it is a terminal.
@@ -341,6 +343,8 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
         raise UsageError("--repeats must be >= 1")
     if warmup < 0:
         raise UsageError("--warmup must be >= 0")
+    if layout not in ("bhnd", "bnhd"):
+        raise UsageError(f"unknown layout {layout!r}; use bhnd or bnhd")
     if max_backend_s is not None and not (max_backend_s > 0):
         raise UsageError("--max-backend-seconds must be > 0")
     if sets is not None and not (1 <= sets <= MAX_SETS):
@@ -355,22 +359,23 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
             results.append(bench_shape(selection, shape, dtype, repeats, warmup,
                                        seed + 1000 * i, sets, backends, tick,
                                        bootstrap_seed=seed + 100 * i,
-                                       max_backend_s=max_backend_s))
+                                       max_backend_s=max_backend_s, layout=layout))
             if checkpoint:
                 checkpoint(_report(selection, dtype, repeats, warmup, seed, results, started,
-                                   None))
+                                   None, layout))
     return _report(selection, dtype, repeats, warmup, seed, results, started,
-                   capture() if capture_environment else None)
+                   capture() if capture_environment else None, layout)
 
 
-def _report(selection, dtype, repeats, warmup, seed, results, started, env) -> BenchReport:
+def _report(selection, dtype, repeats, warmup, seed, results, started, env,
+            layout) -> BenchReport:
     import torch
 
     name = torch.cuda.get_device_name() if selection.device == "cuda" else ""
     timer = _Timer(selection.device).name
     return BenchReport(selection.to_dict(), dtype, selection.device, repeats, warmup, seed, timer,
                        list(results), started, _now(), torch.__version__, name,
-                       selection.primary.name, env)
+                       selection.primary.name, env, layout)
 
 
 class _progress:

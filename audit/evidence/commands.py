@@ -46,6 +46,10 @@ def _selection_options(f):
                      help="Write the full report as JSON to this file."),
         click.option("--config", "config_path", type=click.Path(dir_okay=False),
                      help="TOML file with [parity.gates] and/or [bench] settings."),
+        click.option("--layout", type=click.Choice(["bhnd", "bnhd"]), default="bhnd",
+                     show_default=True,
+                     help="How inputs are stored: bnhd = (B,N,H,D) as video DiTs pass them, "
+                     "handed over as strided (B,H,N,D) views."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -128,7 +132,7 @@ def _write_json(path: str | None, data: dict) -> None:
 @click.option("--scale", type=float, default=None,
               help="Softmax scale passed to every kernel [default: None, i.e. 1/sqrt(D)].")
 def parity_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, device, seed,
-               json_out, config_path, gate_items, scale):
+               json_out, config_path, layout, gate_items, scale):
     """Check a kernel against the oracle (naive pre-flash path) and a float64 reference.
 
     \b
@@ -148,7 +152,8 @@ def parity_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, dev
     sel, parsed, dtype = _prepare(target, lib, candidate, shapes, presets, dtype, device)
     gates = effective_gates(dtype, config, overrides)
     report = run_parity(sel, parsed, dtype, gates=gates, seed=seed, scale=scale,
-                        progress=_parity_progress(), checkpoint=_checkpoint(json_out))
+                        progress=_parity_progress(), checkpoint=_checkpoint(json_out),
+                        layout=layout)
     _write_json(json_out, {**report.to_dict(), "complete": True})
     _print_parity(report)
     failures = report.failure_lines()
@@ -211,7 +216,7 @@ def _print_parity(report) -> None:
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: only on a terminal].")
 def bench_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, device, seed,
-              json_out, config_path, repeats, warmup, sets, backend_names, max_backend_seconds,
+              json_out, config_path, layout, repeats, warmup, sets, backend_names, max_backend_seconds,
               progress):
     """Time the kernel against our naive path, torch eager and PyTorch SDPA (vendor A/B).
 
@@ -241,7 +246,7 @@ def bench_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, devi
     sel, parsed, dtype = _prepare(target, lib, candidate, shapes, presets, dtype, device)
     report = run_bench(sel, parsed, dtype, repeats=repeats, warmup=warmup, seed=seed, sets=sets,
                        backends=names, progress=progress, max_backend_s=max_backend_seconds,
-                       checkpoint=_checkpoint(json_out))
+                       checkpoint=_checkpoint(json_out), layout=layout)
     _write_json(json_out, {**report.to_dict(), "complete": True})
     _print_bench(report)
     prim = [s.backend(report.primary) for s in report.shapes]

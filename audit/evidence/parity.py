@@ -164,6 +164,7 @@ class ParityReport:
     torch_version: str = ""
     device_name: str = ""
     environment: dict | None = None  # environment.capture(), schema sovereign-audit.environment/1
+    layout: str = "bhnd"  # how the inputs were stored: bhnd, or bnhd (strided (B,H,N,D) views)
 
     @property
     def passed(self) -> bool:
@@ -179,6 +180,7 @@ class ParityReport:
         return {"schema": SCHEMA, "passed": self.passed, "selection": self.selection,
                 "dtype": self.dtype, "device": self.device, "device_name": self.device_name,
                 "torch": self.torch_version, "seed": self.seed, "oracle": self.oracle,
+                "layout": self.layout,
                 "gates": self.gates.to_dict(), "started": self.started, "finished": self.finished,
                 "reference": "float64 softmax(scale QK^T)V per head in row chunks, on the device",
                 "failures": self.failure_lines(), "shapes": [s.to_dict() for s in self.shapes],
@@ -189,17 +191,26 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def random_inputs(shape: Shape, dtype, device: str, seed: int):
-    """Seeded standard-normal q (B,H,Nq,D), k and v (B,H,Nk,D), generated on `device`."""
+def random_inputs(shape: Shape, dtype, device: str, seed: int, layout: str = "bhnd"):
+    """Seeded standard-normal q (B,H,Nq,D), k and v (B,H,Nk,D), generated on `device`.
+
+    layout "bnhd": stored (B,N,H,D) contiguous, as video DiTs hand them over, and returned as
+    (B,H,N,D) views with those strides (the kernels take strides; D stays contiguous).
+    """
     import torch
 
+    if layout not in ("bhnd", "bnhd"):
+        raise UsageError(f"unknown layout {layout!r}; use bhnd or bnhd")
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     b, h, d = shape.batch, shape.heads, shape.head_dim
-    q = torch.randn((b, h, shape.nq, d), generator=g, device=device, dtype=dtype)
-    k = torch.randn((b, h, shape.nk, d), generator=g, device=device, dtype=dtype)
-    v = torch.randn((b, h, shape.nk, d), generator=g, device=device, dtype=dtype)
-    return q, k, v
+
+    def one(n):
+        if layout == "bhnd":
+            return torch.randn((b, h, n, d), generator=g, device=device, dtype=dtype)
+        return torch.randn((b, n, h, d), generator=g, device=device, dtype=dtype).transpose(1, 2)
+
+    return one(shape.nq), one(shape.nk), one(shape.nk)
 
 
 class _CallFailed(Exception):
@@ -250,14 +261,14 @@ def _eager_oracle(reason: str) -> Backend:
 
 
 def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, seed: int,
-                 scale: float | None = None) -> ShapeParity:
+                 scale: float | None = None, layout: str = "bhnd") -> ShapeParity:
 
     dtype = torch_dtype(dtype_name)
     dev = sel.device
     res = ShapeParity(shape, seed, scale, "failed")
     oracle = sel.oracle if oracle_supports(sel, shape.head_dim) else _eager_oracle(
         sel.oracle_note or "our library lacks this head dim")
-    q, k, v = random_inputs(shape, dtype, dev, seed)
+    q, k, v = random_inputs(shape, dtype, dev, seed, layout)
     try:
         out, res.poisoned = _run_backend(sel.primary, q, k, v, scale)
     except _CallFailed as exc:
@@ -361,7 +372,8 @@ def _lower(name, against, value, thr) -> GateResult:
 def run_parity(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
                device: str | None = None, gates: Gates | None = None, seed: int = 0,
                scale: float | None = None, progress=None,
-               capture_environment: bool = True, checkpoint=None) -> ParityReport:
+               capture_environment: bool = True, checkpoint=None,
+               layout: str = "bhnd") -> ParityReport:
     """Parity of `selection` over `shapes`; shape i uses seed `seed + i`.
 
     `device` must agree with the selection's (it is there so `run` can pass what it resolved).
@@ -377,6 +389,8 @@ def run_parity(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
         raise UsageError(f"unknown dtype {dtype!r}")
     if scale is not None and (not math.isfinite(scale) or scale <= 0):
         raise UsageError(f"--scale {scale!r} must be a finite number > 0")
+    if layout not in ("bhnd", "bnhd"):
+        raise UsageError(f"unknown layout {layout!r}; use bhnd or bnhd")
     selection.check_shapes(shapes)
     gates = gates or effective_gates(dtype)
     started = _now()
@@ -384,25 +398,25 @@ def run_parity(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
     for i, shape in enumerate(shapes):
         if progress:
             progress(i, shape)
-        results.append(parity_shape(selection, shape, dtype, gates, seed + i, scale))
+        results.append(parity_shape(selection, shape, dtype, gates, seed + i, scale, layout))
         if selection.device == "cuda":
             torch.cuda.empty_cache()
         if checkpoint:
-            checkpoint(_report(selection, dtype, seed, gates, results, started, None))
+            checkpoint(_report(selection, dtype, seed, gates, results, started, None, layout))
     from audit.evidence.environment import capture
 
     return _report(selection, dtype, seed, gates, results, started,
-                   capture() if capture_environment else None)
+                   capture() if capture_environment else None, layout)
 
 
-def _report(selection, dtype, seed, gates, results, started, env) -> ParityReport:
+def _report(selection, dtype, seed, gates, results, started, env, layout) -> ParityReport:
     import torch
 
     name = torch.cuda.get_device_name() if selection.device == "cuda" else _cpu_name()
     oracle = (selection.oracle.about if selection.oracle else
               f"torch softmax(QK^T)V in fp32 ({selection.oracle_note})")
     return ParityReport(selection.to_dict(), dtype, selection.device, seed, gates, list(results),
-                        oracle, started, _now(), torch.__version__, name, env)
+                        oracle, started, _now(), torch.__version__, name, env, layout)
 
 
 def _cpu_name() -> str:
