@@ -56,7 +56,7 @@ def naive(path: Path, pattern) -> tuple[int, int]:
                 continue
             for sym in sec.iter_symbols():
                 total += 1
-                undefined = sym["st_shndx"] == "SHN_UNDEF"
+                undefined = sym["st_shndx"] == "SHN_UNDEF" and sym.name != ""
                 if (undefined and name == ".dynsym") or pattern.search(sym.name.encode()):
                     kept += 1
     return total, kept

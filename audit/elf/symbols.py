@@ -87,10 +87,12 @@ def select(img: ElfImage, table: SymbolTable, pattern: re.Pattern[bytes] | None,
     keep = np.zeros(len(syms), dtype=bool)
     if keep_imports:
         keep |= (syms["st_shndx"] == SHN_UNDEF) & (nm != 0) & ~bad
-        keep[0] = False  # the null symbol
     name_end = np.full(len(syms), -1, dtype=np.int64)
     if pattern is not None:
         keep |= _pattern_mask(img, table, pattern, nm, bad, name_end)
+        if pattern.search(b"") is not None:  # a pattern that accepts the empty name
+            keep |= (nm == 0) & ~bad
+    keep[0] = False  # the null symbol is never reported
     idx = np.flatnonzero(keep)
     return idx, name_end[idx]
 

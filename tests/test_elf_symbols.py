@@ -1,0 +1,63 @@
+"""The bulk symbol filter against a brute-force oracle: pyelftools lists every symbol and
+`pattern.search(name)` decides, one name at a time. Any pattern shape must give the same set."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from audit.elf.reader import read_elf
+from elf_fixtures import cuda_libs, host_libs  # noqa: F401 (pytest fixtures)
+
+PATTERNS = [
+    rb"cublas", rb"mkl_", rb"^mkl_", rb"tail$", rb"^fk_[a-z]+$", rb"(?i)CUBLAS", rb"\bfk\w*",
+    rb"Gemm|helper|^_ZN", rb"(?<![^\x00])(?:mkl_[a-z][^\x00]*|cublas[A-Z][^\x00]*)(?![^\x00])",
+    rb"^(?:mkl_(?:tail|local_helper)|cublasFake[A-Z][a-z]*)$", rb"a(?=i)", rb"(?<=x)mkl", rb"^$",
+    rb"\Acuda\w*\Z", rb"(?m)^cuda", rb"[^\x00]*Gemm", rb"_ZN\d+cuda", rb"^_ZN(?:3std|9__gnu_cxx)",
+]
+
+
+def oracle(path, pattern: re.Pattern[bytes]) -> Counter:
+    kept: Counter = Counter()
+    with open(path, "rb") as fh:
+        elf = ELFFile(fh)
+        tables = [s for s in elf.iter_sections() if s["sh_type"] in ("SHT_DYNSYM", "SHT_SYMTAB")]
+        has_dynsym = any(s["sh_type"] == "SHT_DYNSYM" for s in tables)
+        for sec in tables:
+            label = ".dynsym" if sec["sh_type"] == "SHT_DYNSYM" else ".symtab"
+            imports = label == ".dynsym" or not has_dynsym
+            for i, sym in enumerate(sec.iter_symbols()):
+                undefined = sym["st_shndx"] == "SHN_UNDEF"
+                if i and ((imports and undefined and sym.name) or pattern.search(sym.name.encode())):
+                    kept[(label, sym.name, not undefined)] += 1
+    return kept
+
+
+def ours(path, pattern) -> Counter:
+    return Counter((s.table, s.name, s.defined) for s in read_elf(path, pattern).symbols)
+
+
+@pytest.mark.parametrize("source", [rb"%s" % p for p in PATTERNS], ids=[p.decode("latin-1") for p in PATTERNS])
+def test_gcc_library_matches_oracle(host_libs, source):
+    pattern = re.compile(source)
+    for key in ("main", "object"):
+        assert ours(host_libs[key], pattern) == oracle(host_libs[key], pattern)
+
+
+def test_cuda_library_matches_oracle(cuda_libs):
+    # nvcc's static cudart gives thousands of C++ names in .symtab
+    for source in PATTERNS:
+        pattern = re.compile(source)
+        assert ours(cuda_libs["sm90"], pattern) == oracle(cuda_libs["sm90"], pattern), source
+
+
+def test_default_policy_pattern_matches_oracle(host_libs, cuda_libs):
+    from audit.linkage.policy import load_policy
+
+    pattern = load_policy(None).symbol_pattern
+    for path in (host_libs["main"], cuda_libs["sm90"]):
+        assert ours(path, pattern) == oracle(path, pattern)
+    assert any(name == "cublasFakeGemm" for _t, name, _d in ours(host_libs["main"], pattern))
