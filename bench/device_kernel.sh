@@ -39,7 +39,8 @@ build sm_90
 build sm_90-generic -DFK_FORCE_GENERIC
 # What the mma kernel compiled to (HMMA = mma.sync, LDSM = ldmatrix, LDGSTS = cp.async; LDL/STL = spills).
 cuobjdump --dump-sass "$FK_BUILD/sm_90/libflash_kernel.so" 2>/dev/null | awk '/Function : /{f=$3} {print f, $0}' \
-    | grep flash_mma | grep -oE "HMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|MUFU\.EX2|LDL|STL" | sort | uniq -c > "$OUT/sass.txt"
+    | grep flash_mma | grep -oE "HMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|MUFU\.EX2|LDL|STL" | sort | uniq -c \
+    | sed 's/^/sass (mma kernels): /' >> "$OUT/env.txt"
 VARIANT_LIBS=()
 IFS=';' read -r -a VARS <<< "${FK_VARIANTS:-}"
 for v in "${VARS[@]}"; do
@@ -140,16 +141,18 @@ CPP
 stage_bench() {
     SHAPE_ARGS=()
     for s in $FK_SHAPES; do SHAPE_ARGS+=(--shape "$s"); done
-    timeout ${FK_BENCH_TIMEOUT:-240} python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$FK_DTYPE" \
-        --lib "ours_mma=$FK_BUILD/sm_90/libflash_kernel.so" "${VARIANT_LIBS[@]}" \
-        ${FK_SLOW_PATHS:+--generic-lib "$FK_BUILD/sm_90-generic/libflash_kernel.so"} \
-        ${FK_SLOW_PATHS:+--naive-lib "$FK_BUILD/sm_90/libflash_kernel.so"} ${FK_BENCH_ARGS:-} --json "$OUT/bench.json" \
-        >"$OUT/bench.txt" 2>&1
-    note "bench exit $?"
+    for dt in $FK_DTYPE; do  # one or more of bf16 fp16
+        timeout ${FK_BENCH_TIMEOUT:-240} python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$dt" \
+            --lib "ours_mma=$FK_BUILD/sm_90/libflash_kernel.so" "${VARIANT_LIBS[@]}" \
+            ${FK_SLOW_PATHS:+--generic-lib "$FK_BUILD/sm_90-generic/libflash_kernel.so"} \
+            ${FK_SLOW_PATHS:+--naive-lib "$FK_BUILD/sm_90/libflash_kernel.so"} ${FK_BENCH_ARGS:-} \
+            --json "$OUT/bench-$dt.json" >>"$OUT/bench.txt" 2>&1
+        note "bench $dt exit $?"
+    done
 }
 
 for stage in $FK_STAGES; do "stage_$stage"; done
 echo "==== summary"
 cat "$SUMMARY"
 cat "$OUT/env.txt"
-[ -f "$OUT/bench.txt" ] && tail -40 "$OUT/bench.txt"
+[ -f "$OUT/bench.txt" ] && grep -vE "^#" "$OUT/bench.txt" | grep -v "^shape " | tail -60

@@ -247,6 +247,11 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
             }
             lrow[mt][0] = lrow[mt][0] * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
             lrow[mt][1] = lrow[mt][1] * a1 + sum1;
+#if defined(FK_MMA_SKIP_RESCALE)
+            // Tuning option: once the row maxima settle, most tiles leave them unchanged (alpha 1);
+            // skip the O rescale when no row of this warp moved (a warp-uniform branch).
+            if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f))
+#endif
 #pragma unroll
             for (int d = 0; d < DT; ++d) {
                 acc[mt][d][0] *= a0;
