@@ -13,7 +13,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import require_tool
 
 OPENBLAS = "libopenblas.so.0"

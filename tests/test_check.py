@@ -10,12 +10,6 @@ import shutil
 import zipfile
 
 import pytest
-
-from audit.cli import main
-from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_VIOLATION
-from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
 from linkage_fixtures import (  # noqa: F401  (fixtures)
     OPENBLAS,
     cuda_linkage_libs,
@@ -23,6 +17,12 @@ from linkage_fixtures import (  # noqa: F401  (fixtures)
     linkage_libs,
     openblas_available,
 )
+
+from audit.cli import main
+from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_VIOLATION
+from audit.linkage.check import check_paths
+from audit.linkage.policy import load_policy
+from audit.linkage.resolve import ResolveOptions
 
 needs_openblas = pytest.mark.skipif(not openblas_available(), reason="libopenblas-dev not installed (make test installs it)")
 

@@ -11,16 +11,22 @@ from importlib import resources
 
 import jsonschema
 import pytest
+from linkage_fixtures import linkage_libs  # noqa: F401  (fixture)
 
 from audit.cli import main
 from audit.linkage.check import check_paths
-from audit.linkage.output_github import escape_data, escape_property, md_escape, render_github, render_summary
+from audit.linkage.output_github import (
+    escape_data,
+    escape_property,
+    md_escape,
+    render_github,
+    render_summary,
+)
 from audit.linkage.output_junit import render_junit
 from audit.linkage.output_sarif import artifact_uri, render_sarif
 from audit.linkage.output_text import escape, render_text
 from audit.linkage.policy import load_policy
 from audit.linkage.resolve import ResolveOptions
-from linkage_fixtures import linkage_libs  # noqa: F401  (fixture)
 
 HOSTILE = "evil\x1b[2J\nPASS ok,:%[x](javascript:e)<b>.so"  # no "/": a file name
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-import tomllib
 
 import pytest
+import tomllib
 
 from audit.cli import main
 from audit.errors import EXIT_USAGE, PolicyError

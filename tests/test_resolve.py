@@ -7,12 +7,11 @@ import functools
 import os
 from pathlib import Path
 
-import pytest
+from linkage_fixtures import cc_shared, linkage_libs  # noqa: F401  (fixture)
 
 from audit.linkage.check import check_paths
 from audit.linkage.policy import load_policy
 from audit.linkage.resolve import Paths, ResolveOptions, expand_dst, read_ldso_conf
-from linkage_fixtures import cc_shared, linkage_libs  # noqa: F401  (fixture)
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,7 +11,6 @@ cannot be parsed makes the file's verdict `error` (exit 3), never `pass`.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import os
 import shutil
 import stat
@@ -25,7 +24,7 @@ from audit import __version__
 from audit.elf.model import ElfInfo
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
-from audit.linkage.resolve import DepNode, Resolver, ResolveOptions, TreeTooLarge
+from audit.linkage.resolve import DepNode, ResolveOptions, Resolver, TreeTooLarge
 
 SCHEMA = "sovereign-audit.linkage/1"
 KINDS = ("soname", "needed", "transitive", "verneed", "static-symbol", "imported-symbol", "dlopen-string",

@@ -13,10 +13,11 @@ import bisect
 import datetime as _dt
 import hashlib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+
+import tomllib
 
 from audit.errors import PolicyError
 from audit.linkage.patterns import (
@@ -136,7 +137,7 @@ class Policy:
     exceptions: list[PolicyException] = field(default_factory=list)
     _re: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def finalize(self) -> "Policy":
+    def finalize(self) -> Policy:
         for rule in self.rules:
             rule.compile()
         self._re = {"trusted": compile_globs(self.trusted), "inspected": compile_globs(self.inspected)}
@@ -252,7 +253,8 @@ def shipped_policies() -> list[str]:
 
 def _read_source(ref: str, base_dir: Path | None) -> tuple[str, bytes]:
     """(display name, bytes) of a policy named `ref`: a shipped name or a file path."""
-    if _NAME.match(ref) and not ref.endswith(".toml"):
+    local = Path(ref) if base_dir is None or Path(ref).is_absolute() else base_dir / ref
+    if _NAME.match(ref) and not ref.endswith(".toml") and not local.is_file():
         res = resources.files("audit.policies").joinpath(f"{ref}.toml")
         if not res.is_file():
             raise PolicyError(f"no shipped policy named '{ref}' (shipped: {', '.join(shipped_policies())})")

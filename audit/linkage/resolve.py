@@ -51,7 +51,7 @@ class ResolveOptions:
     max_nodes: int = 5000  # a bound on huge trees: past it the file is an error, never a hang
 
     @classmethod
-    def from_cli(cls, root: str | None = None, ldpath=(), use_env: bool = False) -> "ResolveOptions":
+    def from_cli(cls, root: str | None = None, ldpath=(), use_env: bool = False) -> ResolveOptions:
         return cls(
             root=os.path.realpath(root) if root else None,
             ldpath=[os.path.abspath(p) for p in ldpath],
@@ -77,7 +77,7 @@ class DepNode:
     soname: str | None = None
     rule: str | None = None  # the deny rule that matched
     note: str | None = None
-    children: list["DepNode"] = field(default_factory=list)
+    children: list[DepNode] = field(default_factory=list)
     info: ElfInfo | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -85,7 +85,7 @@ class DepNode:
         d["children"] = [c.to_dict() for c in self.children]
         return d
 
-    def walk(self, chain: tuple["DepNode", ...] = ()):
+    def walk(self, chain: tuple[DepNode, ...] = ()):
         """(node, chain from the root to the node inclusive), depth first."""
         chain = chain + (self,)
         yield self, chain
