@@ -64,6 +64,9 @@ step parity-$TARGET-bf16 90 python3 -m audit parity --target "$TARGET" --device 
   "${VIDEO[@]}" --json "$OUT/parity-$TARGET-bf16.json"
 step parity-$TARGET-fp16 60 python3 -m audit parity --target "$TARGET" --device "$DEVICE" --dtype fp16 \
   "${FP16[@]}" --json "$OUT/parity-$TARGET-fp16.json"
+# The layout video DiTs hand over: (B,N,H,D) storage, strided (B,H,N,D) views.
+step parity-$TARGET-bf16-bnhd 60 python3 -m audit parity --target "$TARGET" --device "$DEVICE" \
+  --dtype bf16 --layout bnhd "${FP16_BENCH[@]}" --json "$OUT/parity-$TARGET-bf16-bnhd.json"
 step parity-$GLABEL-bf16 90 python3 -m audit parity --target "$GENERIC_TARGET" --device "$DEVICE" \
   --dtype bf16 "${VIDEO[@]}" --json "$OUT/parity-$GLABEL-bf16.json"
 
@@ -108,7 +111,8 @@ for p in sorted(glob.glob(os.path.join(out, "parity-*.json"))):
         continue
     lib = d["selection"].get("library", {})
     print(f"{os.path.basename(p)}: {lib.get('target')}/{lib.get('flash_path')} {d['dtype']} "
-          f"{'PASSED' if d['passed'] else 'FAILED'}")
+          f"{d.get('layout')} {'PASSED' if d['passed'] else 'FAILED'}"
+          f"{'' if d.get('complete') else ' (INCOMPLETE: the step was cut short)'}")
     for s in d["shapes"]:
         r, o = s["candidate_vs_reference"] or {}, s["candidate_vs_oracle"] or {}
         c, co = r.get("cosine"), o.get("cosine")
@@ -127,7 +131,7 @@ for p in sorted(glob.glob(os.path.join(out, "bench-*.json"))):
         continue
     lib = d["selection"].get("library", {})
     print(f"{os.path.basename(p)}: {lib.get('target')}/{lib.get('flash_path')} {d['dtype']} "
-          f"on {d.get('device_name')}")
+          f"on {d.get('device_name')}{'' if d.get('complete') else ' (INCOMPLETE)'}")
     for s in d["shapes"]:
         print(f"  {s['shape']['label']}")
         for b in s["backends"]:
