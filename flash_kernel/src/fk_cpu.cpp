@@ -9,7 +9,8 @@
 // Storage (fp32, fp16, bf16) is converted to fp32 as tiles are loaded and back when O is stored.
 // Built without -march flags (baseline x86-64 / SSE2) so the object runs on any x86-64 machine:
 // the inner loops are written so that g++ -O3 vectorises them without -ffast-math (the reduction
-// dimension is the outer loop; the vectorised dimension is contiguous).
+// dimension is the outer loop, the vectorised one is contiguous, and the flash path keeps a
+// 4-row x 8-lane block of accumulators in registers for both Q K^T and P V).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -148,40 +149,59 @@ struct FlashTile {
 template <typename S, int D>
 void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile<S, D> &t) {
     using T = typename S::T;
+    constexpr int R = 4, J = 8;  // register block: R query rows x J keys (or J head-dim lanes)
     const int64_t qtiles = (a.nq + kBlockQ - 1) / kBlockQ;
     const int64_t bh = item / qtiles, qt = item % qtiles;
     const int64_t b = bh / a.heads, h = bh % a.heads;
     const int64_t q0 = qt * kBlockQ, rows = std::min(kBlockQ, a.nq - q0);
+    const int64_t rows_r = (rows + R - 1) / R * R;  // padded rows are zeros, computed, never stored
     const T *Q = static_cast<const T *>(a.q) + b * a.q_stride[0] + h * a.q_stride[1];
     const T *K = static_cast<const T *>(a.k) + b * a.k_stride[0] + h * a.k_stride[1];
     const T *V = static_cast<const T *>(a.v) + b * a.v_stride[0] + h * a.v_stride[1];
     T *O = static_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
 
-    for (int64_t i = 0; i < rows; ++i) {
-        const T *src = Q + (q0 + i) * a.q_stride[2];
-        for (int d = 0; d < D; ++d) t.q[i * D + d] = S::load(src[d]) * scale;
+    for (int64_t i = 0; i < rows_r; ++i) {
+        if (i < rows) {
+            const T *src = Q + (q0 + i) * a.q_stride[2];
+            for (int d = 0; d < D; ++d) t.q[i * D + d] = S::load(src[d]) * scale;
+        } else {
+            for (int d = 0; d < D; ++d) t.q[i * D + d] = 0.0f;
+        }
         for (int d = 0; d < D; ++d) t.acc[i * D + d] = 0.0f;
         t.m[i] = -INFINITY;
         t.l[i] = 0.0f;
     }
     for (int64_t k0 = 0; k0 < a.nk; k0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, a.nk - k0);
-        for (int64_t j = 0; j < cols; ++j) {
-            const T *ks = K + (k0 + j) * a.k_stride[2];
-            const T *vs = V + (k0 + j) * a.v_stride[2];
-            for (int d = 0; d < D; ++d) t.kt[d * kBlockK + j] = S::load(ks[d]);
-            for (int d = 0; d < D; ++d) t.v[j * D + d] = S::load(vs[d]);
-        }
-        for (int64_t i = 0; i < rows; ++i) {
-            float *srow = t.s + i * kBlockK;
-            const float *qrow = t.q + i * D;
-            for (int64_t j = 0; j < kBlockK; ++j) srow[j] = 0.0f;
-            for (int d = 0; d < D; ++d) {
-                const float qd = qrow[d];
-                const float *kd = t.kt + d * kBlockK;
-                for (int64_t j = 0; j < kBlockK; ++j) srow[j] += qd * kd[j];
+        for (int64_t j = 0; j < kBlockK; ++j) {
+            if (j < cols) {
+                const T *ks = K + (k0 + j) * a.k_stride[2];
+                const T *vs = V + (k0 + j) * a.v_stride[2];
+                for (int d = 0; d < D; ++d) t.kt[d * kBlockK + j] = S::load(ks[d]);
+                for (int d = 0; d < D; ++d) t.v[j * D + d] = S::load(vs[d]);
+            } else {  // ragged last tile: zero keys and values, masked out of the softmax below
+                for (int d = 0; d < D; ++d) t.kt[d * kBlockK + j] = 0.0f;
+                for (int d = 0; d < D; ++d) t.v[j * D + d] = 0.0f;
             }
-            // online softmax over the valid columns of this tile
+        }
+        // S = Q K^T for the tile, R x J accumulators kept in registers across the D loop
+        for (int64_t i0 = 0; i0 < rows_r; i0 += R) {
+            for (int64_t j0 = 0; j0 < kBlockK; j0 += J) {
+                float c[R][J] = {};
+                for (int d = 0; d < D; ++d) {
+                    const float *kd = t.kt + d * kBlockK + j0;
+                    for (int r = 0; r < R; ++r) {
+                        const float qd = t.q[(i0 + r) * D + d];
+                        for (int jj = 0; jj < J; ++jj) c[r][jj] += qd * kd[jj];
+                    }
+                }
+                for (int r = 0; r < R; ++r)
+                    for (int jj = 0; jj < J; ++jj) t.s[(i0 + r) * kBlockK + j0 + jj] = c[r][jj];
+            }
+        }
+        // online softmax over the valid columns; P overwrites S, masked columns become 0
+        for (int64_t i = 0; i < rows_r; ++i) {
+            float *srow = t.s + i * kBlockK;
             float mt = t.m[i];
             for (int64_t j = 0; j < cols; ++j) mt = std::max(mt, srow[j]);
             const float alpha = std::exp(t.m[i] - mt);  // exp(-inf) = 0 on the first tile
@@ -190,14 +210,27 @@ void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile
                 srow[j] = std::exp(srow[j] - mt);
                 sum += srow[j];
             }
+            for (int64_t j = cols; j < kBlockK; ++j) srow[j] = 0.0f;
             t.l[i] = t.l[i] * alpha + sum;
             t.m[i] = mt;
             float *arow = t.acc + i * D;
             for (int d = 0; d < D; ++d) arow[d] *= alpha;
-            for (int64_t j = 0; j < cols; ++j) {
-                const float p = srow[j];
-                const float *vj = t.v + j * D;
-                for (int d = 0; d < D; ++d) arow[d] += p * vj[d];
+        }
+        // O += P V, R rows x J head-dim lanes in registers across the key loop
+        for (int64_t i0 = 0; i0 < rows_r; i0 += R) {
+            for (int d0 = 0; d0 < D; d0 += J) {
+                float c[R][J];
+                for (int r = 0; r < R; ++r)
+                    for (int jj = 0; jj < J; ++jj) c[r][jj] = t.acc[(i0 + r) * D + d0 + jj];
+                for (int64_t j = 0; j < cols; ++j) {
+                    const float *vj = t.v + j * D + d0;
+                    for (int r = 0; r < R; ++r) {
+                        const float p = t.s[(i0 + r) * kBlockK + j];
+                        for (int jj = 0; jj < J; ++jj) c[r][jj] += p * vj[jj];
+                    }
+                }
+                for (int r = 0; r < R; ++r)
+                    for (int jj = 0; jj < J; ++jj) t.acc[(i0 + r) * D + d0 + jj] = c[r][jj];
             }
         }
     }
@@ -211,7 +244,10 @@ void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile
 template <typename S, int D>
 int32_t flash_run(const fk_attention_args &a, float scale) {
     const int64_t qtiles = (a.nq + kBlockQ - 1) / kBlockQ;
-    const int64_t items = a.batch * a.heads * qtiles;  // validated sizes: no overflow for real tensors
+    int64_t bh = 0, items = 0;
+    // zero strides let validated sizes be huge without huge extents: the item count must still fit
+    if (!fk::mul_add(a.batch, a.heads, 0, &bh) || !fk::mul_add(bh, qtiles, 0, &items))
+        return fk::fail(FK_ERR_SIZE, "batch * heads * query tiles overflows int64");
     const double flops = 4.0 * (double)a.batch * a.heads * a.nq * a.nk * D;
     const int64_t workers = worker_count(items, flops);
     // Scratch is allocated once per worker thread (never per tile); the CPU target is never
