@@ -59,25 +59,25 @@ FP16_BENCH=(--preset wan2.1-1.3b-480p)
 if [[ ${SMOKE:-0} == 1 ]]; then
   VIDEO=(--preset tiny-128 --preset tiny-64); FP16=(--preset tiny-cross); FP16_BENCH=(--preset tiny-64)
 fi
-# Parity first: a kernel that is wrong makes its timing meaningless.
+# Most important first (the budget may cut the tail): parity of the flash path, then its timing.
 step parity-$TARGET-bf16 90 python3 -m audit parity --target "$TARGET" --device "$DEVICE" --dtype bf16 \
   "${VIDEO[@]}" --json "$OUT/parity-$TARGET-bf16.json"
+# Timing: every backend (flash, naive, eager, SDPA flash/cuDNN/efficient) at N=10; a slow
+# baseline is capped at 20 s per shape (>= 3 repeats, recorded in the JSON).
+step bench-$TARGET-bf16 150 python3 -m audit bench --target "$TARGET" --device "$DEVICE" --dtype bf16 \
+  "${VIDEO[@]}" --repeats 10 --warmup 2 --max-backend-seconds 20 --no-progress \
+  --json "$OUT/bench-$TARGET-bf16.json"
 step parity-$TARGET-fp16 60 python3 -m audit parity --target "$TARGET" --device "$DEVICE" --dtype fp16 \
   "${FP16[@]}" --json "$OUT/parity-$TARGET-fp16.json"
+step bench-$TARGET-fp16 75 python3 -m audit bench --target "$TARGET" --device "$DEVICE" --dtype fp16 \
+  "${FP16_BENCH[@]}" --repeats 10 --warmup 2 --max-backend-seconds 15 --no-progress \
+  --json "$OUT/bench-$TARGET-fp16.json"
 # The layout video DiTs hand over: (B,N,H,D) storage, strided (B,H,N,D) views.
 step parity-$TARGET-bf16-bnhd 60 python3 -m audit parity --target "$TARGET" --device "$DEVICE" \
   --dtype bf16 --layout bnhd "${FP16_BENCH[@]}" --json "$OUT/parity-$TARGET-bf16-bnhd.json"
 step parity-$GLABEL-bf16 90 python3 -m audit parity --target "$GENERIC_TARGET" --device "$DEVICE" \
   --dtype bf16 "${VIDEO[@]}" --json "$OUT/parity-$GLABEL-bf16.json"
 
-# Timing: every backend (flash, naive, eager, SDPA flash/cuDNN/efficient) at N=10; a slow
-# baseline is capped at 20 s per shape (>= 3 repeats, recorded in the JSON).
-step bench-$TARGET-bf16 150 python3 -m audit bench --target "$TARGET" --device "$DEVICE" --dtype bf16 \
-  "${VIDEO[@]}" --repeats 10 --warmup 2 --max-backend-seconds 20 --no-progress \
-  --json "$OUT/bench-$TARGET-bf16.json"
-step bench-$TARGET-fp16 75 python3 -m audit bench --target "$TARGET" --device "$DEVICE" --dtype fp16 \
-  "${FP16_BENCH[@]}" --repeats 10 --warmup 2 --max-backend-seconds 15 --no-progress \
-  --json "$OUT/bench-$TARGET-fp16.json"
 # The generic (RDNA2 logic) path on NVIDIA: a proxy, never an RDNA2 figure; SDPA flash as the anchor.
 step bench-$GLABEL-bf16 90 python3 -m audit bench --target "$GENERIC_TARGET" --device "$DEVICE" \
   --dtype bf16 "${VIDEO[@]}" --repeats 10 --warmup 2 --max-backend-seconds 20 --no-progress \
