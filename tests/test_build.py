@@ -171,6 +171,31 @@ def test_exit_code_semantics():
     assert BuildResult("o", ["gfx1030"], [tb("gfx1030", SKIPPED, True)]).exit_code == 1
 
 
+def test_defaults_skip_missing_toolchains_and_reuse_a_current_cpu_build(cpu_build, monkeypatch):
+    """Default targets (None): gfx1030 and sm_90 without their toolchains are skipped and do not
+    fail the build; cpu is reused because its provenance still matches. Only the toolchain lookup
+    is replaced here: the reuse check and the result are the real ones."""
+    import audit.build.builder as builder
+    from audit.build.toolchain import ToolchainMissing
+
+    real_find = builder.find
+
+    def only_gxx(name):
+        if name != "g++":
+            raise ToolchainMissing(f"{name} not found: test")
+        return real_find(name)
+
+    monkeypatch.setattr(builder, "find", only_gxx)
+    out = Path(cpu_build.library).parent.parent
+    result = ensure_built(None, out)
+    got = {t.target: (t.status, t.requested) for t in result.targets}
+    assert got == {"gfx1030": (SKIPPED, False), "sm_90": (SKIPPED, False), "cpu": (BUILT, True)}
+    assert result.get("cpu").reason.startswith("up to date") and result.get("cpu").sha256 == cpu_build.sha256
+    assert result.exit_code == 0 and result.requested == []
+    named = ensure_built(["gfx1030", "cpu"], out)
+    assert named.exit_code == 1 and named.get("gfx1030").requested
+
+
 # ---- the command line ---------------------------------------------------------------------------
 
 def test_unknown_target_is_a_usage_error(tmp_path):

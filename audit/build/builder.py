@@ -121,7 +121,10 @@ def build_targets(targets: list[str] | None, out: Path, jobs: int | None = None)
     """Build each target into out/<target>/ (defaults: gfx1030 and sm_90 where their toolchains
     exist, and cpu always). Never raises for a failed compile: see each TargetBuild's status."""
     names, explicit = resolve_targets(targets)
-    out = Path(out)
+    return _build_names(names, explicit, Path(out), jobs)
+
+
+def _build_names(names: list[str], explicit: bool, out: Path, jobs: int | None = None) -> BuildResult:
     result = BuildResult(out_dir=str(out), requested=names if explicit else [], started_at=_now())
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -153,7 +156,8 @@ def up_to_date(spec: tg.TargetSpec, tc: Toolchain, root: Path, out: Path) -> Tar
     tdir = out / spec.name
     try:
         rec = json.loads((tdir / "provenance.json").read_text())
-        if (rec.get("schema") != prov.PROVENANCE_SCHEMA or rec.get("flags") != list(spec.flags)
+        if (rec.get("schema") != prov.PROVENANCE_SCHEMA or rec.get("target") != spec.name
+                or rec.get("flags") != list(spec.flags)
                 or rec.get("env") != dict(spec.env) or rec.get("compiler", {}).get("path") != tc.path
                 or rec.get("compiler", {}).get("version") != tc.version or rec.get("cwd") != str(root)):
             return None
@@ -170,10 +174,10 @@ def up_to_date(spec: tg.TargetSpec, tc: Toolchain, root: Path, out: Path) -> Tar
                        0.0, rec)
 
 
-def ensure_built(targets: list[str], out: Path) -> BuildResult:
-    """Like build_targets, but reuses targets whose provenance proves them current (for tests
-    and for stages that need a library: `parity --target T` builds only what is missing)."""
-    names, _ = resolve_targets(targets)
+def ensure_built(targets: list[str] | None, out: Path, jobs: int | None = None) -> BuildResult:
+    """Like build_targets (same defaults and exit semantics), but reuses targets whose provenance
+    proves them current (for `run`, tests and stages that need a library)."""
+    names, explicit = resolve_targets(targets)
     out = Path(out)
     specs, root = tg.all_specs(), source_root()
     reused: dict[str, TargetBuild] = {}
@@ -182,14 +186,19 @@ def ensure_built(targets: list[str], out: Path) -> BuildResult:
             tc = find(specs[n].compiler)
         except ToolchainMissing:
             continue
+        if not (root / specs[n].source).is_file():
+            continue
         tb = up_to_date(specs[n], tc, root, out)
         if tb is not None:
+            tb.requested = explicit or n == "cpu"
             reused[n] = tb
     missing = [n for n in names if n not in reused]
-    result = build_targets(missing, out) if missing else BuildResult(str(out), [], started_at=_now(),
-                                                                      finished_at=_now())
+    if missing:
+        result = _build_names(missing, explicit, out, jobs)
+    else:
+        result = BuildResult(str(out), [], started_at=_now(), finished_at=_now())
     built = {t.target: t for t in result.targets}
-    result.requested = names
+    result.requested = names if explicit else []
     result.targets = [reused.get(n) or built[n] for n in names]
     _write_json(out / "build.json", result.to_dict())
     return result
