@@ -809,12 +809,12 @@ def _reproducibility(ev, artifacts) -> dict:
     if isinstance(torch, dict):
         for k in ("cuda", "hip", "cudnn"):
             if k in torch:
-                versions.append((f"torch {k}", text(torch.get(k))))
+                versions.append((f"torch {k}", text(torch.get(k), "none (this torch build has no such runtime)")))
     for k, v in (g(env, "toolchain") or {}).items():
-        versions.append((str(k), text(v)))
+        versions.append((str(k), text(v, "not found on this machine")))
     if ev.get("pipeline") is not None:
         for k, v in (g(ev, "pipeline", "versions") or {}).items():
-            versions.append((str(k), text(v)))
+            versions.append((f"pipeline {k}", text(v, "none (not in this torch build)")))
     for t in build_targets(ev):
         comp = g(t, "provenance", "compiler") or {}
         if comp:

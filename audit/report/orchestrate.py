@@ -374,6 +374,10 @@ class Runner:
         copies, warnings = copy_artifacts(self.out, {"build": data}, self.evidence_dir, kinds=("target",))
         self.copies = {c.label: str((self.out / c.path).resolve()) for c in copies}
         rec.notes += warnings
+        # An object that changed between the build and the copy (another build into the same
+        # folder) is not the one build.json describes: fail closed rather than audit other bytes.
+        failed += [f"{t}: not copied into the bundle ({'; '.join(warnings) or 'unknown reason'})"
+                   for t in built if t not in self.copies]
         if failed:
             rec.status, rec.verdict = "failed", "fail"
             rec.reason = "build failed for " + "; ".join(failed)
