@@ -87,3 +87,14 @@ def test_untrusted_names_are_escaped(host_libs, tmp_path):
 def test_usage_error_exit_2():
     r = subprocess.run([sys.executable, "-m", "audit", "inspect"], capture_output=True, text=True)
     assert r.returncode == 2
+
+
+def test_dependency_tree_follows_runpath(host_libs):
+    doc = json.loads(inspect("--json", host_libs["main"]).stdout)
+    tree = doc["files"][0]["dependency_tree"]
+    dep = next(c for c in tree["children"] if c["name"] == "libfkdep.so")
+    # libfkmain.so has DT_RUNPATH $ORIGIN and libfkdep.so sits beside it
+    assert dep["path"] == str(host_libs["dep"]) and dep["how"] == "runpath"
+    text = inspect(host_libs["main"]).stdout
+    assert "dependency tree:" in text and f"libfkdep.so -> {host_libs['dep']} (runpath" in text
+    assert "dependency_tree" not in json.loads(inspect("--json", "--no-deps", host_libs["main"]).stdout)["files"][0]

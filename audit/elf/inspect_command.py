@@ -30,13 +30,22 @@ class InspectResult:
     errors: list[tuple[str, str]] = field(default_factory=list)  # (path, one-line message)
     skipped: int = 0  # non-ELF (or non-regular) files met while walking directories
     vendor_pattern: re.Pattern[bytes] | None = None
+    trees: dict[str, dict] = field(default_factory=dict)  # path -> resolved dependency tree
+    tree_warnings: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
         return EXIT_INPUT if self.errors else EXIT_OK
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "files": [f.to_dict() for f in self.files],
+        files = []
+        for f in self.files:
+            d = f.to_dict()
+            if f.path in self.trees:
+                d["dependency_tree"] = self.trees[f.path]
+                d["dependency_warnings"] = self.tree_warnings.get(f.path, [])
+            files.append(d)
+        return {"schema": SCHEMA, "files": files,
                 "errors": [{"path": p, "error": e} for p, e in self.errors],
                 "skipped_non_elf": self.skipped}
 
@@ -75,15 +84,44 @@ def expand_paths(paths: list[str], result: InspectResult) -> list[str]:
     return out
 
 
-def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None) -> InspectResult:
-    """Read every ELF under `paths`; never raises for a bad input (it becomes an error entry)."""
+def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
+                  policy=None, resolve_options=None) -> InspectResult:
+    """Read every ELF under `paths`; never raises for a bad input (it becomes an error entry).
+    With a policy, each file's dependency tree is resolved as ld.so would (audit.linkage.resolve)."""
     result = InspectResult(vendor_pattern=symbol_pattern)
+    resolver = _resolver(policy, resolve_options) if policy is not None else None
     for p in expand_paths(paths, result):
         try:
-            result.files.append(read_elf(p, symbol_pattern))
+            info = read_elf(p, symbol_pattern)
         except InputError as exc:
             result.errors.append((p, exc.message))
+            continue
+        result.files.append(info)
+        if resolver is not None:
+            from audit.linkage.resolve import TreeTooLarge
+
+            try:
+                tree, warnings = resolver.tree(info, p)
+            except TreeTooLarge as exc:
+                result.errors.append((p, f"{p}: {exc}"))
+                continue
+            result.trees[info.path] = tree.to_dict()
+            result.tree_warnings[info.path] = warnings
     return result
+
+
+def _resolver(policy, options):
+    from audit.linkage.resolve import Resolver, ResolveOptions
+
+    cache: dict[str, ElfInfo] = {}
+
+    def read(path: str) -> ElfInfo:  # dependencies: headers and dynamic section are what matter
+        real = os.path.realpath(path)
+        if real not in cache:
+            cache[real] = read_elf(real)
+        return cache[real]
+
+    return Resolver(options or ResolveOptions.from_cli(), policy, read)
 
 
 # -- text rendering -------------------------------------------------------------------------
@@ -154,18 +192,36 @@ def render_file(info: ElfInfo, vendor: re.Pattern[bytes] | None) -> str:
     return "\n".join(out)
 
 
+def render_tree(node: dict, depth: int = 0, out: list[str] | None = None) -> list[str]:
+    out = [] if out is None else out
+    if depth:
+        where = f" -> {esc(node['path'])}" if node.get("path") else ""
+        how = f" ({esc(node['how'])}{' of ' + esc(node['via']) if node.get('via') else ''})" if node.get("how") else ""
+        extra = f" rule {esc(node['rule'])}" if node.get("rule") else ""
+        note = f"; {esc(node['note'])}" if node.get("note") else ""
+        out.append(f"  {'  ' * depth}{esc(node['name'])}{where}{how} [{node['status']}{extra}{note}]")
+    for child in node.get("children", []):
+        render_tree(child, depth + 1, out)
+    return out
+
+
 def render_text(result: InspectResult) -> str:
-    parts = [render_file(f, result.vendor_pattern) for f in result.files]
+    parts = []
+    for f in result.files:
+        text = render_file(f, result.vendor_pattern)
+        if f.path in result.trees:
+            lines = ["  dependency tree:"] + (render_tree(result.trees[f.path]) or ["    (no DT_NEEDED)"])
+            lines += [f"  warning: {esc(w)}" for w in result.tree_warnings.get(f.path, [])]
+            text += "\n" + "\n".join(lines)
+        parts.append(text)
     tail = f"{len(result.files)} ELF file(s) read, {len(result.errors)} unreadable, {result.skipped} non-ELF skipped"
     return "\n\n".join(parts + [tail])
 
 
-def _vendor_pattern(policy: str | None, use_policy: bool) -> re.Pattern[bytes] | None:
-    if not use_policy:
-        return None
-    from audit.linkage.policy import load_policy  # the policy's symbol patterns (lazy import)
+def _load_policy(path: str | None):
+    from audit.linkage.policy import load_policy  # the policy's patterns and allow-lists (lazy)
 
-    return load_policy(policy).symbol_pattern
+    return load_policy(path)
 
 
 @click.command("inspect")
@@ -174,14 +230,26 @@ def _vendor_pattern(policy: str | None, use_policy: bool) -> re.Pattern[bytes] |
 @click.option("--policy", metavar="FILE", default=None,
               help="Policy whose symbol patterns select the vendor-looking symbols (default: sovereign).")
 @click.option("--no-vendor-symbols", is_flag=True, help="Keep imports only; do not select vendor-looking symbols.")
+@click.option("--no-deps", is_flag=True, help="Do not resolve the dependency tree.")
+@click.option("--root", metavar="DIR", default=None, help="Resolve dependencies inside this sysroot.")
+@click.option("--ldpath", metavar="DIR", multiple=True, help="Extra library directory (repeatable).")
 @click.pass_context
-def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols):
-    """Show what is inside ELF files: identity, linkage, symbols, strings and embedded device code.
+def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, ldpath):
+    """Show what is inside ELF files: identity, linkage, symbols, strings, embedded device code
+    and the dependency tree resolved as ld.so would.
 
     \b
-    Exit codes: 0 every input read, 3 some input could not be read (the rest are still shown).
+    Exit codes: 0 every input read, 2 a bad policy, 3 some input could not be read
+    (the rest are still shown).
     """
-    result = inspect_paths(list(paths), _vendor_pattern(policy, not no_vendor_symbols))
+    pol = _load_policy(policy) if not (no_vendor_symbols and no_deps) else None
+    options = None
+    if not no_deps:
+        from audit.linkage.resolve import ResolveOptions
+
+        options = ResolveOptions.from_cli(root=root, ldpath=ldpath)
+    result = inspect_paths(list(paths), None if no_vendor_symbols else pol.symbol_pattern,
+                           None if no_deps else pol, options)
     for path, message in result.errors:
         # InputError messages already name the file; walk errors are given their path here
         line = message if message.startswith(path) else f"{path}: {message}"
