@@ -153,3 +153,13 @@ def test_cuobjdump_agrees(cuda_libs):
     out = subprocess.run([cuobjdump, "--list-elf", str(cuda_libs["sm90a"])], capture_output=True, text=True).stdout
     assert "sm_90a" in out
     assert {d.target for d in read_elf(cuda_libs["sm90a"]).device_code} == {"sm_90a"}
+
+
+def test_hip_bundle_ids_match_clang_offload_bundler(hip_libs, tmp_path):
+    bundler = tool("clang-offload-bundler-15")
+    objcopy = tool("objcopy")
+    section = tmp_path / "hip_fatbin.bin"
+    run([objcopy, "--dump-section", f".hip_fatbin={section}", str(hip_libs["both"]), str(tmp_path / "copy.so")])
+    listed = subprocess.run([bundler, "--list", "--type=o", f"--input={section}"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert {d.bundle_id for d in read_elf(hip_libs["both"]).device_code} == set(listed)
