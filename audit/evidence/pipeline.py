@@ -472,6 +472,32 @@ def instrumented_step(transformer, timer: CoreTimer, inputs: _Inputs, steps: int
     return InstrumentedStep(step_ms, len(ms), sum(ms), statistics.median(ms), statistics.fmean(ms), ms)
 
 
+def verify_swap(transformer, inputs: _Inputs, dtype) -> dict:
+    """One DiT pass with the stock processors and one with ours wrapping SDPA: they must be
+    bit-identical (torch.equal) before any timing of a swapped core is trusted. A mismatch is
+    re-checked stock-vs-stock to tell a nondeterministic backend from a wrong processor."""
+    import torch
+
+    def forward():
+        t = torch.tensor([900.0], device=inputs.latents.device)
+        return transformer(hidden_states=inputs.latents.to(dtype), timestep=t,
+                           encoder_hidden_states=inputs.prompt, return_dict=False)[0]
+
+    core = make_core("sdpa")
+    stock = forward()
+    before = swap_self_attention(transformer, lambda i: SwappedSelfAttnProcessor(core, "sdpa"))
+    try:
+        ours = forward()
+    finally:
+        restore_self_attention(transformer, before)
+    exact = bool(torch.equal(stock, ours))
+    out = {"bit_exact": exact, "max_abs_diff": float((stock.float() - ours.float()).abs().max()),
+           "what": "one DiT pass, stock WanAttnProcessor vs the swapped processor with SDPA inside"}
+    if not exact:
+        out["stock_deterministic"] = bool(torch.equal(stock, forward()))
+    return out
+
+
 def decode(vae, latents, device):
     """WanPipeline's decode: de-normalise with the VAE's latent statistics, decode; timed."""
     import torch
@@ -580,8 +606,8 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
     if not (math.isfinite(calibration_rel) and calibration_rel > 0):
         raise UsageError(f"calibration perturbation must be > 0, got {calibration_rel!r}")
     names = parse_attention(attention)
-    _import_diffusers()
     library, dev_name = _resolve_library(names, device, lib, target)
+    _import_diffusers()
     if dtype is None:
         dtype = "bf16" if dev_name == "cuda" else "fp32"
     tdtype = torch_dtype(dtype)
@@ -638,6 +664,9 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
     timer = CoreTimer()
 
     with torch.no_grad():
+        say("checking the swap: stock processor vs ours with SDPA inside")
+        config["swap_check"] = verify_swap(transformer, inputs, tdtype)
+        save()
         for name in names:
             run = ModeRun(name, name in OUR_CORES)
             report.runs.append(run)
@@ -766,6 +795,11 @@ def _calibrate(report, transformer, inputs, steps, guidance, tdtype, dev, librar
 
 def check_outcome(report: PipelineReport) -> None:
     """GateFailed (exit 1) when one of our cores did not run or produced non-finite latents."""
+    check = report.config.get("swap_check") or {}
+    if not check.get("bit_exact", False):
+        raise GateFailed("pipeline: the swapped processor with SDPA inside is not bit-identical to "
+                         f"diffusers' stock processor (max abs diff {check.get('max_abs_diff')}); "
+                         "its timings cannot be trusted")
     bad = [f"{r.attention} ({r.reason})" for r in report.failed_sovereign()]
     bad += [f"{r.attention} ({r.latents_nonfinite} non-finite latents)" for r in report.runs
             if r.status == "ok" and r.sovereign and r.latents_nonfinite]

@@ -1,0 +1,139 @@
+"""The tiny Wan2.1 pipeline end to end on the CPU with our kernel library (built by the real
+builder): report shape, the swap being active, parity of flash against the pre-flash run, the
+Amdahl figures being derived from the measured share, and the calibration moving the metric."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+from audit.evidence import dit_attention as da  # noqa: E402
+from audit.evidence import metrics  # noqa: E402
+from audit.evidence import pipeline as P  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 2
+
+
+@pytest.fixture(scope="session")
+def cpu_library() -> str:
+    from audit.build.builder import ensure_built
+
+    try:
+        result = ensure_built(["cpu"], ROOT / "build")  # build_targets, unless already current
+    except Exception as exc:  # pragma: no cover - only where the builder itself cannot run
+        pytest.skip(f"the CPU kernel library cannot be built here: {exc}")
+    lib = ROOT / "build" / "cpu" / "libflash_kernel.so"
+    if not lib.is_file():
+        pytest.skip(f"the CPU kernel library was not built: {result.to_dict()}")
+    return str(lib)
+
+
+@pytest.fixture(scope="module")
+def report(cpu_library):
+    return P.run_pipeline("tiny", steps=STEPS, device="cpu", dtype="fp32",
+                          attention="naive,flash", seed=0, lib=cpu_library, environment=False)
+
+
+def test_report_shape_and_schema(report):
+    d = report.to_dict()
+    assert d["schema"] == "sovereign-audit.pipeline/1"
+    assert d["complete"] is True and d["reference"] == "naive" and d["reference_requested"] == "naive"
+    json.dumps(d, allow_nan=False)  # strict JSON: no NaN/inf sneaks in
+    assert d["versions"]["diffusers"] == "0.42.1" and d["versions"]["torch"]
+    assert d["config"]["swap_check"]["bit_exact"] is True
+    assert d["config"]["preset"]["transformer"]["attention_head_dim"] == 128
+    assert d["library"]["target"] == "cpu"
+    assert [r["attention"] for r in d["runs"]] == ["naive", "flash"]
+    assert [c["attention"] for c in d["comparisons"]] == ["flash"]
+
+
+def test_every_run_used_its_swapped_core(report):
+    layers = report.config["preset"]["transformer"]["num_layers"]
+    for run in report.runs:
+        assert run.status == "ok", run.reason
+        assert run.attention_calls == STEPS * 2 * layers  # two CFG passes per step
+        assert len(run.step_s) == STEPS and run.dit_loop_s == pytest.approx(sum(run.step_s))
+        assert run.vae_decode_s and run.vae_decode_s > 0
+        assert run.instrumented.attention_calls == 2 * layers
+        assert 0 < run.instrumented.share < 1
+        assert run.latents_nonfinite == 0
+
+
+def test_amdahl_comes_from_the_measured_share_and_op_speedup(report):
+    ref = report.run("naive").instrumented
+    for c in report.comparisons:
+        ins = report.run(c.attention).instrumented
+        s_op = ref.attention_ms_per_call_median / ins.attention_ms_per_call_median
+        assert c.reference_attention_share == pytest.approx(ref.share)
+        assert c.op_speedup == pytest.approx(s_op)
+        assert c.amdahl_predicted == pytest.approx(1 / ((1 - ref.share) + ref.share / s_op))
+        assert c.speedup_dit == pytest.approx(report.run("naive").dit_loop_s / report.run(c.attention).dit_loop_s)
+        assert c.speedup_dit_ci["ci_low"] <= c.speedup_dit_ci["ratio"] <= c.speedup_dit_ci["ci_high"]
+
+
+def test_flash_matches_the_pre_flash_run(report):
+    for name in ("flash",):
+        c = report.comparison(name)
+        for what in (c.latents, c.frames):
+            assert what["nan"] == 0 and what["inf"] == 0
+            assert what["cosine"] > 0.99999
+            assert what["rel_l2"] < 1e-4
+
+
+def test_calibration_moves_the_metric_beyond_the_kernel_error(report):
+    cal = report.calibration
+    assert cal.status == "ok" and cal.attention == "flash" and cal.rel == 1e-3
+    assert cal.latents["rel_l2"] > 0 and cal.latents["cosine"] < 1.0
+    # fp32: a 1e-3 attention error shows far above the flash-vs-naive difference, so the parity
+    # figure is read against it, not against "cosine 1.0".
+    assert cal.latents["rel_l2"] > 10 * report.comparison("flash").latents["rel_l2"]
+
+
+def _latents_with(core, tiny, rel=None):
+    model, _ = P.build_transformer(tiny, torch.device("cpu"), torch.float32, 0)
+    inputs = P.make_inputs(tiny, torch.device("cpu"), torch.float32, 0)
+    pert = da.Perturbation(rel, 11) if rel else None
+    da.swap_self_attention(model, lambda i: da.SwappedSelfAttnProcessor(core, "x", None, pert))
+    with torch.no_grad():
+        lat, _ = P.denoise(model, inputs, STEPS, 5.0, torch.float32, torch.device("cpu"))
+    return lat
+
+
+def test_larger_perturbations_move_the_latents_further():
+    tiny = P.get_preset("tiny")
+    core = da.make_core("sdpa")
+    clean = _latents_with(core, tiny)
+    errs = [metrics.compare(_latents_with(core, tiny, rel), clean).rel_l2 for rel in (1e-3, 1e-2)]
+    assert 0 < errs[0] < errs[1]
+    # A wrong core (1% scaled output) is visible in the parity metric too.
+    wrong = _latents_with(lambda q, k, v: core(q, k, v) * 1.01, tiny)
+    assert metrics.compare(wrong, clean).rel_l2 > errs[0]
+
+
+def test_a_failing_core_is_recorded_and_the_rest_goes_on(cpu_library, monkeypatch):
+    real = da.make_core
+
+    def broken(name, lib=None):
+        if name == "flash":
+            def core(q, k, v):
+                raise RuntimeError("simulated kernel fault\nsecond line")
+            return core
+        return real(name, lib)
+
+    monkeypatch.setattr(P, "make_core", broken)
+    rep = P.run_pipeline("tiny", steps=1, device="cpu", dtype="fp32", attention="flash,sdpa",
+                         lib=cpu_library, decode_video=False, calibrate=True, environment=False)
+    flash, sdpa = rep.runs
+    assert flash.status == "skipped" and "simulated kernel fault second line" in flash.reason
+    assert sdpa.status == "ok" and rep.reference == "sdpa"  # the first core that ran
+    assert rep.calibration.attention == "sdpa"
+    from audit.errors import GateFailed
+
+    with pytest.raises(GateFailed, match="flash"):
+        P.check_outcome(rep)
