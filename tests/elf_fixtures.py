@@ -131,7 +131,8 @@ def hip_libs(fixture_root) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def cuda_libs(fixture_root) -> dict[str, Path]:
     """nvcc-built shared objects of fk_probe.cu: sm_90 cubin (+ compute_90 PTX, nvcc's default),
-    sm_90a cubin only, compute_90 PTX only, and sm_90 with every entry LZ4-compressed."""
+    sm_90a cubin only, compute_90 PTX only, sm_90 with every entry LZ4-compressed, and an sm_100f
+    family cubin."""
     nvcc = require_tool("nvcc")
     d = fixture_root / "cuda"
     d.mkdir(exist_ok=True)
@@ -141,6 +142,7 @@ def cuda_libs(fixture_root) -> dict[str, Path]:
         "sm90a": ["-gencode", "arch=compute_90a,code=sm_90a"],
         "ptx": ["-gencode", "arch=compute_90,code=compute_90"],
         "lz4": ["-arch=sm_90", "--compress-mode=speed", "-Xfatbin=-compress-all"],
+        "sm100f": ["-gencode", "arch=compute_100f,code=sm_100f"],
     }
     run_parallel([[nvcc, *flags, "-shared", "-Xcompiler", "-fPIC", "-o", str(d / f"libfk_{name}.so"), src]
                   for name, flags in builds.items()])

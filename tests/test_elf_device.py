@@ -124,6 +124,11 @@ def test_cuda_sm90a_arch_suffix(cuda_libs):
     assert not [d for d in info.device_code if d.kind == "ptx"]
 
 
+def test_cuda_family_target_suffix(cuda_libs):
+    info = read_elf(cuda_libs["sm100f"])
+    assert {d.target for d in info.device_code if d.kind == "cubin"} == {"sm_100f"}
+
+
 def test_cuda_ptx_only(cuda_libs):
     info = read_elf(cuda_libs["ptx"])
     assert [d.kind for d in info.device_code] == ["ptx"]

@@ -4,7 +4,7 @@ Layout (shared/reference.md section 3): fatbin header u32 magic 0xBA55ED50, u16 
 header size, u64 payload size; then entries: u16 kind @0 (1 PTX, 2 cubin), u32 entry-header size
 @4, u64 payload size @8, u32 compressed size @0x10, u16 minor @0x18, u16 major @0x1a, u32 SM
 @0x1c, u64 flags @0x28 (0x2000 LZ4, 0x8000 zstd, 0x100000 an "a" target), u64 uncompressed size
-@0x38. A section may hold several fatbins (one per translation unit), so it is walked by magic.
+@0x38 (0x200000 marks an "f" family target like sm_100f, as nvcc 13.0 writes it). A section may hold several fatbins (one per translation unit), so it is walked by magic.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from audit.elf.parse import EM_CUDA, ElfImage, Malformed, decode
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 KIND_PTX, KIND_CUBIN = 1, 2
 FLAG_LZ4, FLAG_ZSTD, FLAG_ARCH_A = 0x2000, 0x8000, 0x100000
+FLAG_ARCH_F = 0x200000  # a family target like sm_100f (seen with nvcc 13.0; not in the reference)
 STO_CUDA_ENTRY = 0x10  # st_other bit nvcc sets on __global__ functions
 _PTX_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][A-Za-z0-9_$%]*)")
 ENTRY_MIN = 0x40
@@ -59,7 +60,7 @@ def _entry(data: bytes, at: int, end: int, section: str, file_off: int) -> tuple
     if hsize < ENTRY_MIN or at + hsize + psize > end:
         raise Malformed(f"{section}+{file_off:#x}: fatbin entry (header {hsize}, payload {psize}) "
                         "runs past its fatbin")
-    suffix = "a" if flags & FLAG_ARCH_A else ""
+    suffix = "a" if flags & FLAG_ARCH_A else "f" if flags & FLAG_ARCH_F else ""
     kind = {KIND_PTX: "ptx", KIND_CUBIN: "cubin"}.get(kind_code, "unknown")
     target = f"{'compute' if kind == 'ptx' else 'sm'}_{sm}{suffix}"
     algo = "lz4" if flags & FLAG_LZ4 else "zstd" if flags & FLAG_ZSTD else None
