@@ -63,14 +63,15 @@ def naive(path: Path, pattern) -> tuple[int, int]:
 
 
 def timed(fn, path, pattern, runs: int) -> dict:
-    walls, cpus, result = [], [], None
+    walls, cpus, mains, result = [], [], [], None
     for _ in range(runs):
-        c0, w0 = time.process_time(), time.perf_counter()
+        c0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
         result = fn(path, pattern)
         walls.append(time.perf_counter() - w0)
+        mains.append(time.thread_time() - t0)
         cpus.append(time.process_time() - c0)
     return {"median": statistics.median(walls), "min": min(walls), "cpu": statistics.median(cpus),
-            "symbols": result[0], "kept": result[1]}
+            "main": statistics.median(mains), "symbols": result[0], "kept": result[1]}
 
 
 def main(argv=None) -> int:
@@ -94,14 +95,17 @@ def main(argv=None) -> int:
     rows = [("sovereign-audit read_elf", timed(ours, path, pattern, args.runs), args.runs)]
     if args.naive_runs:
         rows.append(("naive pyelftools loop", timed(naive, path, pattern, args.naive_runs), args.naive_runs))
-    print(f"{'reader':<26}{'runs':>5}{'median s':>10}{'min s':>8}{'cpu s':>8}{'symbols':>10}{'kept':>8}")
+    print(f"{'reader':<26}{'runs':>5}{'median s':>10}{'min s':>8}{'cpu s':>8}{'main-thread cpu s':>19}"
+          f"{'symbols':>10}{'kept':>8}")
     for name, r, n in rows:
-        print(f"{name:<26}{n:>5}{r['median']:>10.3f}{r['min']:>8.3f}{r['cpu']:>8.3f}{r['symbols']:>10}{r['kept']:>8}")
+        print(f"{name:<26}{n:>5}{r['median']:>10.3f}{r['min']:>8.3f}{r['cpu']:>8.3f}{r['main']:>19.3f}"
+              f"{r['symbols']:>10}{r['kept']:>8}")
     if len(rows) == 2:
         print(f"speed-up (median): {rows[1][1]['median'] / rows[0][1]['median']:.1f}x")
     ok = rows[0][1]["median"] <= args.limit
     print(f"{'PASS' if ok else 'FAIL'}: our median {rows[0][1]['median']:.3f} s, limit {args.limit:.1f} s "
-          "(cpu s counts both threads: the sha256 runs beside the parse)")
+          "(cpu s counts both threads: the sha256 runs on a second thread beside the parse, so on an "
+          "idle 2-core machine the wall time is about the larger of the two)")
     return 0 if ok else 1
 
 
