@@ -61,3 +61,21 @@ def test_default_policy_pattern_matches_oracle(host_libs, cuda_libs):
     for path in (host_libs["main"], cuda_libs["sm90"]):
         assert ours(path, pattern) == oracle(path, pattern)
     assert any(name == "cublasFakeGemm" for _t, name, _d in ours(host_libs["main"], pattern))
+
+
+def test_fast_symbol_is_a_real_symbol():
+    import dataclasses
+
+    from audit.elf.model import Symbol
+    from audit.elf.symbols import _symbol
+
+    args = ("dlopen", False, ".dynsym", "FUNC", "GLOBAL", "GLIBC_2.34", "libc.so.6")
+    fast, slow = _symbol(*args), Symbol(*args)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert dataclasses.asdict(fast) == dataclasses.asdict(slow)
+    try:
+        fast.name = "other"
+    except dataclasses.FrozenInstanceError:
+        pass
+    else:
+        raise AssertionError("a Symbol must stay frozen")

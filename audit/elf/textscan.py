@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -277,8 +278,8 @@ def matching_strings(buf, off: int, size: int, pattern: re.Pattern[bytes]):
         if plan.nul_safe and spans:
             # no match can run over a NUL: a match ending at a NUL (the usual case with `$`)
             # ends its string; only the others need a look for their NUL
-            sp = np.asarray(spans, dtype=np.int64)
-            s_abs, m_end = sp[:, 0] + 1, sp[:, 1]
+            sp = np.fromiter(chain.from_iterable(spans), dtype=np.int64, count=2 * len(spans))
+            s_abs, m_end = sp[0::2] + 1, sp[1::2]
             blob = np.frombuffer(buf, dtype=np.uint8, count=size, offset=off)
             at_nul = (m_end >= end) | (blob[np.minimum(m_end, end - 1) - off] == 0)
             e_abs = np.where(m_end >= end, end, m_end)
