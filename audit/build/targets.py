@@ -107,7 +107,7 @@ def nvidia_spec(name: str) -> TargetSpec:
 
 
 def amd_spec(name: str) -> TargetSpec:
-    return TargetSpec(name, "amd", "hipcc", GPU_SOURCE, HIPCC_FLAGS + (f"--offload-arch={name}",),
+    return TargetSpec(name, "amd", "hipcc", GPU_SOURCE, HIPCC_FLAGS + (f"--offload-arch={name}", f'-DFK_TARGET="{name}"'),
                       env=dict(HIPCC_ENV), flash_path="generic")
 
 
