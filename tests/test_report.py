@@ -246,3 +246,30 @@ def test_speedup_chart_geometry_follows_the_numbers():
     assert b.lo_x == pytest.approx(b.x + 1.5 * per_unit) and b.hi_x == pytest.approx(b.x + 2.5 * per_unit)
     assert c.ticks[-1].x == pytest.approx(plots.LABEL_W + plots.PLOT_W)
     assert plots.speedup_chart([{"label": "nan", "ratio": float("nan")}]) is None
+
+
+def test_speed_phrase_never_calls_a_slowdown_or_a_tie_a_speedup():
+    from audit.report.claims import speed_phrase
+
+    assert speed_phrase(0.64) == "slower (0.64x)"
+    assert speed_phrase(1.13, 0.62, 1.31) == "1.13x (95% CI 0.62x to 1.31x): no significant difference"
+    assert speed_phrase(1.5, 1.2, 1.8) == "1.50x faster (95% CI 1.20x to 1.80x)"
+    assert speed_phrase(0.5, 0.4, 0.6) == "slower (0.50x) (95% CI 0.40x to 0.60x)"
+    assert speed_phrase(None) == "not measured"
+
+
+@pytest.mark.slow
+def test_without_the_signing_modules_the_bundle_says_unsigned(monkeypatch, tmp_path):
+    import sys
+
+    import audit.report
+    from audit.report.bundle import write_bundle
+
+    for name in ("keys", "attest", "manifest"):
+        monkeypatch.setitem(sys.modules, f"audit.report.{name}", None)
+        monkeypatch.delattr(audit.report, name, raising=False)
+    result = write_bundle(require_cpu_run() / "evidence", tmp_path / "b")
+    html = result.report.read_text()
+    assert "signing: not available" in html and "ephemeral key" not in html
+    assert result.manifest is None and not (tmp_path / "b" / "manifest.json").exists()
+    assert result.signing.available is False

@@ -647,14 +647,19 @@ def _selection(lib_path: str, device: str):
     return select(lib=lib_path, device=device)
 
 
+def run_dtype(device: str) -> str:
+    # The CPU path is timed in fp32 (its native type); GPUs in bf16, the video DiTs' precision.
+    return "fp32" if device == "cpu" else "bf16"
+
+
 def _call_parity(parity_mod, lib_path, shapes, device):
     return _call_kwargs(parity_mod.run_parity, selection=_selection(lib_path, device), shapes=shapes,
-                        dtype="fp32", device=device, gates=None, seed=0)
+                        dtype=run_dtype(device), device=device, gates=None, seed=0)
 
 
 def _call_bench(bench_mod, lib_path, shapes, device, repeats):
     return _call_kwargs(bench_mod.run_bench, selection=_selection(lib_path, device), shapes=shapes,
-                        dtype="fp32", device=device, repeats=repeats, seed=0, progress=False)
+                        dtype=run_dtype(device), device=device, repeats=repeats, seed=0, progress=False)
 
 
 def _gate_passed(report) -> bool | None:
