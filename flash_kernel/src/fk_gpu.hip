@@ -131,8 +131,10 @@ int32_t run_naive(const fk_attention_args *a, const fk::Validated &v, hipStream_
     const int64_t bh_total = a->batch * a->heads;
     const int64_t row_bytes = a->nk * 4;
     // Chunk: as many whole heads as fit the workspace limit, else as many query rows of one head.
-    int64_t rows = a->nq, group = NaiveTile::kWorkspaceBytes / (row_bytes * a->nq > 0 ? row_bytes * a->nq : 1);
-    if (row_bytes > NaiveTile::kWorkspaceBytes / a->nq || group < 1) {
+    // (nq * nk * 4 may overflow int64: compare by division first.)
+    int64_t rows = a->nq, group = 0;
+    if (row_bytes <= NaiveTile::kWorkspaceBytes / a->nq) group = NaiveTile::kWorkspaceBytes / (row_bytes * a->nq);
+    if (group < 1) {
         group = 1;
         rows = NaiveTile::kWorkspaceBytes / row_bytes;
         if (rows < 1) rows = 1;
