@@ -153,10 +153,14 @@ class Policy:
                     alts.append(f"(?P<r{i}>" + "|".join(glob_to_regex(p) for p in pats) + ")")
             self._re["by_" + kind] = re.compile("(?:" + "|".join(alts) + r")\Z") if alts else None
         # Bulk symbol classification: each rule's literal prefixes (cublas, _ZN7cutlass, sgemm_ ...).
+        # A prefix whose pattern rest is "*" (e.g. _ZN4dnnl*) needs no regex check per name.
         self._prefixes = []
         for r in self.rules:
-            lits = sorted({lit for p in r.symbols for lit, _ in literal_prefixes(p)})
-            self._prefixes.append([x for x in lits if not any(x != y and x.startswith(y) for y in lits)])
+            parts = [(lit, rest) for p in r.symbols for lit, rest in literal_prefixes(p)]
+            lits = sorted({lit for lit, _ in parts})
+            free = {lit for lit, rest in parts if rest == "*"}
+            self._prefixes.append([(x, x not in free) for x in lits
+                                   if not any(x != y and x.startswith(y) for y in lits)])
         return self
 
     def _classify(self, kind: str, name: str) -> Rule | None:
@@ -176,12 +180,13 @@ class Policy:
             rx = rule._re.get("symbols")
             if rx is None:
                 continue
-            for lit in prefixes:
+            for lit, check in prefixes:
                 lo = bisect.bisect_left(ordered, lit)
                 hi = bisect.bisect_left(ordered, lit + "\U0010ffff") if lit else len(ordered)
-                for name in ordered[lo:hi]:
-                    if name not in out and rx.match(name):
-                        out[name] = rule
+                if check:
+                    out.update((n, rule) for n in ordered[lo:hi] if n not in out and rx.match(n))
+                else:
+                    out.update((n, rule) for n in ordered[lo:hi] if n not in out)
         return out
 
     def rule_for_symbol(self, name: str) -> Rule | None:
