@@ -12,6 +12,7 @@ import zipfile
 import pytest
 from linkage_fixtures import (  # noqa: F401  (fixtures)
     OPENBLAS,
+    cc_shared,
     cuda_linkage_libs,
     hip_linkage_libs,
     linkage_libs,
@@ -126,6 +127,24 @@ def test_removed_needed_is_caught_by_verneed(linkage_libs):
 def test_an_audited_vendor_library_is_itself_a_finding(linkage_libs):
     _, res = one(linkage_libs.root / "verneed/vendor/libcublas.so.12")
     assert ("nvidia.cublas", "soname") in kinds(res) and ("nvidia.cublas", "static-symbol") in kinds(res)
+
+
+def test_runpath_to_a_directory_of_vendor_libraries_is_evidence(linkage_libs, tmp_path):
+    vendor = linkage_libs.root / "verneed/vendor"  # holds a libcublas.so.12
+    lib = cc_shared(tmp_path / "libnear.so", "int near(void){return 0;}\n", f"-Wl,-rpath,{vendor}",
+                    "-Wl,--enable-new-dtags")
+    _, res = one(lib)
+    hits = [f for f in res.failing if f.kind == "rpath"]
+    assert [(f.rule, f.subject, f.where) for f in hits] == [("nvidia.cublas", "libcublas.so.12", f"DT_RUNPATH {vendor}")]
+
+
+def test_runpath_to_a_system_directory_is_not_evidence(tmp_path):
+    sysdir = "/usr/lib/x86_64-linux-gnu"
+    if not any(load_policy(None).deny_rule_for_soname(n) for n in os.listdir(sysdir) if ".so" in n):
+        pytest.skip(f"no denied library in {sysdir} to be tempted by")
+    lib = cc_shared(tmp_path / "libsys.so", "int s(void){return 0;}\n", f"-Wl,-rpath,{sysdir}", "-Wl,--enable-new-dtags")
+    _, res = one(lib)
+    assert res.verdict == "pass" and not [f for f in res.findings if f.kind == "rpath"]
 
 
 def _exception_policy(tmp_path, file_glob, expires):

@@ -25,7 +25,7 @@ from audit import __version__
 from audit.elf.model import ElfInfo
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
-from audit.linkage.resolve import DepNode, ResolveOptions, Resolver, TreeTooLarge
+from audit.linkage.resolve import DepNode, ResolveOptions, Resolver, TreeTooLarge, probe
 
 SCHEMA = "sovereign-audit.linkage/1"
 KINDS = ("soname", "needed", "transitive", "verneed", "static-symbol", "imported-symbol", "dlopen-string",
@@ -389,9 +389,17 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
 
 
 def _rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: list[str]) -> list[Finding]:
-    """RPATH/RUNPATH directories that hold a denied library: the object can load it by name."""
+    """RPATH/RUNPATH directories that hold a denied library: the object can load it by name.
+
+    System directories are left out: ld.so searches them anyway, so a libblas.so among the
+    thousands of files in /usr/lib/<triplet> says nothing about this object ($ORIGIN of a system
+    library is such a directory).
+    """
     out: list[Finding] = []
+    got = probe(node.realpath or node.path or "")
     for tag, entry, d in resolver.own_dirs(node):
+        if got and resolver.is_system_dir(d, got[0], got[2]):
+            continue
         try:
             with os.scandir(d) as it:
                 names = sorted(e.name for _, e in zip(range(_MAX_DIR_LIST), it))

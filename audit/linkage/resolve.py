@@ -229,6 +229,7 @@ class Resolver:
         self.paths = Paths(options.root)
         self.conf_dirs, self.warnings = read_ldso_conf(self.paths, options.ldso_conf)
         self.env_dirs = [d for d in (options.ld_library_path or "").split(":") if d] if options.use_env else []
+        self._system: dict[tuple[int, int], set[str]] = {}
 
     def tree(self, info: ElfInfo, path: str) -> tuple[DepNode, list[str]]:
         """The dependency tree of the object at `path` (already read as `info`), and warnings."""
@@ -363,6 +364,17 @@ class Resolver:
             if d:
                 out.append((f"DT_{tag.upper()}", entry, d))
         return out
+
+    def is_system_dir(self, directory: str, bits: int, machine: int) -> bool:
+        """Whether `directory` is one ld.so searches anyway (ld.so.conf or default directories)."""
+        real = self.paths.real(directory)
+        if real is None:
+            return False
+        key = (bits, machine)
+        if key not in self._system:
+            dirs = {self.paths.real(self.paths.host(d)) for d in self.conf_dirs + default_dirs(bits, machine)}
+            self._system[key] = dirs - {None}
+        return real in self._system[key]
 
     def _candidate(self, host: str, ident) -> str | None:
         """The real path of `host` if it is an ELF of the audited object's class and machine."""
