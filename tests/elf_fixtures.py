@@ -46,6 +46,17 @@ PROG_C = "int main(void) { return 0; }\n"
 TINY_C = "int fk_tiny(int x) { return x + 1; }\n"
 
 
+# Test modules import these fixtures, and pytest then keeps one session fixture per importing
+# module: this cache makes every group compile once per test session all the same.
+_BUILT: dict[str, dict[str, Path]] = {}
+
+
+def once(key: str, build) -> dict[str, Path]:
+    if key not in _BUILT:
+        _BUILT[key] = build()
+    return _BUILT[key]
+
+
 def run(cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> None:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
@@ -69,7 +80,11 @@ def host_libs(fixture_root) -> dict[str, Path]:
     """gcc-built: libfkdep.so, libfkmain.so (needs libfkdep, soname libfkmain.so.1, RUNPATH
     $ORIGIN:/opt/fk/lib, dlopen of "libcublas.so.12", string "libMIOpen.so", exported
     cublasFakeGemm, local mkl_local_helper), librpath.so (DT_RPATH /opt/fk/rpath), prog (a PIE
-    with an interpreter), libfkstatic.a member object fkmain.o (ET_REL)."""
+    with an interpreter) and fkmain.o (the same source as a relocatable object)."""
+    return once("host_libs", lambda: _build_host_libs(fixture_root))
+
+
+def _build_host_libs(fixture_root) -> dict[str, Path]:
     gcc = require_tool("gcc")
     d = fixture_root / "host"
     d.mkdir(exist_ok=True)
@@ -90,6 +105,10 @@ def host_libs(fixture_root) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def cross_libs(fixture_root) -> dict[str, Path]:
     """clang+lld cross builds of one function fk_tiny: a big-endian ppc64 .so and an i386 .so."""
+    return once("cross_libs", lambda: _build_cross_libs(fixture_root))
+
+
+def _build_cross_libs(fixture_root) -> dict[str, Path]:
     clang = require_tool("clang-15")
     lld = require_tool("ld.lld-15")
     d = fixture_root / "cross"
@@ -114,6 +133,10 @@ def hip_env() -> dict:
 def hip_libs(fixture_root) -> dict[str, Path]:
     """hipcc-built shared objects of fk_probe.hip: gfx1030 alone, gfx90a alone, and both in one
     .so (there the gfx90a code object is built as gfx90a:sramecc+:xnack-)."""
+    return once("hip_libs", lambda: _build_hip_libs(fixture_root))
+
+
+def _build_hip_libs(fixture_root) -> dict[str, Path]:
     hipcc = require_tool("hipcc")
     d = fixture_root / "hip"
     d.mkdir(exist_ok=True)
@@ -133,6 +156,10 @@ def cuda_libs(fixture_root) -> dict[str, Path]:
     """nvcc-built shared objects of fk_probe.cu: sm_90 cubin (+ compute_90 PTX, nvcc's default),
     sm_90a cubin only, compute_90 PTX only, sm_90 with every entry LZ4-compressed, and an sm_100f
     family cubin."""
+    return once("cuda_libs", lambda: _build_cuda_libs(fixture_root))
+
+
+def _build_cuda_libs(fixture_root) -> dict[str, Path]:
     nvcc = require_tool("nvcc")
     d = fixture_root / "cuda"
     d.mkdir(exist_ok=True)
@@ -175,6 +202,10 @@ def compressed_hip_libs(fixture_root, hip_libs, host_libs) -> dict[str, Path]:
     clang-offload-bundler-15 no -compress, so the compiler's own uncompressed `.hip_fatbin`
     (dumped by objcopy) is wrapped in CCOB v1/v2/v3 containers (zlib and zstd) and put back into
     a gcc-built library as its `.hip_fatbin` section, two bundles in one section."""
+    return once("compressed_hip_libs", lambda: _build_compressed_hip_libs(fixture_root, hip_libs, host_libs))
+
+
+def _build_compressed_hip_libs(fixture_root, hip_libs, host_libs) -> dict[str, Path]:
     objcopy = require_tool("objcopy")
     d = fixture_root / "hipz"
     d.mkdir(exist_ok=True)
