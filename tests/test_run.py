@@ -272,3 +272,19 @@ def test_rerun_into_an_earlier_bundle_replaces_it():
     assert load(out / "evidence" / "run.json")["started"] != first
     assert not (out / "evidence" / "bench.json").exists()
     assert cli("verify", str(out), timeout=120).returncode == 0
+
+
+def test_every_artifact_is_checked_and_a_failing_second_one_fails_the_run():
+    out = tmpdir("two-abi") / "b"
+    good, skew = abi_so(skew=False), abi_so(skew=True)
+    proc = cli("run", "--out", str(out), "--no-build", "--artifact", str(good), "--artifact", str(skew),
+               "--device", "cpu", "--skip", "bench", "--skip", "pipeline", timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    assert load(out / "evidence" / "parity.json")["passed"] is True
+    second = load(out / "evidence" / "parity.artifact-1.json")
+    assert second["passed"] is False and second["selection"]["library"]["path"] == str(skew)
+    html = (out / "report.html").read_text()
+    other = html.split('id="other-libraries"')[1].split("</table>")[0]
+    assert str(skew) in other and '<td class="fail">FAIL</td>' in other
+    assert (out / "artifacts" / "user" / good.name).read_bytes() == good.read_bytes()
+    assert (out / "artifacts" / "user" / skew.name).read_bytes() == skew.read_bytes()

@@ -266,11 +266,15 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
                             "(it was rebuilt or changed after the build stage)")
         copies.append(ArtifactCopy("target", target, rel, digest, dest.stat().st_size, str(src), prov_rel, match))
     run = evidence.get("run") or {}
+    used: set[str] = set()
     for i, a in enumerate(run.get("artifacts", []) or [] if "user" in kinds else []):
         if not isinstance(a, dict):
             continue
         orig = Path(str(a.get("path", "")))
         name = _user_name(str(a.get("name") or orig.name), i, str(a.get("sha256", "")))
+        if name in used:  # two --artifact objects with one file name: keep both
+            name = f"{i}-{name}" if safe_component(f"{i}-{name}") else f"artifact-{i}.so"
+        used.add(name)
         src, why = _object_source(a.get("sha256"), here / "user" / name, old_bundle / "user" / name, orig)
         if src is None:
             warnings.append(f"artifact {str(a.get('name') or orig.name)!r} not copied: {why}")

@@ -50,6 +50,7 @@ class ReportModel:
     bench_head: list[str]
     bench_rows: list[dict]
     pipeline_rows: list[tuple[str, str]]
+    other_rows: list[dict]
     charts: list[plots.Chart]
     sovereignty_summary: str
     sovereignty: list[dict]
@@ -302,7 +303,7 @@ def build_model(ev: dict, artifacts=(), signing=None, warnings=()) -> ReportMode
         methods=_methods(ev, device), targets=_targets_table(ev, ran_targets),
         results=_results(ev, op, e2e, sov),
         parity_head=parity_head, parity_rows=parity_rows, bench_head=bench_head, bench_rows=bench_rows,
-        pipeline_rows=_pipeline_rows(ev), charts=charts,
+        pipeline_rows=_pipeline_rows(ev), other_rows=_other_libraries(ev), charts=charts,
         sovereignty_summary=_sovereignty_summary(ev, sov), sovereignty=_sovereignty(ev, artifacts),
         threats=_threats(ev, never_run, run, failing),
         boundary=_boundary(claimed, not_claimed, ev, artifacts, device, never_run),
@@ -615,6 +616,32 @@ def _pipeline_rows(ev) -> list[tuple[str, str]]:
         rows.append(("calibration", f"a {text(cal.get('relative_perturbation'))} relative perturbation of the "
                      "attention output gives: " + "; ".join(f"{k} {_metrics_line(cal[k])}" for k in ("latents", "frames")
                                                             if isinstance(cal.get(k), dict))))
+    return rows
+
+
+def _other_libraries(ev) -> list[dict]:
+    """Parity and bench of the other libraries a run checked (other targets, --artifact objects)."""
+    rows = []
+    for stem in sorted(ev):
+        stage, _, which = stem.partition(".")
+        if stage not in ("parity", "bench") or not which or not isinstance(ev[stem], dict):
+            continue
+        d = ev[stem]
+        lib = text(g(d, "selection", "library", "path") or g(d, "selection", "spec"), which)
+        if stage == "parity":
+            passed = d.get("passed")
+            rows.append({"evidence": f"evidence/{stem}.json", "library": lib, "what": "parity",
+                         "value": {True: "pass", False: "FAIL"}.get(passed, "n/a"),
+                         "css": {True: "pass", False: "fail"}.get(passed, "warn"),
+                         "detail": "; ".join(text(f) for f in d.get("failures") or [])[:600]})
+        else:
+            sub = {"bench": d}
+            best = headline_op(sub)
+            rows.append({"evidence": f"evidence/{stem}.json", "library": lib, "what": "op vs its naive path",
+                         "value": fx(best[1].get("ratio")) if best else "n/a", "css": "",
+                         "detail": (f"on {shape_label(best[0])}: "
+                                    + speed_phrase(best[1].get("ratio"), best[1].get("ci_low"), best[1].get("ci_high"))
+                                    if best else "no timing")})
     return rows
 
 

@@ -450,7 +450,8 @@ class Runner:
 
     def _per_library(self, rec: StageRecord, stage: str, call: Callable[[str], Any], gated: bool) -> None:
         """The primary library's evidence (ours; with --no-build the first --artifact) goes to
-        <stage>.json, every other --artifact's to <stage>.artifact-N.json."""
+        <stage>.json, another target's to <stage>.<target>.json, an --artifact's to
+        <stage>.artifact-N.json."""
         if not self.libraries:
             return self.skip(rec, f"no library runs on {self.record.device}: nothing for {stage}")
         failures = []
@@ -468,7 +469,7 @@ class Runner:
                 self.results[stage] = report
                 rec.evidence = self.save_evidence(stage, data)
             else:
-                name = f"{stage}.artifact-{i}.json"
+                name = f"{stage}.{'artifact-' + str(i) if label.startswith('artifact:') else label}.json"
                 write_json_atomic(self.evidence_dir / name, data)
                 rec.notes.append(f"{label}: evidence/{name}")
             if gated:
