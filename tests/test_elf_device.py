@@ -168,3 +168,18 @@ def test_hip_bundle_ids_match_clang_offload_bundler(hip_libs, tmp_path):
     listed = subprocess.run([bundler, "--list", "--type=o", f"--input={section}"],
                             capture_output=True, text=True, check=True).stdout.split()
     assert {d.bundle_id for d in read_elf(hip_libs["both"]).device_code} == set(listed)
+
+
+def test_amdgpu_mach_table_agrees_with_llvm_header():
+    from pathlib import Path
+
+    from audit.elf.amdgpu import AMDGPU_MACH
+
+    header = Path("/usr/lib/llvm-15/include/llvm/BinaryFormat/ELF.h")
+    if not header.is_file():
+        pytest.skip("llvm-15-dev's BinaryFormat/ELF.h not installed (an independent source of the values)")
+    values = {int(v, 16): name.lower() for name, v in
+              re.findall(r"EF_AMDGPU_MACH_AMDGCN_(GFX\w+?)\s*=\s*(0x[0-9a-fA-F]+)", header.read_text())}
+    assert values[0x36] == "gfx1030" and values[0x3F] == "gfx90a"
+    for value, name in values.items():
+        assert AMDGPU_MACH.get(value) == name, hex(value)

@@ -150,3 +150,13 @@ def test_message_is_one_line_for_hostile_names(tmp_path):
     with pytest.raises(InputError) as err:
         read_elf(p)
     assert "\n" not in err.value.message
+
+
+def test_no_section_headers_still_gives_the_dynamic_section(host_libs, tmp_path):
+    # as after sstrip: e_shoff, e_shnum and e_shstrndx zeroed; ld.so only needs program headers
+    data = host_libs["main"].read_bytes()
+    bare = patched(patched(patched(data, 0x28, "<Q", 0), 0x3C, "<H", 0), 0x3E, "<H", 0)
+    info = read_elf(write(tmp_path, "sstripped.so", bare))
+    full = read_elf(host_libs["main"])
+    assert (info.needed, info.soname, info.runpath) == (full.needed, full.soname, full.runpath)
+    assert info.symbols == [] and any("no section header table" in w for w in info.warnings)
