@@ -149,3 +149,19 @@ def test_trusted_name_outside_system_dirs_is_inspected(tmp_path):
     hits = [f for f in res.failing if f.kind == "static-symbol"]
     assert hits and hits[0].rule == "nvidia.cublas" and hits[0].in_file == str(fake)
     assert hits[0].chain == ["libuser.so", "libm.so.6"]
+
+
+def test_origin_is_the_directory_the_library_was_found_in_not_its_symlink_target(tmp_path):
+    """glibc's $ORIGIN comes from the path it opened: a symlinked library sees the link's directory."""
+    cc_shared(tmp_path / "links/sub/libleafx.so", "int leafx(void){return 0;}\n")
+    real = cc_shared(tmp_path / "store/libreal.so", "int real(void){return 0;}\n",
+                     f"-L{tmp_path / 'links/sub'}", "-lleafx", "-Wl,-rpath,$ORIGIN/sub", "-Wl,--enable-new-dtags",
+                     "-Wl,-soname,libsym.so")
+    os.symlink(real, tmp_path / "links/libsym.so")
+    top = cc_shared(tmp_path / "libtop.so", "int top(void){return 0;}\n", f"-L{tmp_path / 'links'}", "-lsym",
+                    "-Wl,-rpath,$ORIGIN/links", "-Wl,--enable-new-dtags")
+    res = audit(top)
+    sym = child(res.tree, "libsym.so")
+    assert sym.realpath == str(real)
+    leaf = child(sym, "libleafx.so")
+    assert leaf.how == "runpath" and leaf.path == str(tmp_path / "links/sub/libleafx.so")

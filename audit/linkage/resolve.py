@@ -12,7 +12,8 @@ Follows glibc's dynamic loader (elf/dl-load.c, _dl_map_object) for one DT_NEEDED
 A candidate must be an ELF file of the same class, byte order and machine as the audited
 object; others are skipped (ld.so skips them too). Libraries already loaded (by requested name,
 SONAME or file identity) satisfy later requests, so cycles terminate. Loading is breadth-first,
-as ld.so does, which decides whose RPATH chain a library is found through.
+as ld.so does, which decides whose RPATH chain a library is found through. $ORIGIN is the
+directory of the path an object was found by, without resolving symlinks (glibc's l_origin).
 
 With --root SYSROOT every absolute path taken from the audited system (RPATH/RUNPATH entries,
 ld.so.conf and its includes, default directories, symlink targets) is looked up under SYSROOT.
@@ -306,7 +307,7 @@ class Resolver:
     def _search(self, name: str, requester: DepNode, chain, ident, warnings) -> tuple[str, str, str, str | None] | None:
         bits, _endian, machine = ident
         info = requester.info
-        origin = os.path.dirname(requester.realpath or requester.path or ".")
+        origin = _origin(requester)
         if "/" in name:
             expanded = expand_dst(name, origin, bits, machine)
             if expanded is None:
@@ -392,7 +393,11 @@ class TreeTooLarge(Exception):
 
 
 def _origin(node: DepNode) -> str:
-    return os.path.dirname(node.realpath or node.path or ".")
+    """$ORIGIN: the directory of the path the object was found by, symlinks NOT resolved (glibc
+    takes it from the name it opened); for an audited executable, its real path (the kernel's)."""
+    if node.status == "root" and node.info is not None and node.info.interpreter:
+        return os.path.dirname(node.realpath or node.path or ".")
+    return os.path.dirname(os.path.abspath(node.path or node.realpath or "."))
 
 
 def _warn(warnings: list[str], text: str) -> None:
