@@ -288,3 +288,28 @@ def test_every_artifact_is_checked_and_a_failing_second_one_fails_the_run():
     assert str(skew) in other and '<td class="fail">FAIL</td>' in other
     assert (out / "artifacts" / "user" / good.name).read_bytes() == good.read_bytes()
     assert (out / "artifacts" / "user" / skew.name).read_bytes() == skew.read_bytes()
+
+
+def test_run_signs_with_the_given_key_and_verifies_against_it():
+    keys = tmpdir("keys")
+    prefix = keys / "team"
+    if not (keys / "team.key").exists():
+        assert cli("keygen", "--out", str(prefix), timeout=60).returncode == 0
+    out = tmpdir("keyed") / "b"
+    proc = cli("run", "--out", str(out), "--no-build", "--artifact", str(abi_so(skew=False)), "--device", "cpu",
+               "--key", str(keys / "team.key"), "--skip", "parity", "--skip", "bench", "--skip", "pipeline",
+               timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    html = (out / "report.html").read_text()
+    assert "ephemeral" not in html.split('id="signature"')[1].split("</p>")[0]
+    assert (out / "public.pem").read_bytes() == (keys / "team.pub").read_bytes()
+    assert cli("verify", str(out), "--key", str(keys / "team.pub"), timeout=60).returncode == 0
+
+
+def test_a_bad_key_fails_before_any_work():
+    bad = tmpdir("badkey") / "bad.key"
+    bad.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    out = tmpdir("badkey") / "b"
+    proc = cli("run", "--out", str(out), "--key", str(bad), timeout=60)
+    assert proc.returncode in (2, 3) and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
+    assert not out.exists()

@@ -44,7 +44,7 @@ def run_cmd(ctx, out, device, targets, artifacts, no_build, key, build_dir, repe
     if key is not None and not key.is_file():
         raise InputError(f"--key {key}: no such file")
     config = RunConfig(out=out, device=device, targets=tuple(targets), artifacts=tuple(artifacts),
-                       no_build=no_build, key=key, build_dir=build_dir, repeats=repeats,
+                       no_build=no_build, key=signing_key(key), build_dir=build_dir, repeats=repeats,
                        pipeline_preset=pipeline_preset, pipeline_steps=pipeline_steps, skip=tuple(skip),
                        argv=["sovereign-audit", "run", *_reconstruct(ctx)])
     result = run(config, echo=lambda s: click.echo(s, err=True))
@@ -54,6 +54,16 @@ def run_cmd(ctx, out, device, targets, artifacts, no_build, key, build_dir, repe
     if result.report is not None:
         click.echo(f"report: {result.report}")
     ctx.exit(result.exit_code)
+
+
+def signing_key(path):
+    """Load the key before any work: a bad key file or $SOVEREIGN_AUDIT_SIGNING_KEY fails in one
+    line now, not after a build. None when the signing code is absent (the bundle says unsigned)."""
+    try:
+        from audit.report.keys import load_signing_key
+    except ImportError:
+        return None
+    return load_signing_key(path)
 
 
 _FLAGS = {"targets": "--target", "artifacts": "--artifact"}  # multiple options: singular flags
@@ -93,6 +103,7 @@ def report_cmd(ctx, evidence_dir, out, key):
 
     if key is not None and not key.is_file():
         raise InputError(f"--key {key}: no such file")
+    key = signing_key(key)
     if (evidence_dir / "evidence").is_dir() and not (evidence_dir / "run.json").exists():
         evidence_dir = evidence_dir / "evidence"
     if not evidence_dir.is_dir():

@@ -124,7 +124,7 @@ class RunConfig:
     targets: tuple[str, ...] = ()  # () = the builder's default set
     artifacts: tuple[Path, ...] = ()
     no_build: bool = False
-    key: Path | None = None
+    key: Any = None  # a SigningKey, a PEM path, or None (env, else ephemeral)
     build_dir: Path = Path("build")
     repeats: int | None = None  # None: per device default
     pipeline_preset: str | None = None  # None: tiny on CPU, wan-480p on CUDA
