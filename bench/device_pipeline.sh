@@ -6,7 +6,7 @@
 # Run from the repository root on the device machine, with the diffusers wheel in .whl/ and our
 # sm_90 library in build/sm_90 (carry: .whl, build):
 #   bash bench/device_pipeline.sh            # writes $OUT/pipeline.json and $OUT/pipeline.log
-# Knobs (environment): STEPS (default 10), ATTENTION (default naive,flash,sdpa-flash),
+# Knobs (environment): STEPS (default 8), ATTENTION (default naive,flash,sdpa-flash),
 # PRESET (default wan-480p), DEVICE (default cuda; PRESET=tiny DEVICE=cpu is a dry run on a CPU),
 # DECODE=0 to skip the VAE decode, TILING=0 to decode untiled, VAE_DTYPE (default bf16),
 # EXTRA (more `pipeline` options).
@@ -14,13 +14,14 @@
 # Time budget (H200, bf16; per step = 2 CFG passes x 30 layers = 60 self-attention calls at
 # N=32760): naive ~130+ ms/call -> ~8-9 s/step, flash ~20 ms/call -> ~1.7 s/step, the rest of the
 # DiT ~0.5 s/step. Each core also runs one warm-up and one instrumented step, the calibration
-# re-runs flash, and each core decodes once (~10-30 s). STEPS=10: ~4-6 minutes in all.
+# re-runs flash, and each core decodes once (~10-40 s, tiled). STEPS=8: ~3.5-5 minutes in all;
+# if the naive path is much slower than 130 ms/call, lower STEPS or set DECODE=0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-/tmp/pipeline-out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-10}
+STEPS=${STEPS:-8}
 ATTENTION=${ATTENTION:-naive,flash,sdpa-flash}
 VAE_DTYPE=${VAE_DTYPE:-bf16}
 PRESET=${PRESET:-wan-480p}

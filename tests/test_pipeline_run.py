@@ -101,7 +101,7 @@ def _latents_with(core, tiny, rel=None):
     pert = da.Perturbation(rel, 11) if rel else None
     da.swap_self_attention(model, lambda i: da.SwappedSelfAttnProcessor(core, "x", None, pert))
     with torch.no_grad():
-        lat, _ = P.denoise(model, inputs, STEPS, 5.0, torch.float32, torch.device("cpu"))
+        lat, _ = P.denoise(model, inputs, 1, 5.0, torch.float32, torch.device("cpu"))
     return lat
 
 
@@ -137,3 +137,21 @@ def test_a_failing_core_is_recorded_and_the_rest_goes_on(cpu_library, monkeypatc
 
     with pytest.raises(GateFailed, match="flash"):
         P.check_outcome(rep)
+
+
+def test_a_failed_decode_keeps_the_dit_measurement(monkeypatch):
+    real = P.decode
+
+    def decode(vae, latents, device):
+        if latents.shape[2] > 1:  # the real decode, not the one-frame warm-up
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return real(vae, latents, device)
+
+    monkeypatch.setattr(P, "decode", decode)
+    rep = P.run_pipeline("tiny", steps=1, device="cpu", dtype="fp32", attention="sdpa,sdpa-math",
+                         calibrate=False, environment=False)
+    for run in rep.runs:
+        assert run.status == "ok" and run.dit_loop_s > 0
+        assert run.vae_decode_s is None and "simulated" in run.vae_reason
+    c = rep.comparison("sdpa-math")
+    assert c.latents is not None and c.frames is None and c.speedup_dit_vae is None

@@ -164,12 +164,13 @@ class ModeRun:
     attention_calls: int = 0  # observed calls of the swapped processors during the loop
     instrumented: InstrumentedStep | None = None
     latents_nonfinite: int | None = None
+    vae_reason: str = ""  # why the decode failed, when only it did
 
     @property
     def dit_plus_vae_s(self) -> float | None:
-        if self.dit_loop_s is None:
+        if self.dit_loop_s is None or self.vae_decode_s is None:
             return None
-        return self.dit_loop_s + (self.vae_decode_s or 0.0)
+        return self.dit_loop_s + self.vae_decode_s
 
     def to_dict(self) -> dict:
         step = None
@@ -179,7 +180,8 @@ class ModeRun:
             step = summarize(self.step_s).to_dict()
         return {"attention": self.attention, "sovereign": self.sovereign, "status": self.status,
                 "reason": self.reason, "dit_loop_s": _r(self.dit_loop_s, 4),
-                "vae_decode_s": _r(self.vae_decode_s, 4), "dit_plus_vae_s": _r(self.dit_plus_vae_s, 4),
+                "vae_decode_s": _r(self.vae_decode_s, 4), "vae_reason": self.vae_reason,
+                "dit_plus_vae_s": _r(self.dit_plus_vae_s, 4),
                 "step_s": [_r(x, 5) for x in self.step_s], "step_summary_s": step,
                 "attention_calls": self.attention_calls,
                 "instrumented_step": self.instrumented.to_dict() if self.instrumented else None,
@@ -236,7 +238,8 @@ METHOD = {
                 "UniPC step) timed by perf_counter after torch.cuda.synchronize(); one untimed "
                 "warm-up step per core first",
     "vae_decode": "perf_counter after synchronize around vae.decode (latents de-normalised with "
-                  "the VAE's latents_mean/std as WanPipeline does)",
+                  "the VAE's latents_mean/std as WanPipeline does), after one small untimed "
+                  "warm-up decode",
     "attention_share": "a separate instrumented step (the first step, on a copy of the scheduler): "
                        "each self-attention core call bracketed by CUDA events (perf_counter on "
                        "CPU), the step by a synchronised timer; share = sum(core) / step",
@@ -664,6 +667,8 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
     timer = CoreTimer()
 
     with torch.no_grad():
+        if vae is not None:  # one-time backend initialisation must not land in the first core's decode
+            decode(vae, inputs.latents[:, :, :1, :8, :8], dev)
         say("checking the swap: stock processor vs ours with SDPA inside")
         config["swap_check"] = verify_swap(transformer, inputs, tdtype)
         save()
@@ -699,8 +704,16 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
                     restore_self_attention(transformer, before)
                 run.latents_nonfinite = _nonfinite(latents)
                 latents_of[name] = latents
+                frames = None
                 if vae is not None:
-                    frames, run.vae_decode_s = decode(vae, latents, dev)
+                    try:
+                        frames, run.vae_decode_s = decode(vae, latents, dev)
+                    except Exception as exc:  # keep the DiT measurement when only the decode fails
+                        run.vae_reason = _one_line(exc)
+                        say(f"{name}: VAE decode failed: {run.vae_reason}")
+                        if dev.type == "cuda":
+                            torch.cuda.empty_cache()
+                if frames is not None:
                     say(f"{name}: DiT {run.dit_loop_s:.2f} s, VAE decode {run.vae_decode_s:.2f} s")
                     if name == report.reference:
                         frames_ref = frames
