@@ -25,6 +25,8 @@ def run_cli(argv, capsys):
     (["--attention", "flash,flash"], "lists a core twice"),
     (["--attention", ","], "needs at least one"),
     (["--json", "/nonexistent-dir/x/pipeline.json"], "does not exist or is not writable"),
+    (["--calibration-rel", "0", "--attention", "sdpa"], "calibration perturbation must be > 0"),
+    (["--guidance-scale", "nan", "--attention", "sdpa"], "--guidance-scale must be finite"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
     code, out, err = run_cli(["pipeline", *argv], capsys)

@@ -98,11 +98,13 @@ def render_table(report) -> str:
 @click.option("--vae-tiling/--no-vae-tiling", default=True, show_default=True)
 @click.option("--calibrate/--no-calibrate", default=True, show_default=True,
               help="Re-run one core with a 1e-3 relative perturbation of the attention output.")
+@click.option("--calibration-rel", type=float, default=1e-3, show_default=True,
+              help="Relative size of the calibration perturbation (noise norm / attention output norm).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the report (schema sovereign-audit.pipeline/1), updated after every stage.")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 def pipeline_cmd(preset, steps, device, dtype, vae_dtype, attention, lib_path, target, seed,
-                 guidance_scale, decode, vae_tiling, calibrate, json_path, quiet):
+                 guidance_scale, decode, vae_tiling, calibrate, calibration_rel, json_path, quiet):
     """End-to-end Wan2.1 video DiT: time and parity of the swapped self-attention.
 
     Builds the model from its config with seeded random weights (nothing is downloaded), runs the
@@ -131,7 +133,8 @@ def pipeline_cmd(preset, steps, device, dtype, vae_dtype, attention, lib_path, t
 
     report = run_pipeline(preset=preset, steps=steps, device=device, dtype=dtype,
                           attention=attention, seed=seed, decode_video=decode,
-                          guidance_scale=guidance_scale, calibrate=calibrate, vae_dtype=vae_dtype,
+                          guidance_scale=guidance_scale, calibrate=calibrate,
+                          calibration_rel=calibration_rel, vae_dtype=vae_dtype,
                           vae_tiling=vae_tiling, lib=lib_path, target=target,
                           progress=progress, checkpoint=checkpoint)
     click.echo(render_table(report))
