@@ -43,6 +43,8 @@ int mkl_tail(void) { return 2; }
 void *fk_load(void) { printf("%d\n", mkl_local_helper(1)); return dlopen(vendor_lib, RTLD_NOW); }
 """
 PROG_C = "int main(void) { return 0; }\n"
+VER_C = "int fk_v1(void) { return 1; }\nint fk_v2(void) { return 2; }\n"
+VER_MAP = "FK_1.0 { global: fk_v1; local: *; };\nFK_2.0 { global: fk_v2; } FK_1.0;\n"
 TINY_C = "int fk_tiny(int x) { return x + 1; }\n"
 
 
@@ -80,7 +82,8 @@ def host_libs(fixture_root) -> dict[str, Path]:
     """gcc-built: libfkdep.so, libfkmain.so (needs libfkdep, soname libfkmain.so.1, RUNPATH
     $ORIGIN:/opt/fk/lib, dlopen of "libcublas.so.12", string "libMIOpen.so", exported
     cublasFakeGemm, local mkl_local_helper), librpath.so (DT_RPATH /opt/fk/rpath), prog (a PIE
-    with an interpreter) and fkmain.o (the same source as a relocatable object)."""
+    with an interpreter), fkmain.o (the same source as a relocatable object) and libfkver.so
+    (fk_v1 at version FK_1.0, fk_v2 at FK_2.0, by a version script)."""
     return once("host_libs", lambda: _build_host_libs(fixture_root))
 
 
@@ -97,9 +100,13 @@ def _build_host_libs(fixture_root) -> dict[str, Path]:
     run([gcc, "-shared", "-fPIC", "-o", "librpath.so", "dep.c", "-Wl,--disable-new-dtags",
          "-Wl,-rpath,/opt/fk/rpath"], cwd=d)
     run([gcc, "-o", "prog", "prog.c"], cwd=d)
+    (d / "ver.c").write_text(VER_C)
+    (d / "ver.map").write_text(VER_MAP)
+    run([gcc, "-shared", "-fPIC", "-o", "libfkver.so", "ver.c", "-Wl,--version-script=ver.map",
+         "-Wl,-soname,libfkver.so.1"], cwd=d)
     run([gcc, "-c", "-fPIC", "-O1", "-o", "fkmain.o", "main.c"], cwd=d)
     return {"dep": d / "libfkdep.so", "main": d / "libfkmain.so", "rpath": d / "librpath.so",
-            "prog": d / "prog", "object": d / "fkmain.o"}
+            "prog": d / "prog", "object": d / "fkmain.o", "versioned": d / "libfkver.so"}
 
 
 @pytest.fixture(scope="session")

@@ -148,3 +148,20 @@ def test_to_dict_is_json_ready(host_libs):
 
     d = read_elf(host_libs["main"]).to_dict()
     assert json.loads(json.dumps(d))["soname"] == "libfkmain.so.1"
+
+
+@pytest.mark.parametrize("key", ["main", "versioned"])
+def test_symbol_versions_match_readelf(host_libs, key):
+    info = read_elf(host_libs[key], re.compile(rb"^fk_|^cublas"))
+    ref = {}
+    for line in readelf("--dyn-syms", str(host_libs[key])).splitlines():
+        parts = line.split()  # Num: Value Size Type Bind Vis Ndx Name[@[@]VERSION] [(n)]
+        if len(parts) >= 8 and parts[0].rstrip(":").isdigit():
+            name, _, version = parts[7].replace("@@", "@").partition("@")
+            ref[name] = version or None
+    dyn = {s.name: s.version for s in info.symbols if s.table == ".dynsym"}
+    assert dyn and all(ref[name] == version for name, version in dyn.items())
+    if key == "versioned":
+        assert dyn["fk_v1"] == "FK_1.0" and dyn["fk_v2"] == "FK_2.0"
+    else:
+        assert dyn["cublasFakeGemm"] is None and dyn["dlopen"].startswith("GLIBC_")

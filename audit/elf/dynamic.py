@@ -135,7 +135,8 @@ def read_version_needs(img: ElfImage) -> tuple[list[VersionNeed], dict[int, tupl
 
 
 def read_version_defs(img: ElfImage) -> dict[int, str]:
-    """`.gnu.version_d`: version index -> the name this file defines it as."""
+    """`.gnu.version_d`: version index -> the name this file defines it as (indices 0 and 1,
+    local and global, are no versions)."""
     out: dict[int, str] = {}
     for sec in img.sections_of_type(SHT_GNU_VERDEF):
         tab = _strtab_of(img, sec)
@@ -144,8 +145,9 @@ def read_version_defs(img: ElfImage) -> dict[int, str]:
         pos, budget = sec.offset, sec.size // 20 + 1
         while budget > 0 and pos + 20 <= end:
             budget -= 1
-            _ver, _flags, ndx, cnt, _hash, aux, nxt = struct.unpack_from(img.e + "HHHHIII", img.buf, pos)
-            if cnt and sec.offset <= pos + aux <= end - 8:
+            _ver, flags, ndx, cnt, _hash, aux, nxt = struct.unpack_from(img.e + "HHHHIII", img.buf, pos)
+            # the VER_FLG_BASE entry names the file itself (index 1: unversioned), not a version
+            if cnt and not flags & 1 and (ndx & 0x7FFF) > 1 and sec.offset <= pos + aux <= end - 8:
                 vda_name, _ = struct.unpack_from(img.e + "II", img.buf, pos + aux)
                 out[ndx & 0x7FFF] = _str(img, tab, vda_name, "verdef")
             if nxt == 0:

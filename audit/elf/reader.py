@@ -117,6 +117,8 @@ def _parse(path: str, mm, symbol_pattern) -> ElfInfo:
     needs, need_index = read_version_needs(img) if img.sections else ([], {})
     versions: dict[int, tuple[str, str | None]] = {k: (v, None) for k, v in read_version_defs(img).items()}
     versions.update(need_index)
+    versions.pop(0, None)  # VER_NDX_LOCAL / VER_NDX_GLOBAL: an unversioned symbol
+    versions.pop(1, None)
     if not img.sections:
         warnings.append("no section header table: symbols, strings and device code not read")
 
