@@ -36,14 +36,12 @@ except ImportError:  # Python 3.10
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
 
-
 class _Unscannable(Exception):
     pass
 
 
 _C = _sre_constants
 _START_ATS = {_C.AT_BEGINNING, _C.AT_BEGINNING_STRING}
-_END_ATS = {_C.AT_END, _C.AT_END_STRING}
 _KEEP_ATS = {_C.AT_BOUNDARY, _C.AT_NON_BOUNDARY}
 
 
