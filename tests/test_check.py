@@ -140,7 +140,7 @@ def test_runpath_to_a_directory_of_vendor_libraries_is_evidence(linkage_libs, tm
 
 def test_runpath_to_a_system_directory_is_not_evidence(tmp_path):
     sysdir = "/usr/lib/x86_64-linux-gnu"
-    if not any(load_policy(None).deny_rule_for_soname(n) for n in os.listdir(sysdir) if ".so" in n):
+    if not any(policy().deny_rule_for_soname(n) for n in os.listdir(sysdir) if ".so" in n):
         pytest.skip(f"no denied library in {sysdir} to be tempted by")
     lib = cc_shared(tmp_path / "libsys.so", "int s(void){return 0;}\n", f"-Wl,-rpath,{sysdir}", "-Wl,--enable-new-dtags")
     _, res = one(lib)
