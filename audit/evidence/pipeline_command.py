@@ -52,7 +52,7 @@ def render_table(report) -> str:
                      f"{_f(ins.get('attention_ms_per_call_median'), '.3f'):>10}")
         if r["status"] != "ok":
             lines.append(f"  {r['reason']}")
-        elif r["vae_reason"]:
+        elif r.get("vae_reason"):
             lines.append(f"  VAE decode failed: {r['vae_reason']}")
     for c in d["comparisons"]:
         ci = c["speedup_dit_ci"]
