@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from test_report_fixtures import (REPO, abi_so, cli, cpu_run, load, openblas_so, require_cpu_run,
+from test_report_fixtures import (abi_so, cli, cpu_run, load, openblas_so, require_cpu_run,
                                   tmpdir)
 
 STAGES = ["environment", "build", "linkage", "parity", "bench", "pipeline", "report"]

@@ -13,7 +13,6 @@ import hashlib
 import os
 import platform
 import shlex
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
