@@ -14,11 +14,11 @@ import datetime as _dt
 import hashlib
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 import tomllib
 
+from audit.resources import data_root
 from audit.errors import PolicyError
 from audit.linkage.patterns import (
     PatternError,
@@ -252,7 +252,7 @@ def builtin_rule(rule_id: str) -> Rule:
 
 def shipped_policies() -> list[str]:
     """Names of the policies installed with the package (`audit.policies/*.toml`)."""
-    root = resources.files("audit.policies")
+    root = data_root("policies")
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
 
 
@@ -260,7 +260,7 @@ def _read_source(ref: str, base_dir: Path | None) -> tuple[str, bytes]:
     """(display name, bytes) of a policy named `ref`: a shipped name or a file path."""
     local = Path(ref) if base_dir is None or Path(ref).is_absolute() else base_dir / ref
     if _NAME.match(ref) and not ref.endswith(".toml") and not local.is_file():
-        res = resources.files("audit.policies").joinpath(f"{ref}.toml")
+        res = data_root("policies").joinpath(f"{ref}.toml")
         if not res.is_file():
             raise PolicyError(f"no shipped policy named '{ref}' (shipped: {', '.join(shipped_policies())})")
         return f"{ref} (shipped)", res.read_bytes()

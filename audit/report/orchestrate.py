@@ -428,8 +428,14 @@ class Runner:
             elif device == "cuda" and target.startswith("sm_") and _cuda_can_run(target):
                 libs.append((target, lib))
         for a in self.record.artifacts:
-            if a.abi is not None and (a.abi == "cpu") == (device == "cpu"):
+            if a.abi is None:
+                continue
+            # An artifact runs only where its target does: a gfx1030 object is audited, never run here.
+            if (device == "cpu" and a.abi == "cpu") or (
+                    device == "cuda" and a.abi.startswith("sm_") and _cuda_can_run(a.abi)):
                 libs.append((f"artifact:{a.name}", a.path))
+            elif not a.abi_reason:
+                a.abi_reason = f"audited only: built for {a.abi}, which this {device} machine cannot run"
         return libs
 
     def run_parity(self, rec: StageRecord) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from importlib import resources
+from audit.resources import data_root
 from pathlib import Path
 
 import jinja2
@@ -19,7 +19,7 @@ TEMPLATE = "report.html.j2"
 
 def _load(name: str) -> str:
     try:
-        return resources.files("audit.templates").joinpath(name).read_text(encoding="utf-8")
+        return data_root("templates").joinpath(name).read_text(encoding="utf-8")
     except (FileNotFoundError, OSError) as exc:
         raise jinja2.TemplateNotFound(name) from exc
 
