@@ -44,6 +44,16 @@ def ours(path: Path, pattern) -> tuple[int, int]:
     return sum(info.symbol_counts.values()), len(info.symbols)
 
 
+def full_audit(path: Path, pattern) -> tuple[int, int]:
+    """What `check` does: read, apply the policy, resolve the dependency tree, make findings."""
+    from audit.linkage.check import check_paths
+    from audit.linkage.policy import load_policy
+
+    report = check_paths([str(path)], load_policy(None))
+    f = report.to_dict()["files"][0]
+    return len(f["findings"]), int(f["verdict"] == "fail")
+
+
 def naive(path: Path, pattern) -> tuple[int, int]:
     from elftools.elf.elffile import ELFFile
 
@@ -93,6 +103,7 @@ def main(argv=None) -> int:
           f"{len(pattern.pattern)} bytes of regex")
     ours(path, pattern)  # warm the page cache: both sides then read from memory
     rows = [("sovereign-audit read_elf", timed(ours, path, pattern, args.runs), args.runs)]
+    audit_row = ("full audit (check_paths)", timed(full_audit, path, pattern, args.runs), args.runs)
     if args.naive_runs:
         rows.append(("naive pyelftools loop", timed(naive, path, pattern, args.naive_runs), args.naive_runs))
     print(f"{'reader':<26}{'runs':>5}{'median s':>10}{'min s':>8}{'cpu s':>8}{'main-thread cpu s':>19}"
@@ -100,10 +111,14 @@ def main(argv=None) -> int:
     for name, r, n in rows:
         print(f"{name:<26}{n:>5}{r['median']:>10.3f}{r['min']:>8.3f}{r['cpu']:>8.3f}{r['main']:>19.3f}"
               f"{r['symbols']:>10}{r['kept']:>8}")
+    r = audit_row[1]
+    print(f"{audit_row[0]:<26}{audit_row[2]:>5}{r['median']:>10.3f}{r['min']:>8.3f}{r['cpu']:>8.3f}"
+          f"{r['main']:>19.3f}  ({r['symbols']} findings, verdict {'fail' if r['kept'] else 'pass'})")
     if len(rows) == 2:
-        print(f"speed-up (median): {rows[1][1]['median'] / rows[0][1]['median']:.1f}x")
-    ok = rows[0][1]["median"] <= args.limit
-    print(f"{'PASS' if ok else 'FAIL'}: our median {rows[0][1]['median']:.3f} s, limit {args.limit:.1f} s "
+        print(f"speed-up of the reader (median): {rows[1][1]['median'] / rows[0][1]['median']:.1f}x")
+    # The issue's bar is the full audit (symbols, strings, device code, policy, tree), not the read.
+    ok = r["median"] <= args.limit
+    print(f"{'PASS' if ok else 'FAIL'}: full audit median {r['median']:.3f} s, limit {args.limit:.1f} s "
           "(cpu s counts both threads: the sha256 runs on a second thread beside the parse, so on an "
           "idle 2-core machine the wall time is about the larger of the two)")
     return 0 if ok else 1
