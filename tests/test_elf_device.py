@@ -85,6 +85,16 @@ def test_hipcc_offload_compress_if_supported(fixture_root):
     if "offload-compress" not in probe.stdout + probe.stderr:
         pytest.skip("Debian's hipcc 5.2 (clang 15) has no --offload-compress; CCOB is covered by "
                     "test_compressed_bundles around hipcc's own bundle")
+    # where hipcc can compress, its own compressed bundle must be read like our CCOB fixtures
+    from elf_fixtures import DEVICE_SRC
+    out = fixture_root / "hip" / "libfk_hipcompressed.so"
+    out.parent.mkdir(exist_ok=True)
+    run([hipcc, "--offload-arch=gfx1030", "--offload-compress", "-shared", "-fPIC", "-o", str(out),
+         str(DEVICE_SRC / "fk_probe.hip")], env=_hip_env())
+    objs = amd(read_elf(out))
+    assert [d.target for d in objs] == ["gfx1030"]
+    assert objs[0].compressed in ("zlib", "zstd") and objs[0].error is None
+    assert set(objs[0].kernels) == set(KERNELS)
 
 
 def _hip_env():
