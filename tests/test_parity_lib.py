@@ -8,6 +8,7 @@ each head (poisoned outputs must catch it).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -174,15 +175,14 @@ def test_lib_bench_times_flash_and_naive(libs, tmp_path, capsys):
 
 
 def _cpu_target_or_skip():
-    """Our real CPU library, built by the builder; skipped only with the builder's reason."""
+    """Our real CPU library, built by the builder; skipped only where g++ is missing (with g++
+    here, a build that fails is a test failure, not a skip)."""
     pytest.importorskip("flash_kernel")
-    from audit.errors import AuditError
     from audit.evidence.selection import ensure_target_library
 
-    try:
-        return ensure_target_library("cpu")
-    except AuditError as exc:
-        pytest.skip(f"cpu target unavailable: {exc.message}")
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not on PATH: the cpu target cannot be built (make test installs it)")
+    return ensure_target_library("cpu")
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
