@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import statistics
 import sys
 
@@ -74,8 +75,9 @@ def test_sm90_is_built_but_never_run_and_the_report_says_so():
     out = require_cpu_run()
     run = load(out / "evidence" / "run.json")
     assert run["targets_run"] == ["cpu"]
-    if "sm_90" not in run["targets_built"]:
-        pytest.skip("nvcc missing: sm_90 was not built")
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc missing: sm_90 was not requested")
+    assert "sm_90" in run["targets_built"], run["targets_built"]  # requested (nvcc is here): a failed build fails
     html = (out / "report.html").read_text()
     assert "Built and audited but never run here: sm_90." in html
     assert "Any correctness or speed figure for sm_90" in html
