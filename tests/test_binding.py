@@ -266,11 +266,17 @@ def test_replaces_sdpa_inside_a_model(lib, monkeypatch, build_root):
     torch.manual_seed(seed)
     model = Block().eval()
     x = torch.randn(2, 100, 128, generator=gen)
+    calls = []
+
+    def ours_sdpa(q, k, v, scale=None):
+        calls.append(q.shape)
+        return flash_kernel.attention(q, k, v, scale=scale)
+
     with torch.no_grad():
         ref = model(x)
-        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
-                            lambda q, k, v, scale=None: flash_kernel.attention(q, k, v, scale=scale))
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", ours_sdpa)
         ours = model(x)
+    assert calls == [(2, 2, 100, 64)]  # the swap really ran (else ours == ref would prove nothing)
     assert rel(ours, ref) <= 1e-5, f"seed {seed}"
 
 
