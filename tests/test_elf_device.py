@@ -57,6 +57,7 @@ def test_hip_e_flags_and_kernels_match_llvm_readobj(hip_libs, tmp_path):
     expect = {"gfx1030": ["EF_AMDGPU_MACH_AMDGCN_GFX1030"],
               "gfx90a:sramecc+:xnack-": ["EF_AMDGPU_MACH_AMDGCN_GFX90A", "EF_AMDGPU_FEATURE_SRAMECC_ON_V4",
                                          "EF_AMDGPU_FEATURE_XNACK_OFF_V4"]}
+    assert sorted(d.target for d in amd(info)) == sorted(expect)  # else the loop below checks nothing
     for d in amd(info):
         co = tmp_path / f"{d.target.replace(':', '_')}.co"
         co.write_bytes(data[d.offset:d.offset + d.size])
