@@ -49,6 +49,7 @@ def test_our_cuda_library_parity_with_poisoned_outputs(target):
     sel = select(target=target, device="cuda")
     shapes = [Shape(1, 3, 1000, 1000, 128), Shape(2, 2, 77, 300, 64)]
     rep = run_parity(sel, shapes, "bf16", capture_environment=False)
+    assert len(rep.shapes) == len(shapes)  # else the loop below checks nothing
     for s in rep.shapes:
         assert s.poisoned and s.oracle_poisoned
     assert rep.passed, rep.failure_lines()

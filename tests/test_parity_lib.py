@@ -128,6 +128,7 @@ def test_lib_parity_passes_and_records_the_library(libs, tmp_path, capsys):
     assert data["schema"] == "sovereign-audit.parity/1" and data["passed"]
     assert data["selection"]["library"]["abi_version"] == 1
     assert data["selection"]["library"]["head_dims"] == [64, 128]
+    assert [s["shape"]["name"] for s in data["shapes"]] == ["tiny-64", "tiny-cross"]
     for s in data["shapes"]:
         assert s["poisoned"] and s["oracle_poisoned"]  # our NaN-filled outputs, fully written
         assert s["candidate_vs_reference"]["nan"] == 0
@@ -195,7 +196,7 @@ def test_target_cpu_parity(dtype, tmp_path, capsys):
     assert code == 0, out + err
     data = json.loads(js.read_text())
     assert data["selection"]["library"]["target"] == "cpu"
-    assert all(s["poisoned"] for s in data["shapes"])
+    assert len(data["shapes"]) == 3 and all(s["poisoned"] for s in data["shapes"])
 
 
 def test_target_cpu_rejects_a_head_dim_it_lacks(capsys):
