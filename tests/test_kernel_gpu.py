@@ -9,6 +9,8 @@ outputs are poisoned with NaN before each call so an unwritten element fails.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import shutil
 import subprocess
@@ -56,11 +58,29 @@ def _build(target: str, out: Path) -> Path:
     return so
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _assert_built_from_this_tree(so: Path) -> None:
+    """A prebuilt library (carried to the device machine) must come from the sources under test:
+    its provenance.json names every source the compiler read, with digests, and the library's own."""
+    prov_path = so.parent / "provenance.json"
+    assert prov_path.is_file(), f"{so} has no provenance.json: nothing says it was built from this tree"
+    prov = json.loads(prov_path.read_text())
+    assert prov["outputs"][0]["sha256"] == _sha256(so), f"{so} is not the library its provenance.json describes"
+    stale = [s["path"] for s in prov["sources"] if not (REPO / s["path"]).is_file()
+             or _sha256(REPO / s["path"]) != s["sha256"]]
+    assert not stale, f"{so} was built from other sources than this tree's ({', '.join(stale)}): rebuild it"
+
+
 @pytest.fixture(scope="session", params=["sm_90", "sm_90-generic"])
 def lib(request, fixture_root):
     target = request.param
     so = flash_kernel.build_dir() / target / "libflash_kernel.so"
-    if not so.is_file():
+    if so.is_file():
+        _assert_built_from_this_tree(so)  # else these tests would judge an older kernel
+    else:
         so = _build(target, fixture_root)
     lib = flash_kernel.load(so)
     assert lib.flash_path == ("generic" if target.endswith("generic") else "mma_sync")
