@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
+import subprocess
 import sys
 
 from audit.evidence.environment import capture
@@ -30,6 +32,11 @@ def test_capture_is_complete_and_json_ready():
     assert env["python"].startswith(sys.version.split()[0])
     assert env["cpu"]["logical_cores"] >= 1
     assert set(env["toolchain"]) >= {"nvcc", "hipcc", "gcc"}
+    # a tool that is installed has its version recorded, as the tool itself prints it
+    for tool in ("nvcc", "hipcc", "gcc"):
+        if shutil.which(tool):
+            text = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=120).stdout
+            assert env["toolchain"][tool] and env["toolchain"][tool] in text.splitlines(), (tool, env["toolchain"][tool])
     assert all("\n" not in s and len(s) <= 200 for s in _strings(env))
 
 
