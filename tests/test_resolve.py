@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+import subprocess
 from pathlib import Path
 
+import pytest
+from conftest import require_tool
 from linkage_fixtures import cc_shared, linkage_libs  # noqa: F401  (fixture)
 
 from audit.linkage.check import check_paths
@@ -165,3 +169,39 @@ def test_origin_is_the_directory_the_library_was_found_in_not_its_symlink_target
     assert sym.realpath == str(real)
     leaf = child(sym, "libleafx.so")
     assert leaf.how == "runpath" and leaf.path == str(tmp_path / "links/sub/libleafx.so")
+    assert ldd(top)["libleafx.so"] == leaf.path  # what glibc's loader itself finds
+
+
+# ---- the glibc loader itself as the oracle ----------------------------------------------------
+
+def ldd(path) -> dict[str, str | None]:
+    """What the system's ld.so resolves (`ldd`, LD_LIBRARY_PATH unset): name -> path, None if not found."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    out = subprocess.run([require_tool("ldd"), str(path)], capture_output=True, text=True, env=env, check=False,
+                         timeout=60).stdout
+    got: dict[str, str | None] = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+) => (?:not found|(\S+) \(0x[0-9a-f]+\))$", line)
+        if m:
+            got[m.group(1)] = m.group(2)
+    return got
+
+
+def ours(node, acc=None) -> dict[str, str | None]:
+    """The same from our tree: first time each name is met, its path (None when unresolved)."""
+    acc = {} if acc is None else acc
+    for c in node.children:
+        acc.setdefault(c.name, None if c.status == "unresolved" else c.path)
+        ours(c, acc)
+    return acc
+
+
+@pytest.mark.parametrize("key", ["rpath_only", "runpath_only", "both", "class", "cycle"])
+def test_resolution_agrees_with_the_glibc_loader(linkage_libs, key):
+    ref = ldd(linkage_libs[key])
+    mine = ours(audit(linkage_libs[key]).tree)
+    fixtures = {n: p for n, p in ref.items() if p is None or p.startswith(str(linkage_libs.root))}
+    assert fixtures, ref  # some fixture library is named, or this compares nothing
+    for name, path in fixtures.items():
+        assert name in mine, (name, mine)
+        assert mine[name] == path, (name, mine[name], path)
