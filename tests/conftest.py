@@ -6,9 +6,6 @@ import shutil
 
 import pytest
 
-REPO_TOOLS = {"gcc": "gcc", "hipcc": "hipcc", "nvcc": "nvcc"}
-
-
 def require_tool(name: str) -> str:
     """Return the tool's path, or skip the test saying which package provides it."""
     path = shutil.which(name)
