@@ -203,6 +203,19 @@ def _object_source(recorded_sha: str | None, *paths: Path) -> tuple[Path | None,
     return None, why
 
 
+def _place_object(out: Path, rel: str, src: Path, warnings: list[str]) -> tuple[Path, str] | None:
+    """Copy an object into the bundle and digest the copy (what is attested is what was copied);
+    a refused path becomes a warning and None."""
+    from audit.report.orchestrate import sha256_file  # imported late, as the module does elsewhere
+
+    try:
+        dest = _place(out, rel, src)
+    except InputError as exc:
+        warnings.append(exc.message)
+        return None
+    return dest, sha256_file(dest)
+
+
 def _place(out: Path, rel: str, src: Path) -> Path:
     """Copy src to out/rel unless out/rel already is that file (a bundle regenerated in place)."""
     dest = safe_join(out, rel)
@@ -218,7 +231,7 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
     Sources, first found: the bundle's own copy (in place), the copy in the bundle the evidence
     came from, the path the evidence recorded. The digest is checked against the one recorded.
     """
-    from audit.report.orchestrate import sha256_file, write_json_atomic
+    from audit.report.orchestrate import write_json_atomic
 
     copies: list[ArtifactCopy] = []
     warnings: list[str] = []
@@ -243,12 +256,10 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
             warnings.append(f"target {target}: object not copied: {why}")
             continue
         rel = f"artifacts/{target}/{name}"
-        try:
-            dest = _place(out, rel, src)
-        except InputError as exc:
-            warnings.append(exc.message)
+        placed = _place_object(out, rel, src, warnings)
+        if placed is None:
             continue
-        digest = sha256_file(dest)
+        dest, digest = placed
         recorded = t.get("sha256")
         # Provenance: only the file beside the verified object, else the copy embedded in build.json.
         prov = t.get("provenance")
@@ -280,12 +291,10 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
             warnings.append(f"artifact {str(a.get('name') or orig.name)!r} not copied: {why}")
             continue
         rel = f"artifacts/user/{name}"
-        try:
-            dest = _place(out, rel, src)
-        except InputError as exc:
-            warnings.append(exc.message)
+        placed = _place_object(out, rel, src, warnings)
+        if placed is None:
             continue
-        digest = sha256_file(dest)
+        dest, digest = placed
         match = None if not a.get("sha256") else (a.get("sha256") == digest)
         if match is False:
             warnings.append(f"artifact {name!r}: changed since the run audited it (sha256 differs)")
