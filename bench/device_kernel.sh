@@ -6,12 +6,14 @@
 # side with PyTorch (bench/kernel_bench.py). Logs go to $OUT; a short table prints last.
 #
 #   FK_BUILD=build/h3 FK_VARIANTS="w8:-DFK_MMA_WARPS_D128=8 -DFK_MMA_WARPS_D64=8" bench/device_kernel.sh
-#   FK_STAGES="test memcheck bench" (default all), FK_SHAPES="1,12,32760,128 1,30,17776,64"
+#   FK_STAGES="test memcheck racecheck fma bench" (default all), FK_SHAPES="1,12,32760,128 1,30,17776,64"
+# Libraries: $FK_BUILD/{sm_90,sm_90a,sm_90-generic}/libflash_kernel.so, built here when absent (carry
+# builds from `sovereign-audit build` so that the GPU tests can match them to their provenance).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/fk_device_out}
 FK_BUILD=${FK_BUILD:-build/h3}
-FK_STAGES=${FK_STAGES:-"test memcheck bench"}
+FK_STAGES=${FK_STAGES:-"test memcheck racecheck fma bench"}
 FK_SHAPES=${FK_SHAPES:-"1,12,32760,128 1,30,17776,64"}
 FK_DTYPE=${FK_DTYPE:-bf16}
 FK_SLOW_PATHS=${FK_SLOW_PATHS-1}   # set empty to skip timing the generic and naive paths
@@ -23,12 +25,15 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 
 NVCC_FLAGS=(-x cu -O3 -std=c++17 -shared -Xcompiler -fPIC --expt-relaxed-constexpr
             -gencode arch=compute_90,code=sm_90 -I flash_kernel/include -I flash_kernel/src)
-build() {  # build NAME EXTRA_FLAGS...
+SM90A=(-gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 -DFK_WGMMA)
+build() {  # build NAME EXTRA_FLAGS... (flags after the sm_90 gencode; an sm_90a build adds its own cubins)
     local name=$1; shift
     local so=$FK_BUILD/$name/libflash_kernel.so
     [ -f "$so" ] && return 0
     mkdir -p "$FK_BUILD/$name"
-    nvcc "${NVCC_FLAGS[@]}" "$@" flash_kernel/src/fk_gpu.hip -o "$so" >"$OUT/build-$name.log" 2>&1 \
+    local flags=("${NVCC_FLAGS[@]}")
+    if [[ " $* " == *" -DFK_WGMMA "* ]]; then flags=("${flags[@]/arch=compute_90,code=sm_90/arch=compute_90a,code=sm_90a}"); fi
+    nvcc "${flags[@]}" "$@" flash_kernel/src/fk_gpu.hip -o "$so" >"$OUT/build-$name.log" 2>&1 \
         || { note "BUILD FAILED $name (see build-$name.log)"; return 1; }
 }
 
@@ -37,10 +42,16 @@ build() {  # build NAME EXTRA_FLAGS...
   git log -1 --format='commit %H %s' 2>/dev/null || true; } > "$OUT/env.txt" 2>&1
 build sm_90
 build sm_90-generic -DFK_FORCE_GENERIC
+build sm_90a -gencode arch=compute_80,code=sm_80 -DFK_WGMMA
 # What the mma kernel compiled to (HMMA = mma.sync, LDSM = ldmatrix, LDGSTS = cp.async; LDL/STL = spills).
 cuobjdump --dump-sass "$FK_BUILD/sm_90/libflash_kernel.so" 2>/dev/null | awk '/Function : /{f=$3} {print f, $0}' \
     | grep flash_mma | grep -oE "HMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|MUFU\.EX2|LDL|STL" | sort | uniq -c \
     | sed 's/^/sass (mma kernels): /' >> "$OUT/env.txt"
+# The Hopper kernels (HGMMA = wgmma, UTMALDG = TMA load, SYNCS = mbarrier, USETMAXREG = setmaxnreg).
+cuobjdump --dump-sass "$FK_BUILD/sm_90a/libflash_kernel.so" 2>/dev/null | awk '/Function : /{f=$3} {print f, $0}' \
+    | grep flash_wgmma | grep -oE "HGMMA\.[0-9x]+[.A-Z0-9]*|UTMALDG[.A-Z0-9]*|SYNCS\.[.A-Z0-9]*|USETMAXREG[.A-Z0-9]*|HMMA[.A-Z0-9]*|LDL|STL" \
+    | sort | uniq -c | sed 's/^/sass (wgmma kernels): /' >> "$OUT/env.txt"
+cuobjdump --list-elf "$FK_BUILD/sm_90a/libflash_kernel.so" 2>/dev/null | sed 's/^/cubins (sm_90a build): /' >> "$OUT/env.txt"
 VARIANT_LIBS=()
 IFS=';' read -r -a VARS <<< "${FK_VARIANTS:-}"
 for v in "${VARS[@]}"; do
@@ -96,7 +107,9 @@ int main(int argc, char **argv) {
     const long shapes[][4] = {{2,3,1,1},{2,3,77,77},{2,2,1000,1000},{1,2,4097,4097},{2,2,77,1000},{1,3,1000,77},{2,1,1,4097},{1,2,4097,1}};
     const int dims[] = {32, 64, 96, 128, 256};
     int calls = 0, bad = 0;
+    const bool small = std::getenv("FK_DRIVER_SMALL") != nullptr;
     for (auto &s : shapes) for (int d : dims) for (int dt = 0; dt < 3; ++dt) for (int lay = 0; lay < 2; ++lay) {
+        if (small && (s[2] > 1000 || s[3] > 1000 || dt == 0 || (d != 64 && d != 128))) continue;
         if ((d == 32 || d == 96 || d == 256) && (s[2] > 1000 || s[3] > 1000)) continue;  // keep it short
         long B = s[0], H = s[1], nq = s[2], nk = s[3]; size_t es = dt == 0 ? 4 : 2;
         size_t nqe = B * H * nq * d, nke = B * H * nk * d;
@@ -130,7 +143,7 @@ int main(int argc, char **argv) {
 CPP
     nvcc -O2 -std=c++17 -I flash_kernel/include "$DRV/fk_memcheck.cpp" -o "$DRV/fk_memcheck" -ldl >"$DRV/build.log" 2>&1 \
         || note "memcheck driver build failed: $(tail -3 $DRV/build.log)"
-    for t in ${FK_MEMCHECK_LIBS:-sm_90 sm_90-generic}; do
+    for t in ${FK_MEMCHECK_LIBS:-sm_90 sm_90a sm_90-generic}; do
         timeout ${FK_MEMCHECK_TIMEOUT:-120} compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
             "$DRV/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$DRV/memcheck-$t.log" 2>&1
         note "memcheck $t: exit $? | $(grep -E 'ERROR SUMMARY|calls' "$DRV/memcheck-$t.log" | tr '\n' ' ')"
@@ -138,12 +151,34 @@ CPP
     done
 }
 
+# Shared-memory races (racecheck) on the flash paths, small shapes, fp16/bf16 at D 64/128.
+stage_racecheck() {
+    local DRV=/tmp/fk_memcheck_drv
+    [ -x "$DRV/fk_memcheck" ] || stage_memcheck_build_only
+    for t in ${FK_RACECHECK_LIBS:-sm_90a sm_90}; do
+        FK_DRIVER_SMALL=1 timeout ${FK_RACECHECK_TIMEOUT:-150} compute-sanitizer --tool racecheck --racecheck-report all \
+            --error-exitcode 9 --print-limit 20 "$DRV/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$DRV/racecheck-$t.log" 2>&1
+        note "racecheck $t: exit $? | $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|calls' "$DRV/racecheck-$t.log" | tr '\n' ' ')"
+        { echo "=== $t"; cat "$DRV/racecheck-$t.log"; } >> "$OUT/racecheck.log"
+    done
+}
+stage_memcheck_build_only() { FK_MEMCHECK_LIBS=" " stage_memcheck; }
+
+# The fp32 FMA peak of the day (the forced-generic path is quoted against it).
+stage_fma() {
+    [ -f bench/fma_peak.cu ] || { note "fma: bench/fma_peak.cu missing"; return; }
+    nvcc -O3 -arch=sm_90 bench/fma_peak.cu -o /tmp/fma_peak >"$OUT/fma-build.log" 2>&1 || { note "fma: build failed"; return; }
+    timeout 60 /tmp/fma_peak > "$OUT/fma.txt" 2>&1
+    note "fma: $(tr '\n' ' ' < "$OUT/fma.txt")"
+}
+
 stage_bench() {
     SHAPE_ARGS=()
     for s in $FK_SHAPES; do SHAPE_ARGS+=(--shape "$s"); done
     for dt in $FK_DTYPE; do  # one or more of bf16 fp16
         timeout ${FK_BENCH_TIMEOUT:-240} python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$dt" \
-            --lib "ours_mma=$FK_BUILD/sm_90/libflash_kernel.so" "${VARIANT_LIBS[@]}" \
+            --lib "ours_mma=$FK_BUILD/sm_90/libflash_kernel.so" \
+            ${FK_NO_WGMMA:---lib "ours_wgmma=$FK_BUILD/sm_90a/libflash_kernel.so"} "${VARIANT_LIBS[@]}" \
             ${FK_SLOW_PATHS:+--generic-lib "$FK_BUILD/sm_90-generic/libflash_kernel.so"} \
             ${FK_SLOW_PATHS:+--naive-lib "$FK_BUILD/sm_90/libflash_kernel.so"} ${FK_BENCH_ARGS:-} \
             --json "$OUT/bench-$dt.json" >>"$OUT/bench.txt" 2>&1

@@ -1,8 +1,9 @@
 // fk_gpu.hip: the C ABI of flash_kernel.h for GPU targets (HIP dialect; nvcc compiles it through
 // gpu/fk_hip_compat.h). One translation unit: host dispatch here, kernels in gpu/*.h.
 //
-// Paths: mma_sync (NVIDIA sm_80+, fp16/bf16, D 64/128), generic (every other case, and every case
-// on AMD or under -DFK_FORCE_GENERIC), naive (fk_naive_forward).
+// Paths: wgmma (sm_90a builds (-DFK_WGMMA) on a cc 9.0 device, fp16/bf16, D 64/128), mma_sync
+// (NVIDIA sm_80+, fp16/bf16, D 64/128), generic (every other case, and every case on AMD or under
+// -DFK_FORCE_GENERIC), naive (fk_naive_forward).
 #include "gpu/fk_hip_compat.h"
 
 #include "fk_common.h"
@@ -10,7 +11,9 @@
 #include "gpu/fk_mma.h"
 #include "gpu/fk_naive.h"
 #include "gpu/fk_traits.h"
+#include "gpu/fk_wgmma.h"
 
+#include <atomic>
 #include <cstdio>
 
 namespace {
@@ -95,7 +98,73 @@ int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
 }
 #endif
 
-int32_t dispatch_flash(const fk::FlashParams &p, int32_t dtype, int64_t d, hipStream_t s, int64_t bh) {
+#if defined(FK_HAVE_WGMMA)
+// Whether the current device runs this library's sm_90a cubin: a cc 9.0 device, the kernel's
+// binary built for it (not the sm_80 fallback cubin), and a driver that encodes tensor maps.
+bool wgmma_usable() {
+    static std::atomic<int8_t> known[64];  // per device: 0 unknown, 1 yes, 2 no
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    if (dev >= 0 && dev < 64 && known[dev].load() != 0) return known[dev].load() == 1;
+    int major = 0, minor = 0;
+    cudaFuncAttributes fa{};
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
+                    minor == 0 &&
+                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128>) == cudaSuccess &&
+                    fa.binaryVersion == 90 && fk::wgmma::encoder() != nullptr;
+    (void)cudaGetLastError();
+    if (dev >= 0 && dev < 64) known[dev].store(ok ? 1 : 2);
+    return ok;
+}
+
+constexpr int32_t kNotTaken = -1;  // the wgmma path cannot address these tensors: take mma_sync
+
+template <class E, int D>
+int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStream_t s, int64_t bh_total) {
+    using Tile = fk::WgmmaTile<D>;
+    if (p.nq > INT32_MAX - Tile::BM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
+    CUtensorMap tq, tk, tv;
+    fk::wgmma::MapsDims md{};
+    if (!fk::wgmma::encode(&tq, &md.q, dtype, p.q, batch, p.heads, p.nq, D, p.qs, Tile::BM) ||
+        !fk::wgmma::encode(&tk, &md.k, dtype, p.k, batch, p.heads, p.nk, D, p.ks, Tile::BN) ||
+        !fk::wgmma::encode(&tv, &md.v, dtype, p.v, batch, p.heads, p.nk, D, p.vs, Tile::BN))
+        return kNotTaken;
+    auto kernel = fk::wgmma::flash_wgmma_kernel<E, D>;
+    hipError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
+    if (e != hipSuccess)
+        return fk::fail(FK_ERR_LAUNCH, "flash (wgmma) shared memory opt-in failed: %s", hipGetErrorString(e));
+    const int64_t qtiles = (p.nq + Tile::BM - 1) / Tile::BM;
+    fk::FlashParams q = p;
+    for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
+        q.bh0 = bh0;
+        const int64_t n = bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY;
+        dim3 grid(static_cast<unsigned>(qtiles), static_cast<unsigned>(n), 1);
+        kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md);
+        if (int32_t st = check_launch("flash (wgmma)")) return st;
+    }
+    return FK_OK;
+}
+
+// The wgmma path where it applies; kNotTaken otherwise.
+int32_t dispatch_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t d, int64_t batch, hipStream_t s, int64_t bh) {
+    if (!wgmma_usable()) return kNotTaken;
+    if (dtype == FK_DTYPE_F16 && d == 64) return run_wgmma<fk::F16, 64>(p, dtype, batch, s, bh);
+    if (dtype == FK_DTYPE_F16 && d == 128) return run_wgmma<fk::F16, 128>(p, dtype, batch, s, bh);
+    if (dtype == FK_DTYPE_BF16 && d == 64) return run_wgmma<fk::BF16, 64>(p, dtype, batch, s, bh);
+    if (dtype == FK_DTYPE_BF16 && d == 128) return run_wgmma<fk::BF16, 128>(p, dtype, batch, s, bh);
+    return kNotTaken;
+}
+#endif
+
+int32_t dispatch_flash(const fk::FlashParams &p, int32_t dtype, int64_t d, int64_t batch, hipStream_t s, int64_t bh) {
+#if defined(FK_HAVE_WGMMA)
+    const int32_t w = dispatch_wgmma(p, dtype, d, batch, s, bh);
+    if (w != kNotTaken) return w;
+#endif
 #if defined(FK_HAVE_MMA)
     if (dtype == FK_DTYPE_F16 && d == 64) return run_mma<fk::F16, 64>(p, s, bh);
     if (dtype == FK_DTYPE_F16 && d == 128) return run_mma<fk::F16, 128>(p, s, bh);
@@ -204,7 +273,9 @@ const char *fk_target(void) {
 }
 
 const char *fk_flash_path(void) {
-#if defined(FK_HAVE_MMA)
+#if defined(FK_HAVE_WGMMA)
+    return wgmma_usable() ? "wgmma" : "mma_sync";  // the path fp16/bf16 D 64/128 take on this device
+#elif defined(FK_HAVE_MMA)
     return "mma_sync";
 #else
     return "generic";
@@ -224,7 +295,7 @@ int32_t fk_flash_forward(const fk_attention_args *args) {
     // Both flash paths load 16 bytes at a time: pointers and row strides must allow it.
     if (int32_t st = fk::validate(args, fk::kHeadDims, fk::kNumHeadDims, fk::kVectorBytes, &v)) return st;
     const fk::FlashParams p = flash_params(args, v);
-    if (int32_t st = dispatch_flash(p, args->dtype, args->head_dim, static_cast<hipStream_t>(args->stream),
+    if (int32_t st = dispatch_flash(p, args->dtype, args->head_dim, args->batch, static_cast<hipStream_t>(args->stream),
                                     args->batch * args->heads))
         return st;
     return fk::ok();

@@ -98,6 +98,40 @@ struct MmaTile {
     static_assert(BN % 16 == 0 && kChunks >= 8 && (MT == 1 || MT == 2), "mma tile shape");
 };
 
+// ---- wgmma path (NVIDIA sm_90a, fp16/bf16, D 64/128) ----
+// One producer warpgroup (TMA loads) and two consumer warpgroups of 64 query rows each (BM 128),
+// in ping-pong: one computes its softmax while the other's GEMMs run. Tiles sit in shared memory
+// as 64-element column blocks of 128-byte rows (the TMA / wgmma 128B swizzle). The K/V ring is
+// kStages deep; 227 KiB of shared memory bounds it (D 128: 32 KiB Q + 3 x 64 KiB K/V).
+#ifndef FK_WGMMA_BN
+#define FK_WGMMA_BN 128
+#endif
+#ifndef FK_WGMMA_STAGES_D128
+#define FK_WGMMA_STAGES_D128 2
+#endif
+#ifndef FK_WGMMA_STAGES_D64
+#define FK_WGMMA_STAGES_D64 4
+#endif
+template <int D>
+struct WgmmaTile {
+    static constexpr int kConsumers = 2;                 // consumer warpgroups
+    static constexpr int BM = 64 * kConsumers;           // query rows per block
+    static constexpr int BN = FK_WGMMA_BN;               // keys per K/V tile
+    static constexpr int kStages = D == 64 ? FK_WGMMA_STAGES_D64 : FK_WGMMA_STAGES_D128;
+    static constexpr int kThreads = 128 * (1 + kConsumers);
+    static constexpr int kColBlock = 64;                 // elements per 128-byte swizzled row
+    static constexpr int kColBlocks = D / kColBlock;
+    static constexpr int kQBytes = BM * D * 2;
+    static constexpr int kKVBytes = BN * D * 2;          // one K or one V tile
+    static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+    // + 1 KiB: the dynamic shared window is aligned up to the 1 KiB swizzle period in the kernel
+    static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
+    static constexpr int kProducerRegs = 24, kConsumerRegs = 240;   // setmaxnreg: 24*128 + 240*256 <= 64K
+    static_assert(D == 64 || D == 128, "wgmma path: head dims 64 and 128");
+    static_assert(BN == 64 || BN == 128, "wgmma path: S tiles of n64 or n128");
+    static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");
+};
+
 // ---- naive (pre-flash) path ----
 struct NaiveTile {
     static constexpr int kThreads = 256;   // 16 x 16 threads, 4 x 4 outputs each

@@ -1,0 +1,374 @@
+// fk_wgmma.h: the Hopper flash kernel (sm_90a, fp16/bf16, D 64/128).
+//
+// Warp-specialised, in the manner FlashAttention-3 describes (no code of it is used here):
+//  - warpgroup 0 is the producer: it gives back registers (setmaxnreg.dec) and one thread issues
+//    TMA bulk tensor copies (cp.async.bulk.tensor) of Q once and of K/V tiles into a kStages-deep
+//    ring, each copy completing on an mbarrier ("full"); it refills a slot once both consumers
+//    have released it ("empty").
+//  - warpgroups 1 and 2 are consumers of 64 query rows each (setmaxnreg.inc): S = Q K^T with wgmma
+//    from shared memory, the online softmax in registers (base 2, log2 e folded into the scale), then
+//    O += P V with P straight from the S accumulators as the register A operand of wgmma.
+//  - ping-pong: the two consumers take turns to issue their GEMMs (two named barriers), so one
+//    warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy. Each turn issues
+//    P(j-1) V(j-1) together with S(j) = Q K(j)^T, so one S register set suffices.
+// Tensor maps are encoded on the host through the driver entry point that the CUDA runtime hands
+// out (cudaGetDriverEntryPointByVersion): no libcuda link, nothing beyond the base runtime.
+// Ragged tiles: TMA zero-fills rows past N; scores of keys past nk are set to -inf; rows past nq
+// are not stored.
+#ifndef FK_WGMMA_H
+#define FK_WGMMA_H
+
+#include "gpu/fk_mma.h"
+#include "gpu/fk_traits.h"
+
+#if defined(FK_HAVE_MMA) && defined(FK_WGMMA)
+#include <cuda.h>  // CUtensorMap and the encoder's types only: the driver is reached at run time
+#include <cudaTypedefs.h>
+#define FK_HAVE_WGMMA 1
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FK_WGMMA_DEVICE_OK 1
+#include "gpu/fk_wgmma_ops.h"
+#endif
+
+namespace fk {
+namespace wgmma {
+
+// Where N, H and B sit among a tensor map's dimensions 1..3 (dimension 0 is D): the host orders
+// them by stride, so each map is a plain increasing-stride tensor whatever the layout.
+struct MapDims {
+    int8_t n, h, b;
+};
+struct MapsDims {
+    MapDims q, k, v;
+};
+
+#if defined(FK_WGMMA_DEVICE_OK)
+FK_DEVICE uint32_t smem_u32(const void *p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+FK_DEVICE void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+FK_DEVICE void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+FK_DEVICE void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+FK_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+FK_DEVICE void tma_load_4d(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
+FK_DEVICE void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+FK_DEVICE void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
+FK_DEVICE void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+FK_DEVICE void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+FK_DEVICE void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
+template <int R> FK_DEVICE void fence_regs(float (&r)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
+// offsets (>> 4 each, 14 bits), layout type 1 in bits 62-63. Tiles start on 1 KiB boundaries
+// (the swizzle period), so the base offset field stays 0.
+FK_DEVICE uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) |
+           (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
+    return m.n == dim ? n : (m.h == dim ? h : b);
+}
+#endif  // FK_WGMMA_DEVICE_OK
+
+template <class E, int D>
+__global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
+    flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                       const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md) {
+#if defined(FK_WGMMA_DEVICE_OK)
+    using T = WgmmaTile<D>;
+    constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks;
+    constexpr int kRowBytes = 128;  // one swizzled row of a column block
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sk = sq + T::kQBytes;            // stage s: sk + s * kKVBytes
+    const uint32_t sv = sk + S * T::kKVBytes;
+    const uint32_t q_full = sv + S * T::kKVBytes;   // 8-byte mbarriers
+    const uint32_t k_full = q_full + 8, v_full = k_full + 8 * S, empty = v_full + 8 * S;
+
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+    const int64_t bh = p.bh0 + blockIdx.y;
+    const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+    const int q0 = static_cast<int>(blockIdx.x) * BM;
+    const int nk = static_cast<int>(p.nk);
+    const int ntiles = (nk + BN - 1) / BN;
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        for (int s = 0; s < S; ++s) {
+            mbar_init(k_full + 8 * s, 1);
+            mbar_init(v_full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ---------------- producer ----------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
+        if (warp == 0 && lane == 0) {
+            mbar_expect_tx(q_full, T::kQBytes);
+#pragma unroll
+            for (int cb = 0; cb < CB; ++cb)
+                tma_load_4d(sq + cb * BM * kRowBytes, &tq, q_full, cb * 64, pick(md.q, 1, q0, h, b),
+                            pick(md.q, 2, q0, h, b), pick(md.q, 3, q0, h, b));
+            for (int j = 0; j < ntiles; ++j) {
+                const int st = j % S;
+                if (j >= S) mbar_wait(empty + 8 * st, ((j / S) - 1) & 1);
+                const int n0 = j * BN;
+                mbar_expect_tx(k_full + 8 * st, T::kKVBytes);
+#pragma unroll
+                for (int cb = 0; cb < CB; ++cb)
+                    tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
+                                pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
+                mbar_expect_tx(v_full + 8 * st, T::kKVBytes);
+#pragma unroll
+                for (int cb = 0; cb < CB; ++cb)
+                    tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
+                                pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
+            }
+        }
+        return;
+    }
+
+    // ---------------- consumers ----------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
+    const int c = wg - 1;                     // consumer index: rows 64c .. 64c + 63 of the block
+    const int my_bar = 1 + c, other_bar = 2 - c;  // named barriers 1 and 2 (0 is __syncthreads)
+    constexpr int kPair = 256;                // both consumer warpgroups take part in each
+    const uint32_t sq_wg = sq + c * 64 * kRowBytes;
+    const float sl2 = p.scale_log2;
+
+    float s[BN / 2];          // S accumulators: n8 tile t holds rows r, r+8 x cols 8t + 2(lane%4) + {0,1}
+    float o[D / 2];           // O accumulators, same layout over the head dim
+    uint32_t pf[BN / 16][4];  // P as wgmma's register A operand, one k16 step per pair of n8 tiles
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    auto issue_s = [&](int st) {  // S = Q K(st)^T over D / 16 k-steps; both operands K-major
+        const uint32_t kb = sk + st * T::kKVBytes;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+            const uint32_t off = (ks % 4) * 32;  // k16 step inside a 128-byte row
+            const uint64_t da = smem_desc(sq_wg + (ks / 4) * BM * kRowBytes + off, 16, 1024);
+            const uint64_t db = smem_desc(kb + (ks / 4) * BN * kRowBytes + off, 16, 1024);
+            if constexpr (BN == 128) Ops<E>::ss_n128(s, da, db, ks > 0);
+            else Ops<E>::ss_n64(s, da, db, ks > 0);
+        }
+    };
+    auto issue_pv = [&](int st) {  // O += P V(st): V row-major = N-major B; LBO = next 64 columns, SBO = next 8 keys
+        const uint32_t vb = sv + st * T::kKVBytes;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint64_t db = smem_desc(vb + kk * 16 * kRowBytes, BN * kRowBytes, 8 * kRowBytes);
+            if constexpr (D == 128) Ops<E>::rs_n128(o, pf[kk], db);
+            else Ops<E>::rs_n64(o, pf[kk], db);
+        }
+    };
+    auto softmax = [&](int j) {  // S(j) -> P(j); rescales O and the row sums
+        const int n0 = j * BN;
+        if (n0 + BN > nk) {  // ragged last tile: keys past nk get no weight
+            const int t2 = 2 * (lane % 4);
+#pragma unroll
+            for (int t = 0; t < BN / 8; ++t) {
+                const int col = n0 + t * 8 + t2;
+                if (col >= nk) s[4 * t] = s[4 * t + 2] = -INFINITY;
+                if (col + 1 >= nk) s[4 * t + 1] = s[4 * t + 3] = -INFINITY;
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * t], s[4 * t + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * t + 2], s[4 * t + 3]));
+        }
+        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 1));
+        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 2));
+        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 1));
+        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 2));
+        const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);  // finite: >= 1 valid key per tile
+        const float a0 = mma::ex2(m0 - mn0), a1 = mma::ex2(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            float e[8];
+#pragma unroll
+            for (int x = 0; x < 8; ++x) e[x] = mma::ex2(fmaf(s[8 * kk + x], sl2, (x & 2) ? -mn1 : -mn0));
+            sum0 += e[0] + e[1] + e[4] + e[5];
+            sum1 += e[2] + e[3] + e[6] + e[7];
+            pf[kk][0] = mma::Ptx<E>::pack(e[0], e[1]);  // row r,   keys 16kk + 2(lane%4) + {0,1}
+            pf[kk][1] = mma::Ptx<E>::pack(e[2], e[3]);  // row r+8, same keys
+            pf[kk][2] = mma::Ptx<E>::pack(e[4], e[5]);  // row r,   keys + 8
+            pf[kk][3] = mma::Ptx<E>::pack(e[6], e[7]);  // row r+8, keys + 8
+        }
+        l0 = l0 * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
+        l1 = l1 * a1 + sum1;
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t) {
+            o[4 * t] *= a0;
+            o[4 * t + 1] *= a0;
+            o[4 * t + 2] *= a1;
+            o[4 * t + 3] *= a1;
+        }
+    };
+    auto release = [&](int st) {  // this warp has finished reading K/V slot st
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * st);
+    };
+
+    if (c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
+    mbar_wait(q_full, 0);
+
+    // Tile 0: S(0) alone.
+    mbar_wait(k_full, 0);
+    named_sync(my_bar, kPair);
+    fence_regs(s);
+    wg_fence();
+    issue_s(0);
+    wg_commit();
+    named_arrive(other_bar, kPair);
+    wg_wait_all();
+    fence_regs(s);
+    softmax(0);
+
+    for (int j = 1; j < ntiles; ++j) {
+        const int st = j % S, pst = (j - 1) % S;
+        mbar_wait(k_full + 8 * st, (j / S) & 1);
+        mbar_wait(v_full + 8 * pst, ((j - 1) / S) & 1);
+        named_sync(my_bar, kPair);
+        fence_regs(s);
+        fence_regs(o);
+        wg_fence();
+        issue_s(st);
+        issue_pv(pst);
+        wg_commit();
+        named_arrive(other_bar, kPair);
+        wg_wait_all();
+        fence_regs(s);
+        fence_regs(o);
+        release(pst);
+        softmax(j);
+    }
+
+    // Last P V.
+    {
+        const int pst = (ntiles - 1) % S;
+        mbar_wait(v_full + 8 * pst, ((ntiles - 1) / S) & 1);
+        named_sync(my_bar, kPair);
+        fence_regs(o);
+        wg_fence();
+        issue_pv(pst);
+        wg_commit();
+        named_arrive(other_bar, kPair);
+        wg_wait_all();
+        fence_regs(o);
+        release(pst);
+    }
+    if (c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
+
+    l0 += fk_shfl_xor(l0, 1);
+    l0 += fk_shfl_xor(l0, 2);
+    l1 += fk_shfl_xor(l1, 1);
+    l1 += fk_shfl_xor(l1, 2);
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+    uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
+    const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
+    const int col = 2 * (lane % 4);
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+        if (r0 < p.nq)
+            *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
+        if (r1 < p.nq)
+            *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
+    }
+#else
+    __trap();  // the sm_80 pass of an sm_90a build: never launched (the host checks the cubin)
+#endif
+}
+
+// ---------------- host side ----------------
+
+// The driver's tensor-map encoder, looked up once through the runtime (null if the driver lacks it).
+inline PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            f = nullptr;
+        (void)cudaGetLastError();
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    return fn;
+}
+
+// A 4-D map (D, then N/H/B ordered by stride) over one tensor, box = 64 columns x `rows` rows of one
+// (b, h). Returns false where TMA cannot address the tensor (the caller then takes the mma path).
+inline bool encode(CUtensorMap *map, MapDims *dims, int32_t dtype, const void *ptr, int64_t batch, int64_t heads,
+                   int64_t n, int64_t d, const int64_t (&strides)[3], int rows) {
+    PFN_cuTensorMapEncodeTiled_v12000 enc = encoder();
+    if (enc == nullptr) return false;
+    const int64_t size[3] = {batch, heads, n};  // B, H, N
+    int64_t bytes[3];
+    int64_t extent = d * 2;
+    for (int i = 0; i < 3; ++i) {
+        bytes[i] = strides[i] * 2;
+        if (size[i] > 1 && bytes[i] * size[i] > extent) extent = bytes[i] * size[i];
+    }
+    for (int i = 0; i < 3; ++i)  // a dimension of size 1 is never stepped: give it the outermost stride
+        if (size[i] == 1) bytes[i] = (extent + 15) / 16 * 16;
+    int order[3] = {2, 1, 0};    // N, H, B: sort by stride (stable)
+    for (int i = 1; i < 3; ++i)
+        for (int k = i; k > 0 && bytes[order[k]] < bytes[order[k - 1]]; --k) {
+            const int t = order[k];
+            order[k] = order[k - 1];
+            order[k - 1] = t;
+        }
+    cuuint64_t gdim[4] = {cuuint64_t(d), 0, 0, 0};
+    cuuint64_t gstride[3];
+    for (int i = 0; i < 3; ++i) {
+        const int which = order[i];
+        gdim[i + 1] = cuuint64_t(size[which]);
+        gstride[i] = cuuint64_t(bytes[which]);
+        if (bytes[which] % 16 != 0 || bytes[which] >= (int64_t(1) << 40) || size[which] > INT32_MAX) return false;
+        if (which == 2) dims->n = int8_t(i + 1);
+        if (which == 1) dims->h = int8_t(i + 1);
+        if (which == 0) dims->b = int8_t(i + 1);
+    }
+    cuuint32_t box[4] = {64, 1, 1, 1};  // N's dimension carries the rows: shared memory gets them in order
+    box[dims->n] = cuuint32_t(rows);
+    const cuuint32_t estride[4] = {1, 1, 1, 1};
+    const CUresult r = enc(map, dtype == FK_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                           4, const_cast<void *>(ptr), gdim, gstride, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
+}  // namespace wgmma
+}  // namespace fk
+
+#endif  // FK_HAVE_MMA && FK_WGMMA
+#endif  // FK_WGMMA_H

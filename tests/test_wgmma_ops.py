@@ -1,0 +1,27 @@
+"""The generated wgmma wrappers (gpu/fk_wgmma_ops.h) must be what their generator writes today, and
+each wrapper must name exactly as many accumulator operands as its instruction shape has."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+HEADER = REPO / "flash_kernel" / "src" / "gpu" / "fk_wgmma_ops.h"
+
+
+def test_header_matches_generator():
+    r = subprocess.run([sys.executable, "flash_kernel/tools/gen_wgmma_ops.py", "--check"], cwd=REPO,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_operand_counts_match_shapes():
+    text = HEADER.read_text()
+    found = 0
+    for m in re.finditer(r'm64n(\d+)k16\.f32\.(\w+)\.\w+ \{([^}]*)\}', text):
+        n, regs = int(m.group(1)), m.group(3).split(",")
+        assert len(regs) == n // 2, f"m64n{n}k16 names {len(regs)} accumulators, wants {n // 2}"
+        assert [r.strip() for r in regs] == [f"%{i}" for i in range(n // 2)]
+        found += 1
+    assert found == 8  # {bf16, f16} x {ss, rs} x {n64, n128}
