@@ -7,8 +7,9 @@
 
 Library lookup: `load(PATH)` explicitly; else the build folder named by FLASH_KERNEL_BUILD
 (holding `<target>/libflash_kernel.so`); else the checkout's `build/` (the parent of this
-package's folder). CUDA tensors use FLASH_KERNEL_TARGET if set, else the first of sm_90, sm_80
-that is built; CPU tensors use `cpu`.
+package's folder). CUDA tensors use FLASH_KERNEL_TARGET if set, else the first of sm_90a, sm_90,
+sm_80 that is built (sm_90a first: its library runs the wgmma path on cc 9.0 and mma.sync from its
+sm_80 cubin on cc 8.x); CPU tensors use `cpu`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ __all__ = ["ABI_VERSION", "AbiMismatch", "KernelError", "Library", "LibraryNotFo
            "build_dir", "library_for", "library_path", "load", "naive_attention"]
 
 LIBRARY_NAME = "libflash_kernel.so"
-CUDA_TARGETS = ("sm_90", "sm_80")  # preference order for CUDA tensors
+CUDA_TARGETS = ("sm_90a", "sm_90", "sm_80")  # preference order for CUDA tensors (fastest first)
 
 
 def build_dir() -> Path:

@@ -25,9 +25,12 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def included_tree_files(root: Path, source: str, include_dirs=("flash_kernel/include", "flash_kernel/src")) -> set[str]:
+def included_tree_files(root: Path, source: str, include_dirs=("flash_kernel/include", "flash_kernel/src"),
+                        conditional: bool = True) -> set[str]:
     """Every flash_kernel/ file `source` includes, found by following #include "..." lines
-    (an independent check of the compiler-dependency listing in provenance.json)."""
+    (an independent check of the compiler-dependency listing in provenance.json). With
+    conditional=False, only includes outside any #if block (an include guard does not count):
+    the files every target's compile must read; conditional=True adds those a target may skip."""
     seen: set[str] = set()
     todo = [root / source]
     while todo:
@@ -36,14 +39,34 @@ def included_tree_files(root: Path, source: str, include_dirs=("flash_kernel/inc
         if rel in seen:
             continue
         seen.add(rel)
-        for m in re.finditer(r'^\s*#\s*include\s*"([^"]+)"', f.read_text(errors="replace"), re.M):
-            name = m.group(1)
+        for name in _includes(f.read_text(errors="replace"), conditional):
             for base in [f.parent] + [root / d for d in include_dirs]:
                 cand = base / name
                 if cand.is_file():
                     todo.append(cand)
                     break
     return seen
+
+
+def _includes(text: str, conditional: bool) -> list[str]:
+    names, stack = [], []  # stack: one bool per open #if block, True for an include guard
+    lines = [ln.strip() for ln in text.splitlines()]
+    for i, line in enumerate(lines):
+        d = re.match(r"#\s*(\w+)\s*(.*)", line)
+        if not d:
+            continue
+        word, rest = d.group(1), d.group(2)
+        if word in ("if", "ifdef", "ifndef"):
+            nxt = next((ln for ln in lines[i + 1:] if ln.startswith("#")), "")
+            stack.append(word == "ifndef" and re.fullmatch(rf"#\s*define\s+{re.escape(rest.split()[0])}\s*", nxt) is not None
+                         if rest else False)
+        elif word == "endif" and stack:
+            stack.pop()
+        elif word == "include" and (conditional or all(stack)):
+            m = re.match(r'"([^"]+)"', rest)
+            if m:
+                names.append(m.group(1))
+    return names
 
 
 def run_cli(*args, env=None, cwd=REPO):
@@ -66,7 +89,9 @@ def check_provenance(tb: TargetBuild, root: Path = REPO) -> dict:
         assert prov["host"][key], key
     # digests computed here, independently
     listed = {s["path"]: s["sha256"] for s in prov["sources"]}
-    assert set(listed) == included_tree_files(root, spec.source)
+    required = included_tree_files(root, spec.source, conditional=False)
+    allowed = included_tree_files(root, spec.source)
+    assert required <= set(listed) <= allowed, (sorted(required - set(listed)), sorted(set(listed) - allowed))
     for rel, digest in listed.items():
         assert digest == sha256(root / rel), rel
     assert prov["outputs"][0]["sha256"] == sha256(Path(tb.library)) == tb.sha256
@@ -171,7 +196,7 @@ def test_exit_code_semantics():
 
 
 def test_defaults_skip_missing_toolchains_and_reuse_a_current_cpu_build(cpu_build, monkeypatch):
-    """Default targets (None): gfx1030 and sm_90 without their toolchains are skipped and do not
+    """Default targets (None): gfx1030, sm_90a and sm_90 without their toolchains are skipped and do not
     fail the build; cpu is reused because its provenance still matches. Only the toolchain lookup
     is replaced here: the reuse check and the result are the real ones."""
     import audit.build.builder as builder
@@ -188,7 +213,9 @@ def test_defaults_skip_missing_toolchains_and_reuse_a_current_cpu_build(cpu_buil
     out = Path(cpu_build.library).parent.parent
     result = ensure_built(None, out)
     got = {t.target: (t.status, t.requested) for t in result.targets}
-    assert got == {"gfx1030": (SKIPPED, False), "sm_90": (SKIPPED, False), "cpu": (BUILT, True)}
+    assert got == {"gfx1030": (SKIPPED, False), "sm_90a": (SKIPPED, False), "sm_90": (SKIPPED, False),
+                   "cpu": (BUILT, True)}
+    assert [t.target for t in result.targets] == ["gfx1030", "sm_90a", "sm_90", "cpu"]  # sm_90a: run's primary
     assert result.get("cpu").reason.startswith("up to date") and result.get("cpu").sha256 == cpu_build.sha256
     assert result.exit_code == 0 and result.requested == []
     named = ensure_built(["gfx1030", "cpu"], out)
@@ -202,7 +229,7 @@ def test_unknown_target_is_a_usage_error(tmp_path):
     assert cp.returncode == 2
     line = cp.stderr.strip()
     assert line.startswith("error: unknown target 'gfx9999'") and "\n" not in line
-    for name in ("cpu", "sm_90", "sm_80", "sm_90-generic", "gfx1030", "gfx90a"):
+    for name in ("cpu", "sm_90a", "sm_90", "sm_80", "sm_90-generic", "gfx1030", "gfx90a"):
         assert name in line
     assert not (tmp_path / "o" / "cpu").exists()
 
@@ -221,7 +248,7 @@ def test_missing_toolchain_names_the_package(tmp_path):
 
 # ---- GPU targets (compiled here; run elsewhere) -------------------------------------------------
 
-GPU_TARGETS = {"gfx1030": "hipcc", "gfx90a": "hipcc", "sm_90": "nvcc"}
+GPU_TARGETS = {"gfx1030": "hipcc", "gfx90a": "hipcc", "sm_90": "nvcc", "sm_90a": "nvcc"}
 
 
 @pytest.fixture(scope="session")
@@ -281,7 +308,7 @@ def test_sm90_build(gpu_builds):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["cpu", "gfx1030", "gfx90a", "sm_90"])
+@pytest.mark.parametrize("target", ["cpu", "gfx1030", "gfx90a", "sm_90", "sm_90a"])
 def test_built_objects_pass_check_under_the_default_policy(request, target):
     tb = request.getfixturevalue("cpu_build") if target == "cpu" else gpu_build(request.getfixturevalue("gpu_builds"), target)
     cp = run_cli("check", tb.library)
@@ -300,10 +327,115 @@ def _device_entries(obj):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target,kind", [("gfx1030", "amdgcn-code-object"), ("sm_90", "cubin")])
+@pytest.mark.parametrize("target,kind", [("gfx1030", "amdgcn-code-object"), ("sm_90", "cubin"), ("sm_90a", "cubin")])
 def test_inspect_shows_the_device_code(gpu_builds, target, kind):
     tb = gpu_build(gpu_builds, target)
     cp = run_cli("inspect", "--json", tb.library)
     assert cp.returncode == 0, cp.stderr
     entries = list(_device_entries(json.loads(cp.stdout)))
     assert any(e["kind"] == kind and str(e["target"]).startswith(target) for e in entries), entries
+
+
+# ---- sm_90a: the Hopper target (two cubins: sm_90a for wgmma/TMA, sm_80 for mma.sync) -------------
+
+FATBIN_MAGIC, ARCH_SPECIFIC = 0xBA55ED50, 0x100000  # shared/reference.md section 3
+SYSTEM_NEEDED = {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6", "ld-linux-x86-64.so.2"}
+
+
+def fatbin_cubins(path: str) -> list[tuple[int, int]]:
+    """(SM, flags) of every cubin entry in .nv_fatbin, walked here by the documented layout,
+    independently of audit/elf (fatbin header: magic, u16 version, u16 header size, u64 payload
+    size; entry: u16 kind @0, u32 header size @4, u64 payload size @8, u32 SM @0x1c, u64 flags @0x28)."""
+    import struct
+
+    from elftools.elf.elffile import ELFFile
+
+    with open(path, "rb") as f:
+        data = ELFFile(f).get_section_by_name(".nv_fatbin").data()
+    cubins, at = [], 0
+    while at + 16 <= len(data):
+        magic, _version, head, payload = struct.unpack_from("<IHHQ", data, at)
+        if magic != FATBIN_MAGIC:  # fatbins are aligned inside the section: skip the padding
+            at += 8
+            continue
+        e, end = at + head, at + head + payload
+        while e < end:
+            kind, ehead, esize = struct.unpack_from("<H2xIQ", data, e)
+            if kind == 2:
+                cubins.append((struct.unpack_from("<I", data, e + 0x1C)[0], struct.unpack_from("<Q", data, e + 0x28)[0]))
+            e += ehead + esize
+        at = end
+    return cubins
+
+
+def needed(path: str) -> set[str]:
+    out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True, check=True).stdout
+    return set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out))
+
+
+@pytest.mark.slow
+def test_sm90a_build_has_an_sm90a_and_an_sm80_cubin(gpu_builds):
+    tb = gpu_build(gpu_builds, "sm_90a")
+    prov = check_provenance(tb)
+    cmd = prov["command"]
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "-gencode"] == ["arch=compute_90a,code=sm_90a",
+                                                                         "arch=compute_80,code=sm_80"]
+    assert "-DFK_WGMMA" in cmd and prov["expected_flash_path"] == "wgmma" and "cc 9.0" in prov["note"]
+    # headers read only by a device pass (fk_wgmma.h includes its ops under __CUDA_ARCH_FEAT_SM90_ALL)
+    # are digested too: this build takes every conditional include of the tree
+    listed = {s["path"] for s in prov["sources"]}
+    assert listed == included_tree_files(REPO, tg.GPU_SOURCE), sorted(included_tree_files(REPO, tg.GPU_SOURCE) - listed)
+    cubins = fatbin_cubins(tb.library)
+    # the arch-specific ("a") flag on the SM 90 cubins and on no SM 80 one; nothing else in the fatbin
+    assert {sm for sm, _ in cubins} == {80, 90}, cubins
+    assert all(flags & ARCH_SPECIFIC for sm, flags in cubins if sm == 90), cubins
+    assert not any(flags & ARCH_SPECIFIC for sm, flags in cubins if sm == 80), cubins
+    # the walk tells the two apart: the plain sm_90 library's cubins carry no "a" flag
+    plain = fatbin_cubins(gpu_build(gpu_builds, "sm_90").library)
+    assert {sm for sm, _ in plain} == {90} and not any(f & ARCH_SPECIFIC for _, f in plain), plain
+    # the tensor maps come through cudaGetDriverEntryPoint: no libcuda (nor any vendor library) linked
+    assert needed(tb.library) == SYSTEM_NEEDED, needed(tb.library)
+    # fk_target() is a host function: callable here without a GPU
+    code = ("import ctypes,sys; d=ctypes.CDLL(sys.argv[1]); d.fk_target.restype=ctypes.c_char_p;"
+            "print(d.fk_abi_version(), d.fk_target().decode())")
+    out = subprocess.run([sys.executable, "-c", code, tb.library], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "sm_90a"]
+
+
+@pytest.mark.slow
+def test_sm90a_inspect_and_check_list_both_cubins(gpu_builds):
+    tb = gpu_build(gpu_builds, "sm_90a")
+    cp = run_cli("inspect", "--json", tb.library)
+    assert cp.returncode == 0, cp.stderr
+    cubins = [e for e in _device_entries(json.loads(cp.stdout)) if e["kind"] == "cubin" and e["error"] is None]
+    assert {e["target"] for e in cubins} == {"sm_90a", "sm_80"}, cubins
+    for target in ("sm_90a", "sm_80"):  # the flash kernels are in both cubins, not only a stub
+        kernels = {k for e in cubins if e["target"] == target for k in e["kernels"]}
+        assert any("flash_mma_kernel" in k for k in kernels), (target, sorted(kernels))
+    hopper = {k for e in cubins if e["target"] == "sm_90a" for k in e["kernels"] if "wgmma" in k}
+    assert len(hopper) >= 4, sorted(hopper)  # fp16/bf16 x D 64/128
+    text = run_cli("inspect", tb.library).stdout
+    assert re.search(r"cubin\s+sm_90a\s", text) and re.search(r"cubin\s+sm_80\s", text), text[-3000:]
+    cp = run_cli("check", "--format", "json", tb.library)
+    assert cp.returncode == 0, cp.stdout[-2000:]
+    res = json.loads(cp.stdout)
+    (fr,) = res["files"]
+    assert fr["verdict"] == "pass" and set(fr["device_targets"]) == {"sm_80", "sm_90a"}, fr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("vendor,rule", [("libcublas.so.13", "nvidia.cublas"), ("libcudnn.so.9", "nvidia.cudnn")])
+def test_sm90a_library_with_a_vendor_library_linked_fails_check(gpu_builds, tmp_path, vendor, rule):
+    """The same sm_90a object with one vendor library added to DT_NEEDED (as linking it would):
+    check must fail and name the rule."""
+    patchelf = shutil.which("patchelf")
+    if patchelf is None:
+        pytest.skip("patchelf not on PATH (make test installs it)")
+    tb = gpu_build(gpu_builds, "sm_90a")
+    bad = tmp_path / "libflash_kernel.so"
+    shutil.copy(tb.library, bad)
+    subprocess.run([patchelf, "--add-needed", vendor, str(bad)], check=True, capture_output=True)
+    assert vendor in needed(str(bad))
+    cp = run_cli("check", str(bad))
+    assert cp.returncode == 1, cp.stdout[-2000:]
+    assert f"[{rule}] needed: {vendor}" in cp.stdout

@@ -118,8 +118,8 @@ def first_error_line(log: str, returncode: int | None) -> str:
 
 
 def build_targets(targets: list[str] | None, out: Path, jobs: int | None = None) -> BuildResult:
-    """Build each target into out/<target>/ (defaults: gfx1030 and sm_90 where their toolchains
-    exist, and cpu always). Never raises for a failed compile: see each TargetBuild's status."""
+    """Build each target into out/<target>/ (defaults: gfx1030, sm_90a and sm_90 where their
+    toolchains exist, and cpu always). Never raises for a failed compile: see each TargetBuild's status."""
     names, explicit = resolve_targets(targets)
     return _build_names(names, explicit, Path(out), jobs)
 

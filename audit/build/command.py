@@ -17,9 +17,9 @@ def _one_line(text: str) -> str:
 
 @click.command("build")
 @click.option("--target", "-t", "targets", multiple=True, metavar="T",
-              help="gfx1030, other gfx targets of the installed device libraries (gfx90a, ...), sm_90, "
-                   "sm_80, sm_90-generic, cpu; repeatable. Default: gfx1030 and sm_90 where their "
-                   "toolchains exist, and cpu.")
+              help="gfx1030, other gfx targets of the installed device libraries (gfx90a, ...), sm_90a "
+                   "(wgmma on cc 9.0 + an sm_80 mma.sync cubin), sm_90, sm_80, sm_90-generic, cpu; "
+                   "repeatable. Default: gfx1030, sm_90a and sm_90 where their toolchains exist, and cpu.")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("build"),
               show_default=True, help="Build folder: DIR/<target>/libflash_kernel.so + provenance.json.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel compiles (default: CPUs).")

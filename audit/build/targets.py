@@ -27,6 +27,9 @@ HIPCC_ENV = {"HIP_PLATFORM": "amd"}
 NVIDIA_ARCH = {
     "sm_90": ("-gencode", "arch=compute_90,code=sm_90"),
     "sm_80": ("-gencode", "arch=compute_80,code=sm_80"),
+    # Two cubins: sm_90a (wgmma/TMA, the "a" features run on cc 9.0 only) and sm_80 (mma.sync, for
+    # cc 8.x devices). No PTX: a device of another major version runs neither.
+    "sm_90a": ("-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_80,code=sm_80"),
 }
 
 # Where rocm-device-libs puts its per-ISA bitcode (Debian first, then ROCm's own layout).
@@ -103,6 +106,14 @@ def nvidia_spec(name: str) -> TargetSpec:
         return TargetSpec(name, "nvidia", "nvcc", GPU_SOURCE, NVCC_FLAGS + NVIDIA_ARCH["sm_90"] + ("-DFK_FORCE_GENERIC",),
                           flash_path="generic",
                           note="the generic (RDNA2) logic forced on NVIDIA sm_90: a proxy, never an RDNA2 figure")
+    if name == "sm_90a":
+        # -DFK_WGMMA compiles the Hopper kernel (its device code only in the sm_90a pass);
+        # -DFK_TARGET: fk_target() would else name the lowest arch of __CUDA_ARCH_LIST__ (sm_80).
+        return TargetSpec(name, "nvidia", "nvcc", GPU_SOURCE,
+                          NVCC_FLAGS + NVIDIA_ARCH[name] + ("-DFK_WGMMA", '-DFK_TARGET="sm_90a"'),
+                          flash_path="wgmma",
+                          note="wgmma/TMA path from the sm_90a cubin on cc 9.0 (H100/H200); mma.sync from the "
+                               "sm_80 cubin on cc 8.x; no PTX, so no other device runs it")
     return TargetSpec(name, "nvidia", "nvcc", GPU_SOURCE, NVCC_FLAGS + NVIDIA_ARCH[name], flash_path="mma_sync")
 
 
@@ -114,14 +125,17 @@ def amd_spec(name: str) -> TargetSpec:
 def all_specs() -> dict[str, TargetSpec]:
     """Every valid target name -> its spec (AMD names from the installed device libraries)."""
     specs = {"cpu": cpu_spec()}
-    for name in ("sm_90", "sm_80", "sm_90-generic"):
+    for name in ("sm_90a", "sm_90", "sm_80", "sm_90-generic"):
         specs[name] = nvidia_spec(name)
     for name in sorted(set(AMD_ALWAYS) | set(device_lib_isas()), key=_gfx_key):
         specs[name] = amd_spec(name)
     return specs
 
 
-DEFAULT_TARGETS = ("gfx1030", "sm_90", "cpu")  # gfx1030 and sm_90 only where their toolchains exist
+# gfx1030, sm_90a and sm_90 only where their toolchains exist. sm_90a (the fastest path on cc 9.0)
+# comes before sm_90 (the portable mma.sync path, kept to compare with): `run` treats the first
+# library the device runs as the primary one.
+DEFAULT_TARGETS = ("gfx1030", "sm_90a", "sm_90", "cpu")
 
 
 def library_path(out: Path, target: str) -> Path:
