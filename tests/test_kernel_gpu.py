@@ -1,5 +1,6 @@
-"""GPU correctness of the flash_kernel CUDA builds: the mma.sync path (sm_90), the forced generic
-(RDNA2) path (sm_90-generic) and the naive pre-flash path, against a float64 reference.
+"""GPU correctness of the flash_kernel CUDA builds: the mma.sync path (sm_90), the Hopper wgmma/TMA
+path (sm_90a, only on a cc 9.0 device), the forced generic (RDNA2) path (sm_90-generic) and the
+naive pre-flash path, against a float64 reference.
 
 Marker `gpu`: skipped where torch sees no CUDA device (CI); run on the device machine. The libraries
 come from the build folder (`flash_kernel.build_dir()`: $FLASH_KERNEL_BUILD or build/), else they
@@ -30,7 +31,14 @@ from flash_kernel import _binding  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
-NVCC_ARCH = {"sm_90": [], "sm_90-generic": ["-DFK_FORCE_GENERIC"]}
+SM90 = ["-gencode", "arch=compute_90,code=sm_90"]
+NVCC_ARCH = {  # the flags of audit/build/targets.py, written out
+    "sm_90": SM90,
+    "sm_90-generic": SM90 + ["-DFK_FORCE_GENERIC"],
+    "sm_90a": ["-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_80,code=sm_80", "-DFK_WGMMA",
+               '-DFK_TARGET="sm_90a"'],
+}
+FLASH_PATH = {"sm_90": "mma_sync", "sm_90-generic": "generic", "sm_90a": "wgmma"}  # on a cc 9.0 device
 
 # (B, H, Nq, Nk): N in {1, 77, 1000, 4097}, ragged everywhere, Nq != Nk, B and H > 1.
 SHAPES = [
@@ -52,7 +60,7 @@ def _build(target: str, out: Path) -> Path:
     so = out / target / "libflash_kernel.so"
     so.parent.mkdir(parents=True, exist_ok=True)
     cmd = [nvcc, "-x", "cu", "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-           "-gencode", "arch=compute_90,code=sm_90", *NVCC_ARCH[target], "-I", "flash_kernel/include",
+           *NVCC_ARCH[target], "-I", "flash_kernel/include",
            "-I", "flash_kernel/src", "flash_kernel/src/fk_gpu.hip", "-o", str(so)]
     subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, timeout=600)
     return so
@@ -74,17 +82,19 @@ def _assert_built_from_this_tree(so: Path) -> None:
     assert not stale, f"{so} was built from other sources than this tree's ({', '.join(stale)}): rebuild it"
 
 
-@pytest.fixture(scope="session", params=["sm_90", "sm_90-generic"])
+@pytest.fixture(scope="session", params=["sm_90", "sm_90-generic", "sm_90a"])
 def lib(request, fixture_root):
     target = request.param
+    if target == "sm_90a" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a (wgmma) path runs on a cc 9.0 device only (H100/H200)")
     so = flash_kernel.build_dir() / target / "libflash_kernel.so"
     if so.is_file():
         _assert_built_from_this_tree(so)  # else these tests would judge an older kernel
     else:
         so = _build(target, fixture_root)
     lib = flash_kernel.load(so)
-    assert lib.flash_path == ("generic" if target.endswith("generic") else "mma_sync")
-    assert lib.target == "sm_90"
+    assert lib.flash_path == FLASH_PATH[target]
+    assert lib.target == ("sm_90a" if target == "sm_90a" else "sm_90")
     return lib
 
 
