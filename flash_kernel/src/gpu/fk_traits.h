@@ -102,15 +102,21 @@ struct MmaTile {
 // One producer warpgroup (TMA loads) and two consumer warpgroups of 64 query rows each (BM 128),
 // in ping-pong: one computes its softmax while the other's GEMMs run. Tiles sit in shared memory
 // as 64-element column blocks of 128-byte rows (the TMA / wgmma 128B swizzle). The K/V ring is
-// kStages deep; 227 KiB of shared memory bounds it (D 128: 32 KiB Q + 3 x 64 KiB K/V).
+// kStages deep; 227 KiB of shared memory bounds it (D 128: 32 KiB Q + 3 x 64 KiB K/V = 224 KiB).
 #ifndef FK_WGMMA_BN
 #define FK_WGMMA_BN 128
 #endif
 #ifndef FK_WGMMA_STAGES_D128
-#define FK_WGMMA_STAGES_D128 2
+#define FK_WGMMA_STAGES_D128 3
 #endif
 #ifndef FK_WGMMA_STAGES_D64
 #define FK_WGMMA_STAGES_D64 4
+#endif
+// Intra-warpgroup overlap: wait for S(j) alone and compute its exponentials while P(j-1) V(j-1) runs.
+// Measured on the H200 (docs/perf.md, issue 6 call 1): overlap + 3 stages 585 TFLOP/s at D 128
+// against 518 with neither; overlap 431 against 409 at D 64.
+#ifndef FK_WGMMA_OVERLAP
+#define FK_WGMMA_OVERLAP 1
 #endif
 template <int D>
 struct WgmmaTile {
