@@ -315,3 +315,15 @@ def test_a_bad_key_fails_before_any_work():
     proc = cli("run", "--out", str(out), "--key", str(bad), timeout=60)
     assert proc.returncode in (2, 3) and proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1
     assert not out.exists()
+
+
+def test_cuda_can_run_follows_cubin_compatibility():
+    """A plain cubin runs on its major at >= its minor; an sm_90a cubin on cc 9.0 only; the sm_90a
+    library's sm_80 cubin lets it run on cc 8.x too."""
+    from audit.report.orchestrate import _cuda_can_run
+
+    assert _cuda_can_run("sm_90a", (9, 0)) and _cuda_can_run("sm_90a", (8, 6))
+    assert not _cuda_can_run("sm_90a", (10, 0)) and not _cuda_can_run("sm_90a", (7, 5))
+    assert _cuda_can_run("sm_90", (9, 0)) and not _cuda_can_run("sm_90", (8, 9))
+    assert not _cuda_can_run("sm_90", (10, 0)) and not _cuda_can_run("sm_80", (9, 0))
+    assert _cuda_can_run("sm_80", (8, 9)) and _cuda_can_run("sm_90-generic", (9, 0))

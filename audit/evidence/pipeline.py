@@ -541,7 +541,7 @@ def _resolve_library(names: list[str], device_opt: str, lib_path: str | None, ta
         lib = fk.library_for("cuda")
     except Exception as exc:
         raise UsageError(f"no kernel library for cuda: {' '.join(str(exc).split())} "
-                         "(build one: sovereign-audit build --target sm_90)") from None
+                         "(build one: sovereign-audit build --target sm_90a)") from None
     return lib, sel.resolve_device(device, sel.library_device(lib))
 
 

@@ -81,6 +81,13 @@ def library_path(target: str) -> Path:
     return build_dir() / target / "libflash_kernel.so"
 
 
+def _default_cuda_target() -> str:
+    """The fastest CUDA target already built, else sm_90a (wgmma on Hopper, mma.sync on cc 8.x)."""
+    from flash_kernel import CUDA_TARGETS
+
+    return next((t for t in CUDA_TARGETS if library_path(t).is_file()), CUDA_TARGETS[0])
+
+
 def ensure_target_library(target: str) -> Path:
     """Path of our library for `target`, building it with the builder if it is missing."""
     if not target or "/" in target or target.startswith("."):
@@ -375,7 +382,7 @@ def select(target: str | None = None, lib: str | None = None, candidate: str | N
         return Selection("candidate", candidate, dev, primary, oracle, note, info, None)
     if not target:
         dev = resolve_device(device)
-        target = "cpu" if dev == "cpu" else os.environ.get("FLASH_KERNEL_TARGET", "sm_90")
+        target = "cpu" if dev == "cpu" else os.environ.get("FLASH_KERNEL_TARGET") or _default_cuda_target()
     return _from_library("target", target, ensure_target_library(target), device)
 
 

@@ -626,15 +626,31 @@ def _resolve_options():
     return ResolveOptions()
 
 
-def _cuda_can_run(target: str) -> bool:
-    try:
-        import torch
+# The cubins each CUDA target's library holds: a plain sm_XY cubin runs on cc X.y for y >= Y; an
+# arch-specific sm_XYa cubin only on cc X.Y exactly. (sm_90a also carries an sm_80 cubin.)
+_CUBINS = {"sm_90a": ("sm_90a", "sm_80"), "sm_90": ("sm_90",), "sm_90-generic": ("sm_90",), "sm_80": ("sm_80",)}
 
-        major, minor = torch.cuda.get_device_capability()
-    except Exception:
+
+def _cubin_runs(cubin: str, major: int, minor: int) -> bool:
+    digits = cubin[3:].rstrip("a")
+    if len(digits) < 2 or not digits.isdigit():
         return False
-    digits = "".join(ch for ch in target[3:].split("-")[0] if ch.isdigit())
-    return bool(digits) and int(digits) <= major * 10 + minor
+    want_major, want_minor = int(digits[:-1]), int(digits[-1])
+    if cubin.endswith("a"):
+        return (major, minor) == (want_major, want_minor)
+    return major == want_major and minor >= want_minor
+
+
+def _cuda_can_run(target: str, capability: tuple[int, int] | None = None) -> bool:
+    if capability is None:
+        try:
+            import torch
+
+            capability = torch.cuda.get_device_capability()
+        except Exception:
+            return False
+    cubins = _CUBINS.get(target, (target.split("-")[0],))
+    return any(_cubin_runs(c, *capability) for c in cubins)
 
 
 def _call_kwargs(fn: Callable, **kwargs):
