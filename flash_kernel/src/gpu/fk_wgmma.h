@@ -71,7 +71,8 @@ FK_DEVICE void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\
 FK_DEVICE void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 FK_DEVICE void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 FK_DEVICE void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-FK_DEVICE void wg_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N> FK_DEVICE void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+FK_DEVICE void wg_wait_all() { wg_wait<0>(); }
 // Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
 template <int R> FK_DEVICE void fence_regs(float (&r)[R]) {
 #pragma unroll
@@ -186,7 +187,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             else Ops<E>::rs_n64(o, pf[kk], db);
         }
     };
-    auto softmax = [&](int j) {  // S(j) -> P(j); rescales O and the row sums
+    // Softmax in two halves, so that the first can run while this warpgroup's P V is in flight:
+    // probs() turns S(j) into unnormalised probabilities in place (fp32) and returns the rescale
+    // factors; finish() packs them as P and rescales O (which needs the previous P V done).
+    auto probs = [&](int j, float &a0, float &a1) {
         const int n0 = j * BN;
         if (n0 + BN > nk) {  // ragged last tile: keys past nk get no weight
             const int t2 = 2 * (lane % 4);
@@ -208,24 +212,31 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 1));
         mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 2));
         const float mn0 = fmaxf(m0, mx0 * sl2), mn1 = fmaxf(m1, mx1 * sl2);  // finite: >= 1 valid key per tile
-        const float a0 = mma::ex2(m0 - mn0), a1 = mma::ex2(m1 - mn1);
+        a0 = mma::ex2(m0 - mn0);
+        a1 = mma::ex2(m1 - mn1);
         m0 = mn0;
         m1 = mn1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            float e[8];
-#pragma unroll
-            for (int x = 0; x < 8; ++x) e[x] = mma::ex2(fmaf(s[8 * kk + x], sl2, (x & 2) ? -mn1 : -mn0));
-            sum0 += e[0] + e[1] + e[4] + e[5];
-            sum1 += e[2] + e[3] + e[6] + e[7];
-            pf[kk][0] = mma::Ptx<E>::pack(e[0], e[1]);  // row r,   keys 16kk + 2(lane%4) + {0,1}
-            pf[kk][1] = mma::Ptx<E>::pack(e[2], e[3]);  // row r+8, same keys
-            pf[kk][2] = mma::Ptx<E>::pack(e[4], e[5]);  // row r,   keys + 8
-            pf[kk][3] = mma::Ptx<E>::pack(e[6], e[7]);  // row r+8, keys + 8
+        for (int t = 0; t < BN / 8; ++t) {
+            s[4 * t] = mma::ex2(fmaf(s[4 * t], sl2, -mn0));
+            s[4 * t + 1] = mma::ex2(fmaf(s[4 * t + 1], sl2, -mn0));
+            s[4 * t + 2] = mma::ex2(fmaf(s[4 * t + 2], sl2, -mn1));
+            s[4 * t + 3] = mma::ex2(fmaf(s[4 * t + 3], sl2, -mn1));
+            sum0 += s[4 * t] + s[4 * t + 1];
+            sum1 += s[4 * t + 2] + s[4 * t + 3];
         }
         l0 = l0 * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
         l1 = l1 * a1 + sum1;
+    };
+    auto finish = [&](float a0, float a1) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            pf[kk][0] = mma::Ptx<E>::pack(s[8 * kk], s[8 * kk + 1]);      // row r,   keys 16kk + 2(lane%4) + {0,1}
+            pf[kk][1] = mma::Ptx<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r+8, same keys
+            pf[kk][2] = mma::Ptx<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r,   keys + 8
+            pf[kk][3] = mma::Ptx<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r+8, keys + 8
+        }
 #pragma unroll
         for (int t = 0; t < D / 8; ++t) {
             o[4 * t] *= a0;
@@ -252,7 +263,11 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     named_arrive(other_bar, kPair);
     wg_wait_all();
     fence_regs(s);
-    softmax(0);
+    {
+        float a0, a1;
+        probs(0, a0, a1);
+        finish(a0, a1);
+    }
 
     for (int j = 1; j < ntiles; ++j) {
         const int st = j % S, pst = (j - 1) % S;
@@ -263,14 +278,29 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         fence_regs(o);
         wg_fence();
         issue_s(st);
+        float a0, a1;
+#if FK_WGMMA_OVERLAP
+        // S(j) and P(j-1) V(j-1) in two groups: the exponentials of S(j) run while P V is in flight.
+        wg_commit();
         issue_pv(pst);
         wg_commit();
         named_arrive(other_bar, kPair);
-        wg_wait_all();
+        wg_wait<1>();
+        fence_regs(s);
+        probs(j, a0, a1);
+        wg_wait<0>();
+        fence_regs(o);
+#else
+        issue_pv(pst);
+        wg_commit();
+        named_arrive(other_bar, kPair);
+        wg_wait<0>();
         fence_regs(s);
         fence_regs(o);
+        probs(j, a0, a1);
+#endif
         release(pst);
-        softmax(j);
+        finish(a0, a1);
     }
 
     // Last P V.
