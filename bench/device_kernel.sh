@@ -107,7 +107,9 @@ int main(int argc, char **argv) {
     const long shapes[][4] = {{2,3,1,1},{2,3,77,77},{2,2,1000,1000},{1,2,4097,4097},{2,2,77,1000},{1,3,1000,77},{2,1,1,4097},{1,2,4097,1}};
     const int dims[] = {32, 64, 96, 128, 256};
     int calls = 0, bad = 0;
-    const bool small = std::getenv("FK_DRIVER_SMALL") != nullptr;
+    auto on = [](const char *name) { const char *v = std::getenv(name); return v && *v; };
+    const bool small = on("FK_DRIVER_SMALL");            // racecheck: fewer, smaller calls
+    const bool flash_only = on("FK_DRIVER_FLASH_ONLY");  // ... and not the naive path
     for (auto &s : shapes) for (int d : dims) for (int dt = 0; dt < 3; ++dt) for (int lay = 0; lay < 2; ++lay) {
         if (small && (s[2] > 1000 || s[3] > 1000 || dt == 0 || (d != 64 && d != 128))) continue;
         if ((d == 32 || d == 96 || d == 256) && (s[2] > 1000 || s[3] > 1000)) continue;  // keep it short
@@ -128,7 +130,7 @@ int main(int argc, char **argv) {
         a.batch = B; a.heads = H; a.nq = nq; a.nk = nk; a.head_dim = d;
         auto st = [&](int64_t *x, long n) { if (lay == 0) { x[0] = H * n * d; x[1] = n * d; x[2] = d; } else { x[0] = n * H * d; x[1] = d; x[2] = H * d; } };
         st(a.q_stride, nq); st(a.o_stride, nq); st(a.k_stride, nk); st(a.v_stride, nk);
-        for (int which = 0; which < 2; ++which) {
+        for (int which = 0; which < (flash_only ? 1 : 2); ++which) {
             int32_t rc = (which ? naive : flash)(&a); cudaError_t e = cudaDeviceSynchronize(); ++calls;
             if (rc != 0 || e != cudaSuccess) { ++bad; std::printf("FAIL %s B%ld H%ld nq%ld nk%ld d%d dt%d lay%d rc %d (%s) cuda %s\n", which ? "naive" : "flash", B, H, nq, nk, d, dt, lay, rc, err(), cudaGetErrorString(e)); }
         }
@@ -151,12 +153,13 @@ CPP
     done
 }
 
-# Shared-memory races (racecheck) on the flash paths, small shapes, fp16/bf16 at D 64/128.
+# Shared-memory races (racecheck) on the flash path (FK_RACECHECK_FLASH_ONLY= to add the naive path),
+# small shapes, fp16/bf16 at D 64/128.
 stage_racecheck() {
     local DRV=/tmp/fk_memcheck_drv
     [ -x "$DRV/fk_memcheck" ] || stage_memcheck_build_only
     for t in ${FK_RACECHECK_LIBS:-sm_90a sm_90}; do
-        FK_DRIVER_SMALL=1 timeout ${FK_RACECHECK_TIMEOUT:-150} compute-sanitizer --tool racecheck --racecheck-report all \
+        FK_DRIVER_SMALL=1 FK_DRIVER_FLASH_ONLY=${FK_RACECHECK_FLASH_ONLY-1} timeout ${FK_RACECHECK_TIMEOUT:-150} compute-sanitizer --tool racecheck --racecheck-report all \
             --error-exitcode 9 --print-limit 20 "$DRV/fk_memcheck" "$FK_BUILD/$t/libflash_kernel.so" >"$DRV/racecheck-$t.log" 2>&1
         note "racecheck $t: exit $? | $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|calls' "$DRV/racecheck-$t.log" | tr '\n' ' ')"
         { echo "=== $t"; cat "$DRV/racecheck-$t.log"; } >> "$OUT/racecheck.log"

@@ -3,7 +3,8 @@
 // mma.sync.m16n8k16 through inline PTX; Q, K and V tiles in XOR-swizzled shared memory read with
 // ldmatrix (.trans for V); K/V tiles fetched with cp.async so that V(j) lands while S = Q K(j)^T
 // is computed and K(j+1) lands while P V(j) is; softmax in base 2 with log2(e) folded into the
-// scale; P never leaves registers: the S accumulators are re-packed as the A operand of P V.
+// scale; P never leaves registers: the S accumulators are re-packed as the A operand of P V; the
+// O rescale is skipped when no row maximum of the warp moved. Tile shapes: MmaTile in fk_traits.h.
 // Compiled only by nvcc for __CUDA_ARCH__ >= 800 and without FK_FORCE_GENERIC.
 #ifndef FK_MMA_H
 #define FK_MMA_H
@@ -101,27 +102,12 @@ template <int D> FK_DEVICE uint32_t swz(int r, int c) {
     return uint32_t(r * (D * 2) + ((c ^ (r & 7)) << 4));
 }
 
-// Issues the cp.async copies of rows [r0, r0 + ROWS) of one head into a swizzled tile.
-template <int D, int ROWS, int NT>
-FK_DEVICE void load_tile_async(uint32_t sbase, const uint16_t *g, int64_t rs, int64_t r0, int64_t valid) {
-    constexpr int C = D / 8;
-#pragma unroll
-    for (int i = threadIdx.x; i < ROWS * C; i += NT) {
-        const int r = i / C, c = i % C;
-        const bool in = r0 + r < valid;
-        const uint16_t *src = g + (in ? (r0 + r) * rs : 0) + c * 8;  // clamped: never past the tensor
-        cp_async16(sbase + swz<D>(r, c), src, in ? 16 : 0);
-    }
-}
-
-#if defined(FK_MMA_FAST_LOAD)
-// Tuning option (FK_MMA_FAST_LOAD): the generic loader above recomputes, for each of its 8-16 copies
-// per tile, the row and chunk (division by C), a 64-bit row offset and the bound test (about 25
-// SASS instructions a copy, in a loop the compiler does not unroll: ~400 of the ~1150 non-MMA
-// instructions of a K/V tile). Here each thread keeps one chunk column c = tid % C of rows
+// The cp.async copies of one BM|BN x D tile. Each thread keeps one chunk column c = tid % C of rows
 // tid / C + i * RP (RP = NT / C, a multiple of 8, so the swizzle of its chunk is the same on every
 // row it copies): per copy one 64-bit pointer step and one cp.async; the bound test only on a
-// ragged tile. Masked rows still zero-fill from row 0 of the head, never past the tensor.
+// ragged tile. (A loop over i = tid, tid + NT, ... recomputing row, chunk and bound per copy was
+// ~25 SASS instructions a copy, ~400 per tile: 16-20 % slower, docs/perf.md issue 6 call 2.)
+// Masked rows zero-fill from row 0 of the head, never read past the tensor.
 template <int D, int ROWS, int NT>
 struct TileCopy {
     static constexpr int C = D / 8, RP = NT / C, IT = ROWS / RP;
@@ -150,18 +136,13 @@ struct TileCopy {
         }
     }
 };
-#endif
 
 template <class E, int D>
-__global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashParams p) {
+__global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) flash_mma_kernel(FlashParams p) {
 #if defined(FK_MMA_DEVICE_OK)
     using Tile = MmaTile<D>;
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::kThreads, MT = Tile::MT;
-#if defined(FK_MMA_Q_SMEM)
-    constexpr bool kQInRegs = false;  // tuning option: re-read Q from shared memory (frees registers)
-#else
     constexpr bool kQInRegs = Tile::kQInRegs;
-#endif
     constexpr int KS = D / 16;   // k-steps of Q K^T
     constexpr int NS = BN / 8;   // n8 tiles of S
     constexpr int DT = D / 8;    // n8 tiles of O
@@ -177,10 +158,9 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
     const uint16_t *v = static_cast<const uint16_t *>(p.v) + b * p.vs[0] + h * p.vs[1];
     uint16_t *o = static_cast<uint16_t *>(p.o) + b * p.os[0] + h * p.os[1];
 
-#if defined(FK_MMA_FAST_LOAD)
     using CopyQ = TileCopy<D, BM, NT>;
     using CopyKV = TileCopy<D, BN, NT>;
-    static_assert(CopyQ::kOk && CopyKV::kOk, "FK_MMA_FAST_LOAD: needs (threads / (D/8)) a multiple of 8 dividing BM and BN");
+    static_assert(CopyQ::kOk && CopyKV::kOk, "tile copy: needs (threads / (D/8)) a multiple of 8 dividing BM and BN");
     const CopyQ cq(p.qs[2]);
     const CopyKV ck(p.ks[2]), cv(p.vs[2]);
     const int chunk = (threadIdx.x % (D / 8)) * 8;
@@ -191,12 +171,6 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
     cp_async_commit();
     ck.load(sk, kt, k00, p.nk);
     cp_async_commit();
-#else
-    load_tile_async<D, BM, NT>(sq, q, p.qs[2], q0, p.nq);
-    cp_async_commit();
-    load_tile_async<D, BN, NT>(sk, k, p.ks[2], 0, p.nk);
-    cp_async_commit();
-#endif
 
     cp_async_wait<1>();  // Q landed (K may still be in flight)
     __syncthreads();
@@ -222,192 +196,12 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
     const float sl2 = p.scale_log2;
     const int64_t ntiles = (p.nk + BN - 1) / BN;
 
-#if defined(FK_MMA_PIPE)
-    // Tuning option (FK_MMA_PIPE): software pipeline across K/V tiles. S(j+1) = Q K(j+1)^T is
-    // computed in the same basic block as the softmax of tile j (no dependence between the two);
-    // then O = O * alpha + P(j) V(j). The source interleaves them, but ptxas (CUDA 13.0, sm_90)
-    // reschedules: in the SASS the S(j+1) HMMAs come first and the exponentials after them, so
-    // what is gained is that the softmax no longer waits on the latency of its own S MMAs and
-    // runs while the last S(j+1) HMMAs drain. Same buffers and the same two barriers per tile as the default
-    // loop: V(j) is fetched at the top of step j, K(j+2) after the second barrier of step j.
-    // Two S register sets: use BN 32 at D 128 (-DFK_MMA_BN_D128=32); at D 64 with BN 64 also
-    // -DFK_MMA_Q_SMEM. On the last step the S(j+1) MMAs re-read K(last) and are discarded
-    // (a branch there would split the block that is meant to overlap).
-    auto load_k = [&](int64_t jt) {
-#if defined(FK_MMA_FAST_LOAD)
-        ck.load(sk, kt + jt * kstep, k00, p.nk - jt * BN);
-#else
-        load_tile_async<D, BN, NT>(sk, k, p.ks[2], jt * BN, p.nk);
-#endif
-        cp_async_commit();
-    };
-    auto load_v = [&](int64_t jt) {
-#if defined(FK_MMA_FAST_LOAD)
-        cv.load(sv, vt + jt * vstep, v00, p.nk - jt * BN);
-#else
-        load_tile_async<D, BN, NT>(sv, v, p.vs[2], jt * BN, p.nk);
-#endif
-        cp_async_commit();
-    };
-    // S(j) and S(j+1); P(j) as the A operand of P V; per-row new maxima, rescale factors, sums
-    float s[MT][NS][4] = {}, sn[MT][NS][4];
-    uint32_t pf[MT][NS / 2][4];
-    float mn[MT][2] = {}, al[MT][2], sum[MT][2] = {};
-    constexpr int kGroups = MT * NS, kPerStep = (kGroups + KS - 1) / KS;
-    // The exponentials of S(j), one n8 tile (4 per thread) per group, spread over the k-steps
-    // of S(j+1) = Q K(j+1)^T in source order (discarded on the last step).
-    auto exp_group = [&](int g) {
-        const int mt = g / NS, n = g % NS;
-        const float mn0 = mn[mt][0], mn1 = mn[mt][1];
-        const float e0 = ex2(fmaf(s[mt][n][0], sl2, -mn0)), e1 = ex2(fmaf(s[mt][n][1], sl2, -mn0));
-        const float e2 = ex2(fmaf(s[mt][n][2], sl2, -mn1)), e3 = ex2(fmaf(s[mt][n][3], sl2, -mn1));
-        sum[mt][0] += e0 + e1;
-        sum[mt][1] += e2 + e3;
-        pf[mt][n / 2][(n % 2) * 2 + 0] = Ptx<E>::pack(e0, e1);
-        pf[mt][n / 2][(n % 2) * 2 + 1] = Ptx<E>::pack(e2, e3);
-    };
-    auto qk = [&](float (&dst)[MT][NS][4], int groups) {  // groups: exponentials of S(j) per k-step
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int n = 0; n < NS; ++n) dst[mt][n][0] = dst[mt][n][1] = dst[mt][n][2] = dst[mt][n][3] = 0.0f;
-        const int rr = (lane % 8) + 8 * (lane / 16), cc = (lane / 8) % 2;
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
-            uint32_t qt[MT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                if (kQInRegs) {
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) qt[mt][x] = qf[kQInRegs ? ks : 0][mt][x];
-                } else {
-                    ldmatrix_x4(qt[mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
-                }
-            }
-#pragma unroll
-            for (int np = 0; np < NS / 2; ++np) {
-                uint32_t kf[4];
-                ldmatrix_x4(kf, sk + swz<D>(np * 16 + rr, 2 * ks + cc));
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    Ptx<E>::mma(dst[mt][2 * np], qt[mt], kf[0], kf[1]);
-                    Ptx<E>::mma(dst[mt][2 * np + 1], qt[mt], kf[2], kf[3]);
-                }
-            }
-#pragma unroll
-            for (int x = 0; x < groups; ++x)
-                if (ks * groups + x < kGroups) exp_group(ks * groups + x);
-        }
-    };
-
-    cp_async_wait<0>();  // K(0) landed
-    __syncthreads();
-    qk(s, 0);
-    __syncthreads();  // every warp is done with K(0)
-    if (ntiles > 1) load_k(1);
-
-    for (int64_t j = 0; j < ntiles; ++j) {
-        const int64_t k0 = j * BN;
-        cp_async_wait<0>();  // K(j+1) landed
-        __syncthreads();     // ... for every thread; and every warp is done with V(j-1)
-        load_v(j);
-
-        if (k0 + BN > p.nk) {  // ragged last tile: keys past nk get no weight
-            const int t2 = 2 * (lane % 4);
-#pragma unroll
-            for (int n = 0; n < NS; ++n) {
-                const int64_t c = k0 + n * 8 + t2;
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    if (c >= p.nk) s[mt][n][0] = s[mt][n][2] = -INFINITY;
-                    if (c + 1 >= p.nk) s[mt][n][1] = s[mt][n][3] = -INFINITY;
-                }
-            }
-        }
-
-        // Row maxima of S(j), then S(j+1) with the exponentials of S(j) between its k-steps.
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < NS; ++n) {
-                mx0 = fmaxf(mx0, fmaxf(s[mt][n][0], s[mt][n][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[mt][n][2], s[mt][n][3]));
-            }
-            mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 1));
-            mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 2));
-            mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 1));
-            mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 2));
-            mn[mt][0] = fmaxf(mrow[mt][0], mx0 * sl2);
-            mn[mt][1] = fmaxf(mrow[mt][1], mx1 * sl2);
-        }
-
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            al[mt][0] = ex2(mrow[mt][0] - mn[mt][0]);
-            al[mt][1] = ex2(mrow[mt][1] - mn[mt][1]);
-            mrow[mt][0] = mn[mt][0];
-            mrow[mt][1] = mn[mt][1];
-            sum[mt][0] = sum[mt][1] = 0.0f;
-        }
-        qk(sn, kPerStep);  // S(j+1), with the exponentials of S(j) between its k-steps
-#pragma unroll
-        for (int g = KS * kPerStep; g < kGroups; ++g) exp_group(g);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-            lrow[mt][0] = lrow[mt][0] * al[mt][0] + sum[mt][0];
-            lrow[mt][1] = lrow[mt][1] * al[mt][1] + sum[mt][1];
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#if defined(FK_MMA_SKIP_RESCALE)
-            if (__any_sync(0xffffffffu, al[mt][0] != 1.0f || al[mt][1] != 1.0f))
-#endif
-#pragma unroll
-            for (int d = 0; d < DT; ++d) {
-                acc[mt][d][0] *= al[mt][0];
-                acc[mt][d][1] *= al[mt][0];
-                acc[mt][d][2] *= al[mt][1];
-                acc[mt][d][3] *= al[mt][1];
-            }
-        }
-
-        cp_async_wait<0>();  // V(j) landed
-        __syncthreads();     // ... for every thread; and every warp is done with K(j+1)
-        if (j + 2 < ntiles) load_k(j + 2);
-        {
-            const int rr = (lane % 8) + 8 * ((lane / 8) % 2), cc = lane / 16;
-#pragma unroll
-            for (int kk = 0; kk < NS / 2; ++kk)
-#pragma unroll
-                for (int dp = 0; dp < DT / 2; ++dp) {
-                    uint32_t vf[4];
-                    ldmatrix_x4_trans(vf, sv + swz<D>(kk * 16 + rr, 2 * dp + cc));
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        Ptx<E>::mma(acc[mt][2 * dp], pf[mt][kk], vf[0], vf[1]);
-                        Ptx<E>::mma(acc[mt][2 * dp + 1], pf[mt][kk], vf[2], vf[3]);
-                    }
-                }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int n = 0; n < NS; ++n)
-#pragma unroll
-                for (int x = 0; x < 4; ++x) s[mt][n][x] = sn[mt][n][x];
-    }
-#else
     for (int64_t j = 0; j < ntiles; ++j) {
         const int64_t k0 = j * BN;
         cp_async_wait<0>();  // K(j) landed
         __syncthreads();     // ... for every thread; and every warp is done with V(j-1)
-#if defined(FK_MMA_FAST_LOAD)
         cv.load(sv, vt, v00, p.nk - k0);
         vt += vstep;
-#else
-        load_tile_async<D, BN, NT>(sv, v, p.vs[2], k0, p.nk);
-#endif
         cp_async_commit();
 
         float s[MT][NS][4];
@@ -486,11 +280,9 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
             }
             lrow[mt][0] = lrow[mt][0] * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
             lrow[mt][1] = lrow[mt][1] * a1 + sum1;
-#if defined(FK_MMA_SKIP_RESCALE)
-            // Tuning option: once the row maxima settle, most tiles leave them unchanged (alpha 1);
-            // skip the O rescale when no row of this warp moved (a warp-uniform branch).
+            // Once the row maxima settle most tiles leave them unchanged (alpha 1): skip the O
+            // rescale when no row of this warp moved (a warp-uniform branch; x * 1 is exact).
             if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f))
-#endif
 #pragma unroll
             for (int d = 0; d < DT; ++d) {
                 acc[mt][d][0] *= a0;
@@ -503,12 +295,8 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
         cp_async_wait<0>();  // V(j) landed
         __syncthreads();     // ... for every thread; and every warp is done with K(j)
         if (j + 1 < ntiles) {
-#if defined(FK_MMA_FAST_LOAD)
             kt += kstep;
             ck.load(sk, kt, k00, p.nk - k0 - BN);
-#else
-            load_tile_async<D, BN, NT>(sk, k, p.ks[2], k0 + BN, p.nk);
-#endif
             cp_async_commit();
         }
 
@@ -529,7 +317,6 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads) flash_mma_kernel(FlashPa
                 }
         }
     }
-#endif  // FK_MMA_PIPE
 
     const int c = 2 * (lane % 4);
 #pragma unroll

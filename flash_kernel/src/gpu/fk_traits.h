@@ -61,13 +61,17 @@ struct GenericTile {
 // ---- mma.sync path (NVIDIA sm_80+): one warp owns MT m16 tiles = 16*MT query rows ----
 // BM = 16 * MT * warps; BN keys per K/V tile; Q, K and V tiles each BM|BN x D in shared memory,
 // XOR-swizzled in 16-byte chunks. Two m16 tiles per warp reuse each K/V fragment twice (half the
-// ldmatrix traffic of one tile). Q fragments stay in registers when they are few (MT*D <= 128),
-// else they are re-read from shared memory each k-step. Overridable at compile time for tuning.
+// ldmatrix traffic of one tile). Q fragments stay in registers only when they are few (MT*D <= 128)
+// and S is small (BN <= 64: BN 128 at D 64 with Q in registers spills 188 B), else they are re-read
+// from shared memory each k-step. Overridable at compile time for tuning (bench/mma_variants.txt).
+// Defaults measured on the H200 (docs/perf.md, issue 6 call 2): D 128 BM 128 x BN 64; D 64
+// BM 128 x BN 128 with Q from shared memory (FlashAttention-2's own D 64 tile), 1.00-1.05x SDPA-flash
+// in bf16, against 0.79-0.88x for BN 64 at D 64 with the older loader.
 #ifndef FK_MMA_WARPS_D64
 #define FK_MMA_WARPS_D64 4
 #endif
 #ifndef FK_MMA_BN_D64
-#define FK_MMA_BN_D64 64
+#define FK_MMA_BN_D64 128
 #endif
 #ifndef FK_MMA_WARPS_D128
 #define FK_MMA_WARPS_D128 4
@@ -83,15 +87,28 @@ struct GenericTile {
 #ifndef FK_MMA_MT_D128
 #define FK_MMA_MT_D128 2
 #endif
+#ifndef FK_MMA_Q_IN_REGS
+#define FK_MMA_Q_IN_REGS 1   // 0: always re-read Q from shared memory
+#endif
+// Blocks per SM asked of ptxas (__launch_bounds__' second argument): 0 asks nothing (ptxas uses up
+// to 255 registers; two 128-thread blocks fit an SM; CUDA 13.0 spills 12 B at D 64 when asked for 1);
+// 3 caps the registers at 168 so that three blocks fit.
+#ifndef FK_MMA_MIN_BLOCKS_D64
+#define FK_MMA_MIN_BLOCKS_D64 0
+#endif
+#ifndef FK_MMA_MIN_BLOCKS_D128
+#define FK_MMA_MIN_BLOCKS_D128 0
+#endif
 
 template <int D>
 struct MmaTile {
     static constexpr int kWarps = D == 64 ? FK_MMA_WARPS_D64 : FK_MMA_WARPS_D128;
     static constexpr int BN = D == 64 ? FK_MMA_BN_D64 : FK_MMA_BN_D128;
     static constexpr int MT = D == 64 ? FK_MMA_MT_D64 : FK_MMA_MT_D128;
+    static constexpr int kMinBlocks = D == 64 ? FK_MMA_MIN_BLOCKS_D64 : FK_MMA_MIN_BLOCKS_D128;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int BM = 16 * MT * kWarps;
-    static constexpr bool kQInRegs = MT * D <= 128;
+    static constexpr bool kQInRegs = FK_MMA_Q_IN_REGS && MT * D <= 128 && BN <= 64;
     static constexpr int kChunks = D / 8;             // 16-byte chunks per row
     static constexpr int kSmemBytes = (BM + 2 * BN) * D * 2;
     static_assert(D == 64 || D == 128, "mma path: head dims 64 and 128");

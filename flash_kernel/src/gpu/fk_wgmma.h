@@ -72,7 +72,6 @@ FK_DEVICE void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, 
 FK_DEVICE void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 FK_DEVICE void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> FK_DEVICE void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-FK_DEVICE void wg_wait_all() { wg_wait<0>(); }
 // Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
 template <int R> FK_DEVICE void fence_regs(float (&r)[R]) {
 #pragma unroll
@@ -261,7 +260,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     issue_s(0);
     wg_commit();
     named_arrive(other_bar, kPair);
-    wg_wait_all();
+    wg_wait<0>();
     fence_regs(s);
     {
         float a0, a1;
@@ -313,7 +312,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         issue_pv(pst);
         wg_commit();
         named_arrive(other_bar, kPair);
-        wg_wait_all();
+        wg_wait<0>();
         fence_regs(o);
         release(pst);
     }
