@@ -56,9 +56,9 @@ VARIANT_LIBS=()
 IFS=';' read -r -a VARS <<< "${FK_VARIANTS:-}"
 for v in "${VARS[@]}"; do
     [ -z "$v" ] && continue
-    name=${v%%:*}; flags=${v#*:}
+    label=${v%%:*}; flags=${v#*:}; name=${label%%@*}   # name@64:flags = timed at head dim 64 only
     # shellcheck disable=SC2086
-    build "var-$name" $flags && VARIANT_LIBS+=(--lib "mma_$name=$FK_BUILD/var-$name/libflash_kernel.so")
+    build "var-$name" $flags && VARIANT_LIBS+=(--lib "mma_$label=$FK_BUILD/var-$name/libflash_kernel.so")
 done
 
 stage_test() {
@@ -72,7 +72,7 @@ stage_test() {
 stage_vtest() {
     for v in "${VARS[@]}"; do
         [ -z "$v" ] && continue
-        name=${v%%:*}
+        name=${v%%:*}; name=${name%%@*}
         mkdir -p "$FK_BUILD/t-$name/sm_90"
         cp "$FK_BUILD/var-$name/libflash_kernel.so" "$FK_BUILD/t-$name/sm_90/" || continue
         FLASH_KERNEL_BUILD=$FK_BUILD/t-$name timeout ${FK_TEST_TIMEOUT:-200} python3 -m pytest -q -p no:cacheprovider \

@@ -103,7 +103,9 @@ def bench_shape(shape, dtype, methods, args) -> list[dict]:
               for _ in range(args.rotate)]
     ref = sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION)(*inputs[0])
     rows = []
-    for name, fn, reps in methods:
+    for name, fn, reps, dims in methods:
+        if dims and d not in dims:
+            continue
         try:
             out = fn(*inputs[0])
             torch.cuda.synchronize()
@@ -130,7 +132,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", type=parse_shape, action="append", help="B,H,N,D (repeatable)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    ap.add_argument("--lib", action="append", default=[], metavar="NAME=PATH", help="a flash library to time")
+    ap.add_argument("--lib", action="append", default=[], metavar="NAME[@D,...]=PATH",
+                    help="a flash library to time (with @64 or @64,128: only at those head dims)")
     ap.add_argument("--generic-lib", help="the sm_90-generic build (timed as 'ours_generic')")
     ap.add_argument("--naive-lib", help="library whose naive path is timed as 'ours_naive'")
     ap.add_argument("--warmup", type=int, default=3)
@@ -154,19 +157,23 @@ def main(argv=None) -> int:
 
     methods = []
     for spec in args.lib:
-        name, _, path = spec.partition("=")
-        lib = flash_kernel.load(path)
-        methods.append((name, lib.attention, args.repeats))
+        label, _, path = spec.partition("=")
+        name, _, dims = label.partition("@")
+        try:
+            only = {int(x) for x in dims.split(",")} if dims else set()
+        except ValueError:
+            ap.error(f"--lib {spec!r}: head dims after @ must be integers")
+        methods.append((name, flash_kernel.load(path).attention, args.repeats, only))
     baselines = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                  "eager": lambda q, k, v: eager(q, k, v, 1 / math.sqrt(q.shape[-1]), args.eager_gib * 2**30)}
     for name in filter(None, args.torch_methods.split(",")):
         if name not in baselines:
             ap.error(f"unknown --torch-methods entry {name!r} (choose from {', '.join(baselines)})")
-        methods.append((name, baselines[name], args.repeats))
+        methods.append((name, baselines[name], args.repeats, set()))
     if args.generic_lib:
-        methods.append(("ours_generic", flash_kernel.load(args.generic_lib).attention, args.slow_repeats))
+        methods.append(("ours_generic", flash_kernel.load(args.generic_lib).attention, args.slow_repeats, set()))
     if args.naive_lib:
-        methods.append(("ours_naive", flash_kernel.load(args.naive_lib).naive_attention, args.slow_repeats))
+        methods.append(("ours_naive", flash_kernel.load(args.naive_lib).naive_attention, args.slow_repeats, set()))
 
     dev = torch.cuda.get_device_properties(0)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": dev.name,

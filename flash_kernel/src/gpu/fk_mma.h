@@ -146,9 +146,10 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
     constexpr int KS = D / 16;   // k-steps of Q K^T
     constexpr int NS = BN / 8;   // n8 tiles of S
     constexpr int DT = D / 8;    // n8 tiles of O
+    constexpr bool kShift = Tile::kShiftPV;
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sq = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const uint32_t sk = sq + BM * D * 2, sv = sk + BN * D * 2;
+    const uint32_t sk = sq + BM * D * 2, sv = sk + BN * D * 2;  // kShift: V(j) in sv + (j & 1) * BN * D * 2
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = p.bh0 + blockIdx.y, b = bh / p.heads, h = bh % p.heads;
@@ -170,6 +171,8 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
     cq.load(sq, q + (q0 + cq.row) * p.qs[2] + chunk, q + chunk, p.nq - q0);
     cp_async_commit();
     ck.load(sk, kt, k00, p.nk);
+    // kShift: the first step multiplies a zero P by "V(-1)": zero-fill its buffer (no global read)
+    if (kShift) cv.load(sv + BN * D * 2, v00, v00, 0);
     cp_async_commit();
 
     cp_async_wait<1>();  // Q landed (K may still be in flight)
@@ -196,47 +199,41 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
     const float sl2 = p.scale_log2;
     const int64_t ntiles = (p.nk + BN - 1) / BN;
 
-    for (int64_t j = 0; j < ntiles; ++j) {
-        const int64_t k0 = j * BN;
-        cp_async_wait<0>();  // K(j) landed
-        __syncthreads();     // ... for every thread; and every warp is done with V(j-1)
-        cv.load(sv, vt, v00, p.nk - k0);
-        vt += vstep;
-        cp_async_commit();
-
-        float s[MT][NS][4];
+    // S = Q K^T for the K tile in shared memory.
+    auto qk = [&](float (&s)[MT][NS][4]) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
-        {
-            // K fragments (B operand, "col" = K row-major): (rows n0|n0+8) x (cols k0|k0+8).
-            const int rr = (lane % 8) + 8 * (lane / 16), cc = (lane / 8) % 2;
+        // K fragments (B operand, "col" = K row-major): (rows n0|n0+8) x (cols k0|k0+8).
+        const int rr = (lane % 8) + 8 * (lane / 16), cc = (lane / 8) % 2;
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                uint32_t qt[MT][4];
+        for (int ks = 0; ks < KS; ++ks) {
+            uint32_t qt[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                if (kQInRegs) {
+#pragma unroll
+                    for (int x = 0; x < 4; ++x) qt[mt][x] = qf[kQInRegs ? ks : 0][mt][x];
+                } else {
+                    ldmatrix_x4(qt[mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
+                }
+            }
+#pragma unroll
+            for (int np = 0; np < NS / 2; ++np) {
+                uint32_t kf[4];
+                ldmatrix_x4(kf, sk + swz<D>(np * 16 + rr, 2 * ks + cc));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    if (kQInRegs) {
-#pragma unroll
-                        for (int x = 0; x < 4; ++x) qt[mt][x] = qf[kQInRegs ? ks : 0][mt][x];
-                    } else {
-                        ldmatrix_x4(qt[mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
-                    }
-                }
-#pragma unroll
-                for (int np = 0; np < NS / 2; ++np) {
-                    uint32_t kf[4];
-                    ldmatrix_x4(kf, sk + swz<D>(np * 16 + rr, 2 * ks + cc));
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        Ptx<E>::mma(s[mt][2 * np], qt[mt], kf[0], kf[1]);
-                        Ptx<E>::mma(s[mt][2 * np + 1], qt[mt], kf[2], kf[3]);
-                    }
+                    Ptx<E>::mma(s[mt][2 * np], qt[mt], kf[0], kf[1]);
+                    Ptx<E>::mma(s[mt][2 * np + 1], qt[mt], kf[2], kf[3]);
                 }
             }
         }
-
+    };
+    // Online softmax of S (keys k0..): new row maxima, P packed as the A operand of P V (one k16
+    // step per pair of n8 tiles), running sums, and the O rescale.
+    auto softmax = [&](float (&s)[MT][NS][4], uint32_t (&pf)[MT][NS / 2][4], int64_t k0) {
         if (k0 + BN > p.nk) {  // ragged last tile: keys past nk get no weight
             const int t2 = 2 * (lane % 4);
 #pragma unroll
@@ -249,8 +246,6 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
                 }
             }
         }
-
-        uint32_t pf[MT][NS / 2][4];  // P as the A operand of P V, one k16 step per pair of n8 tiles
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -291,31 +286,78 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
                 acc[mt][d][3] *= a1;
             }
         }
-
-        cp_async_wait<0>();  // V(j) landed
-        __syncthreads();     // ... for every thread; and every warp is done with K(j)
-        if (j + 1 < ntiles) {
-            kt += kstep;
-            ck.load(sk, kt, k00, p.nk - k0 - BN);
-            cp_async_commit();
-        }
-
-        {
-            // V fragments (B operand from row-major V via .trans): (keys k0|k0+8) x (cols d0|d0+8).
-            const int rr = (lane % 8) + 8 * ((lane / 8) % 2), cc = lane / 16;
+    };
+    // O += P V for the V tile at svb.
+    auto pv = [&](const uint32_t (&pf)[MT][NS / 2][4], uint32_t svb) {
+        // V fragments (B operand from row-major V via .trans): (keys k0|k0+8) x (cols d0|d0+8).
+        const int rr = (lane % 8) + 8 * ((lane / 8) % 2), cc = lane / 16;
 #pragma unroll
-            for (int kk = 0; kk < NS / 2; ++kk)
+        for (int kk = 0; kk < NS / 2; ++kk)
 #pragma unroll
-                for (int dp = 0; dp < DT / 2; ++dp) {
-                    uint32_t vf[4];
-                    ldmatrix_x4_trans(vf, sv + swz<D>(kk * 16 + rr, 2 * dp + cc));
+            for (int dp = 0; dp < DT / 2; ++dp) {
+                uint32_t vf[4];
+                ldmatrix_x4_trans(vf, svb + swz<D>(kk * 16 + rr, 2 * dp + cc));
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        Ptx<E>::mma(acc[mt][2 * dp], pf[mt][kk], vf[0], vf[1]);
-                        Ptx<E>::mma(acc[mt][2 * dp + 1], pf[mt][kk], vf[2], vf[3]);
-                    }
+                for (int mt = 0; mt < MT; ++mt) {
+                    Ptx<E>::mma(acc[mt][2 * dp], pf[mt][kk], vf[0], vf[1]);
+                    Ptx<E>::mma(acc[mt][2 * dp + 1], pf[mt][kk], vf[2], vf[3]);
                 }
+            }
+    };
+
+    if constexpr (!kShift) {
+        // Step j: S(j) while V(j) lands, softmax, then P(j) V(j) while K(j+1) lands.
+        for (int64_t j = 0; j < ntiles; ++j) {
+            const int64_t k0 = j * BN;
+            cp_async_wait<0>();  // K(j) landed
+            __syncthreads();     // ... for every thread; and every warp is done with V(j-1)
+            cv.load(sv, vt, v00, p.nk - k0);
+            vt += vstep;
+            cp_async_commit();
+            float s[MT][NS][4];
+            qk(s);
+            uint32_t pf[MT][NS / 2][4];
+            softmax(s, pf, k0);
+            cp_async_wait<0>();  // V(j) landed
+            __syncthreads();     // ... for every thread; and every warp is done with K(j)
+            if (j + 1 < ntiles) {
+                kt += kstep;
+                ck.load(sk, kt, k00, p.nk - k0 - BN);
+                cp_async_commit();
+            }
+            pv(pf, sv);
         }
+    } else {
+        // Step j: S(j), then P(j-1) V(j-1) and the softmax of S(j) in one basic block, so that the
+        // exponentials issue while the P V MMAs run (they do not depend on each other). V is double
+        // buffered (V(j) lands during step j, is used in step j+1); K(j+1) lands during the overlap.
+        uint32_t pf[MT][NS / 2][4];  // P(j-1); zero before step 0 (times a zero-filled V buffer)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < NS / 2; ++kk) pf[mt][kk][0] = pf[mt][kk][1] = pf[mt][kk][2] = pf[mt][kk][3] = 0u;
+        for (int64_t j = 0; j < ntiles; ++j) {
+            const int64_t k0 = j * BN;
+            const uint32_t svj = sv + uint32_t(j & 1) * (BN * D * 2), svp = sv + uint32_t((j + 1) & 1) * (BN * D * 2);
+            cp_async_wait<0>();  // K(j) and V(j-1) landed
+            __syncthreads();     // ... for every thread; and every warp is done with V(j-2)'s buffer
+            cv.load(svj, vt, v00, p.nk - k0);
+            vt += vstep;
+            cp_async_commit();
+            float s[MT][NS][4];
+            qk(s);
+            __syncthreads();  // every warp is done with K(j)
+            if (j + 1 < ntiles) {
+                kt += kstep;
+                ck.load(sk, kt, k00, p.nk - k0 - BN);
+                cp_async_commit();
+            }
+            pv(pf, svp);          // P(j-1) V(j-1), into O scaled to the maxima of step j-1
+            softmax(s, pf, k0);   // then O *= alpha(j), P(j)
+        }
+        cp_async_wait<0>();  // V(last) landed
+        __syncthreads();
+        pv(pf, sv + uint32_t((ntiles - 1) & 1) * (BN * D * 2));
     }
 
     const int c = 2 * (lane % 4);

@@ -99,6 +99,14 @@ struct GenericTile {
 #ifndef FK_MMA_MIN_BLOCKS_D128
 #define FK_MMA_MIN_BLOCKS_D128 0
 #endif
+// Shifted P V (experimental, default off): step j computes S(j), then P(j-1) V(j-1) together with
+// the softmax of S(j), with V double buffered (one more BN x D tile of shared memory).
+#ifndef FK_MMA_SHIFT_PV_D64
+#define FK_MMA_SHIFT_PV_D64 0
+#endif
+#ifndef FK_MMA_SHIFT_PV_D128
+#define FK_MMA_SHIFT_PV_D128 0
+#endif
 
 template <int D>
 struct MmaTile {
@@ -109,8 +117,9 @@ struct MmaTile {
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int BM = 16 * MT * kWarps;
     static constexpr bool kQInRegs = FK_MMA_Q_IN_REGS && MT * D <= 128 && BN <= 64;
+    static constexpr bool kShiftPV = (D == 64 ? FK_MMA_SHIFT_PV_D64 : FK_MMA_SHIFT_PV_D128) != 0;
     static constexpr int kChunks = D / 8;             // 16-byte chunks per row
-    static constexpr int kSmemBytes = (BM + 2 * BN) * D * 2;
+    static constexpr int kSmemBytes = (BM + (kShiftPV ? 3 : 2) * BN) * D * 2;
     static_assert(D == 64 || D == 128, "mma path: head dims 64 and 128");
     static_assert(BN % 16 == 0 && kChunks >= 8 && (MT == 1 || MT == 2), "mma tile shape");
 };
