@@ -19,6 +19,8 @@ if [ "${FK_PIPELINE:-1}" = 1 ]; then
         timeout ${FK_PIPELINE_TIMEOUT:-240} bash bench/device_pipeline.sh > "$OUT/pipeline.log" 2>&1
     echo "pipeline exit $?" >> "$OUT/summary.txt"
 fi
+# $OUT returns at most 8 files: the logs travel as one archive
+(cd "$OUT" && tar -czf logs.tgz --remove-files $(ls kernel.log pytest.log memcheck.log racecheck.log pipeline.log 2>/dev/null))
 echo "==== summary"; cat "$OUT/summary.txt"; cat "$OUT/env.txt"
 grep -vE "^#" "$OUT/bench.txt" 2>/dev/null | grep -v "^shape " | tail -40
-grep -E "speedup|Amdahl|share|s/step|DiT|kernel library" "$OUT/pipeline.log" 2>/dev/null | tail -20
+tar -xzOf "$OUT/logs.tgz" pipeline.log 2>/dev/null | grep -E "speedup|Amdahl|share|s/step|DiT|kernel library" | tail -20

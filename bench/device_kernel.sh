@@ -33,8 +33,8 @@ build() {  # build NAME EXTRA_FLAGS... (flags after the sm_90 gencode; an sm_90a
     mkdir -p "$FK_BUILD/$name"
     local flags=("${NVCC_FLAGS[@]}")
     if [[ " $* " == *" -DFK_WGMMA "* ]]; then flags=("${flags[@]/arch=compute_90,code=sm_90/arch=compute_90a,code=sm_90a}"); fi
-    nvcc "${flags[@]}" "$@" flash_kernel/src/fk_gpu.hip -o "$so" >"$OUT/build-$name.log" 2>&1 \
-        || { note "BUILD FAILED $name (see build-$name.log)"; return 1; }
+    nvcc "${flags[@]}" "$@" flash_kernel/src/fk_gpu.hip -o "$so" >"$FK_BUILD/build-$name.log" 2>&1 \
+        || { note "BUILD FAILED $name: $(tail -3 "$FK_BUILD/build-$name.log" | tr "\n" " ")"; return 1; }
 }
 
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
@@ -170,7 +170,7 @@ stage_memcheck_build_only() { FK_MEMCHECK_LIBS=" " stage_memcheck; }
 # The fp32 FMA peak of the day (the forced-generic path is quoted against it).
 stage_fma() {
     [ -f bench/fma_peak.cu ] || { note "fma: bench/fma_peak.cu missing"; return; }
-    nvcc -O3 -arch=sm_90 bench/fma_peak.cu -o /tmp/fma_peak >"$OUT/fma-build.log" 2>&1 || { note "fma: build failed"; return; }
+    nvcc -O3 -arch=sm_90 bench/fma_peak.cu -o /tmp/fma_peak >/tmp/fma-build.log 2>&1 || { note "fma: build failed"; return; }
     timeout 60 /tmp/fma_peak > "$OUT/fma.txt" 2>&1
     note "fma: $(tr '\n' ' ' < "$OUT/fma.txt")"
 }

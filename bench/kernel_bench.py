@@ -5,7 +5,8 @@ our mma.sync path and any tuning variants (--lib NAME=PATH, flash forward), our 
 and our naive path (--generic-lib / --naive-lib), SDPA's flash and cuDNN backends, and torch eager
 softmax(QK^T)V (head-chunked so its fp32 score matrix stays under --eager-gib). Each method:
 warm-up, then CUDA-event times of --repeats calls over --rotate input sets (so no call finds its
-inputs in L2), median reported. FLOPs are 4*B*H*Nq*Nk*D. Also measures the two ceilings (a bf16
+inputs in L2), the methods taking turns call by call (no method owns the start or end of a run),
+median reported. FLOPs are 4*B*H*Nq*Nk*D. Also measures the two ceilings (a bf16
 8192^3 matmul and a device-to-device copy) in the same process. Each output is compared with
 SDPA-flash's (relative L2) so a fast wrong kernel cannot hide. Prints a table; --json writes all.
 """
@@ -95,6 +96,30 @@ def rel_l2(x, ref) -> float:
     return (torch.linalg.vector_norm((x.float() - ref.float())) / torch.linalg.vector_norm(ref.float())).item()
 
 
+def time_interleaved(fns, reps, inputs, warmup: int) -> list[list[float]]:
+    """Milliseconds of each call of each fn (CUDA events), the methods taking turns: round i runs
+    every fn with i < its repeats once, starting at a different one each round, so that clock or
+    thermal drift and the position in a sequence fall on every method alike."""
+    for fn in fns:
+        for i in range(warmup):
+            fn(*inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    times: list[list[float]] = [[] for _ in fns]
+    for i in range(max(reps, default=0)):
+        args = inputs[i % len(inputs)]
+        for m in (i + x for x in range(len(fns))):
+            m %= len(fns)
+            if i >= reps[m]:
+                continue
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fns[m](*args)
+            b.record()
+            b.synchronize()
+            times[m].append(a.elapsed_time(b))
+    return times
+
+
 def bench_shape(shape, dtype, methods, args) -> list[dict]:
     b, h, n, d = shape
     flops = 4 * b * h * n * n * d
@@ -102,23 +127,31 @@ def bench_shape(shape, dtype, methods, args) -> list[dict]:
     inputs = [tuple(torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
               for _ in range(args.rotate)]
     ref = sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION)(*inputs[0])
-    rows = []
+    rows, timed = [], []
     for name, fn, reps, dims in methods:
         if dims and d not in dims:
             continue
+        row = {"method": name, "shape": list(shape), "dtype": str(dtype)}
         try:
             out = fn(*inputs[0])
             torch.cuda.synchronize()
-            err = rel_l2(out, ref)
+            row["rel_l2_vs_sdpa_flash"] = rel_l2(out, ref)
             del out
-            times = time_calls(fn, inputs, args.warmup, reps)
-            ms = statistics.median(times)
-            rows.append({"method": name, "shape": list(shape), "dtype": str(dtype), "median_ms": ms,
-                         "min_ms": min(times), "max_ms": max(times), "repeats": reps,
-                         "tflops": flops / (ms * 1e-3) / 1e12, "rel_l2_vs_sdpa_flash": err})
+            timed.append((row, fn, reps))
         except Exception as exc:  # a refused backend is a row, not a crash
-            rows.append({"method": name, "shape": list(shape), "dtype": str(dtype), "error": " ".join(str(exc).split())[:300]})
-        torch.cuda.empty_cache()
+            row["error"] = " ".join(str(exc).split())[:300]
+        rows.append(row)
+    torch.cuda.empty_cache()
+    try:
+        times = time_interleaved([t[1] for t in timed], [t[2] for t in timed], inputs, args.warmup)
+    except Exception as exc:
+        for row, _, _ in timed:
+            row["error"] = "timing: " + " ".join(str(exc).split())[:290]
+        return rows
+    for (row, _, reps), ts in zip(timed, times):
+        ms = statistics.median(ts)
+        row.update({"median_ms": ms, "min_ms": min(ts), "max_ms": max(ts), "repeats": reps,
+                    "tflops": flops / (ms * 1e-3) / 1e12})
     base = {r["method"]: r.get("median_ms") for r in rows}
     for r in rows:
         if "median_ms" in r:

@@ -64,14 +64,14 @@ struct GenericTile {
 // ldmatrix traffic of one tile). Q fragments stay in registers only when they are few (MT*D <= 128)
 // and S is small (BN <= 64: BN 128 at D 64 with Q in registers spills 188 B), else they are re-read
 // from shared memory each k-step. Overridable at compile time for tuning (bench/mma_variants.txt).
-// Defaults measured on the H200 (docs/perf.md, issue 6 call 2): D 128 BM 128 x BN 64; D 64
-// BM 128 x BN 128 with Q from shared memory (FlashAttention-2's own D 64 tile), 1.00-1.05x SDPA-flash
-// in bf16, against 0.79-0.88x for BN 64 at D 64 with the older loader.
+// Defaults, measured on the H200 (docs/perf.md, issue 6 call 3, bf16 and fp16, all 7 video presets):
+// D 128 BM 128 x BN 64, 1.06-1.13x SDPA-flash; D 64 BM 128 x BN 64 with the shifted P V below,
+// 1.04-1.15x, against 0.85-1.09x for FlashAttention-2's own D 64 tile (BN 128, plain order).
 #ifndef FK_MMA_WARPS_D64
 #define FK_MMA_WARPS_D64 4
 #endif
 #ifndef FK_MMA_BN_D64
-#define FK_MMA_BN_D64 128
+#define FK_MMA_BN_D64 64
 #endif
 #ifndef FK_MMA_WARPS_D128
 #define FK_MMA_WARPS_D128 4
@@ -91,18 +91,20 @@ struct GenericTile {
 #define FK_MMA_Q_IN_REGS 1   // 0: always re-read Q from shared memory
 #endif
 // Blocks per SM asked of ptxas (__launch_bounds__' second argument): 0 asks nothing (ptxas uses up
-// to 255 registers; two 128-thread blocks fit an SM; CUDA 13.0 spills 12 B at D 64 when asked for 1);
-// 3 caps the registers at 168 so that three blocks fit.
+// to 255 registers; two 128-thread blocks fit an SM; CUDA 13.0 spills 12 B at D 64 BN 128 when asked
+// for 1); 3 caps the registers at 168 so that three blocks fit.
 #ifndef FK_MMA_MIN_BLOCKS_D64
 #define FK_MMA_MIN_BLOCKS_D64 0
 #endif
 #ifndef FK_MMA_MIN_BLOCKS_D128
 #define FK_MMA_MIN_BLOCKS_D128 0
 #endif
-// Shifted P V (experimental, default off): step j computes S(j), then P(j-1) V(j-1) together with
-// the softmax of S(j), with V double buffered (one more BN x D tile of shared memory).
+// Shifted P V: step j computes S(j), then P(j-1) V(j-1) together with the softmax of S(j) (one
+// basic block: the exponentials issue while the P V MMAs run), V double-buffered (+1 BN x D tile).
+// On at D 64 (call 3: +4..+23 % over the plain order at BN 128); off at D 128, where it needs BN 32 to fit the
+// registers (BN 64 spills 116 B) and measured 0.97-1.03x SDPA-flash against 1.06-1.13x.
 #ifndef FK_MMA_SHIFT_PV_D64
-#define FK_MMA_SHIFT_PV_D64 0
+#define FK_MMA_SHIFT_PV_D64 1
 #endif
 #ifndef FK_MMA_SHIFT_PV_D128
 #define FK_MMA_SHIFT_PV_D128 0
