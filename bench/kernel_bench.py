@@ -151,7 +151,7 @@ def bench_shape(shape, dtype, methods, args) -> list[dict]:
     for (row, _, reps), ts in zip(timed, times):
         ms = statistics.median(ts)
         row.update({"median_ms": ms, "min_ms": min(ts), "max_ms": max(ts), "repeats": reps,
-                    "tflops": flops / (ms * 1e-3) / 1e12})
+                    "tflops": flops / (ms * 1e-3) / 1e12, "times_ms": ts})  # raw: for CIs of ratios later
     base = {r["method"]: r.get("median_ms") for r in rows}
     for r in rows:
         if "median_ms" in r:
