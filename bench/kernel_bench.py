@@ -120,6 +120,16 @@ def time_interleaved(fns, reps, inputs, warmup: int) -> list[list[float]]:
     return times
 
 
+def ratio_ci(base: list[float], ours: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of median(base) / median(ours), each resampled on its own."""
+    import random
+
+    rng = random.Random(seed)
+    draws = sorted(statistics.median(rng.choices(base, k=len(base))) /
+                   statistics.median(rng.choices(ours, k=len(ours))) for _ in range(n))
+    return draws[int(0.025 * n)], draws[int(0.975 * n) - 1]
+
+
 def bench_shape(shape, dtype, methods, args) -> list[dict]:
     b, h, n, d = shape
     flops = 4 * b * h * n * n * d
@@ -152,12 +162,13 @@ def bench_shape(shape, dtype, methods, args) -> list[dict]:
         ms = statistics.median(ts)
         row.update({"median_ms": ms, "min_ms": min(ts), "max_ms": max(ts), "repeats": reps,
                     "tflops": flops / (ms * 1e-3) / 1e12, "times_ms": ts})  # raw: for CIs of ratios later
-    base = {r["method"]: r.get("median_ms") for r in rows}
+    base = {r["method"]: r for r in rows if "median_ms" in r}
     for r in rows:
         if "median_ms" in r:
-            for key, other in (("x_sdpa_flash", "sdpa_flash"), ("x_eager", "eager")):
-                if base.get(other):
-                    r[key] = base[other] / r["median_ms"]
+            for key, other in (("x_sdpa_flash", "sdpa_flash"), ("x_sdpa_cudnn", "sdpa_cudnn"), ("x_eager", "eager")):
+                if other in base:
+                    r[key] = base[other]["median_ms"] / r["median_ms"]
+                    r[key + "_ci95"] = ratio_ci(base[other]["times_ms"], r["times_ms"])
     return rows
 
 
@@ -219,15 +230,16 @@ def main(argv=None) -> int:
     c = result["ceilings"]
     print(f"# {result['device']} torch {result['torch']} cudnn {result['cudnn']}  ceilings: bf16 matmul "
           f"{c['bf16_matmul_8192_tflops']:.0f} TFLOP/s, copy {c['copy_4gib_tb_s']:.2f} TB/s")
-    print(f"{'shape':<18} {'method':<14} {'ms':>9} {'TFLOP/s':>8} {'x flash':>8} {'x eager':>8} {'relL2':>9}")
+    print(f"{'shape':<18} {'method':<14} {'ms':>9} {'TFLOP/s':>8} {'x flash':>8} {'95% CI':>13} {'x cuDNN':>8} {'relL2':>9}")
     for r in result["rows"]:
         s = ",".join(map(str, r["shape"]))
         if "error" in r:
             print(f"{s:<18} {r['method']:<14} error: {r['error'][:80]}")
             continue
+        lo, hi = r.get("x_sdpa_flash_ci95", (float("nan"), float("nan")))
         print(f"{s:<18} {r['method']:<14} {r['median_ms']:9.2f} {r['tflops']:8.1f} "
-              f"{r.get('x_sdpa_flash', float('nan')):8.2f} {r.get('x_eager', float('nan')):8.2f} "
-              f"{r['rel_l2_vs_sdpa_flash']:9.2e}")
+              f"{r.get('x_sdpa_flash', float('nan')):8.2f} {f'[{lo:.2f},{hi:.2f}]':>13} "
+              f"{r.get('x_sdpa_cudnn', float('nan')):8.2f} {r['rel_l2_vs_sdpa_flash']:9.2e}")
     return 0
 
 

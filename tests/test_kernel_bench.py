@@ -69,3 +69,16 @@ def test_methods_take_turns_and_keep_their_own_times(bench):
 def test_no_methods_is_no_calls(bench):
     mod, _ = bench
     assert mod.time_interleaved([], [], [("x",)], warmup=3) == []
+
+
+def test_ratio_interval_brackets_the_ratio_and_excludes_one_only_when_it_should(bench):
+    mod, _ = bench
+    base = [2.00, 2.02, 1.98, 2.01, 2.03, 1.99, 2.00, 2.02, 1.97, 2.01]
+    faster = [x / 1.10 for x in base]           # 10 % faster, same spread
+    lo, hi = mod.ratio_ci(base, faster)
+    assert lo <= 1.10 <= hi and lo > 1.0
+    lo, hi = mod.ratio_ci(base, list(reversed(base)))  # the same distribution: 1.0 inside
+    assert lo <= 1.0 <= hi
+    noisy = [1.0, 3.0, 1.2, 2.8, 1.1, 2.9, 1.3, 2.7, 1.05, 2.95]   # median ~2, very wide spread
+    lo, hi = mod.ratio_ci(base, noisy)
+    assert lo < 1.0 < hi
