@@ -37,20 +37,27 @@ def parse_shape(s: str) -> tuple[int, int, int, int]:
     return parts  # type: ignore[return-value]
 
 
-def time_calls(fn, inputs, warmup: int, repeats: int) -> list[float]:
-    """Milliseconds of each of `repeats` calls (CUDA events), cycling over the input sets."""
-    for i in range(warmup):
-        fn(*inputs[i % len(inputs)])
+def time_interleaved(fns, reps, inputs, warmup: int) -> list[list[float]]:
+    """Milliseconds of each call of each fn (CUDA events), the methods taking turns: round i runs
+    every fn with i < its repeats once, starting at a different one each round, so that clock or
+    thermal drift and the position in a sequence fall on every method alike."""
+    for fn in fns:
+        for i in range(warmup):
+            fn(*inputs[i % len(inputs)])
     torch.cuda.synchronize()
-    times = []
-    for i in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times: list[list[float]] = [[] for _ in fns]
+    for i in range(max(reps, default=0)):
         args = inputs[i % len(inputs)]
-        a.record()
-        fn(*args)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
+        for m in (i + x for x in range(len(fns))):
+            m %= len(fns)
+            if i >= reps[m]:
+                continue
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fns[m](*args)
+            b.record()
+            b.synchronize()
+            times[m].append(a.elapsed_time(b))
     return times
 
 
@@ -58,10 +65,10 @@ def ceilings(warmup: int = 3, repeats: int = 10) -> dict:
     n = 8192
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    t = statistics.median(time_calls(lambda x, y: x @ y, [(a, b)], warmup, repeats))
+    t = statistics.median(time_interleaved([lambda x, y: x @ y], [repeats], [(a, b)], warmup)[0])
     x = torch.randn(1 << 30, device="cuda", dtype=torch.float32)  # 4 GiB
     y = torch.empty_like(x)
-    c = statistics.median(time_calls(lambda s, d: d.copy_(s), [(x, y)], warmup, repeats))
+    c = statistics.median(time_interleaved([lambda s, d: d.copy_(s)], [repeats], [(x, y)], warmup)[0])
     del a, b, x, y
     torch.cuda.empty_cache()
     return {"bf16_matmul_8192_tflops": 2 * n**3 / (t * 1e-3) / 1e12, "bf16_matmul_ms": t,
@@ -94,30 +101,6 @@ def rel_l2(x, ref) -> float:
     if not torch.isfinite(x).all():
         return float("nan")
     return (torch.linalg.vector_norm((x.float() - ref.float())) / torch.linalg.vector_norm(ref.float())).item()
-
-
-def time_interleaved(fns, reps, inputs, warmup: int) -> list[list[float]]:
-    """Milliseconds of each call of each fn (CUDA events), the methods taking turns: round i runs
-    every fn with i < its repeats once, starting at a different one each round, so that clock or
-    thermal drift and the position in a sequence fall on every method alike."""
-    for fn in fns:
-        for i in range(warmup):
-            fn(*inputs[i % len(inputs)])
-    torch.cuda.synchronize()
-    times: list[list[float]] = [[] for _ in fns]
-    for i in range(max(reps, default=0)):
-        args = inputs[i % len(inputs)]
-        for m in (i + x for x in range(len(fns))):
-            m %= len(fns)
-            if i >= reps[m]:
-                continue
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fns[m](*args)
-            b.record()
-            b.synchronize()
-            times[m].append(a.elapsed_time(b))
-    return times
 
 
 def ratio_ci(base: list[float], ours: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:

@@ -117,6 +117,16 @@ def nvidia_spec(name: str) -> TargetSpec:
     return TargetSpec(name, "nvidia", "nvcc", GPU_SOURCE, NVCC_FLAGS + NVIDIA_ARCH[name], flash_path="mma_sync")
 
 
+def cuda_cubins(name: str) -> tuple[str, ...]:
+    """The cubins (sm_XY / sm_XYa) a CUDA target's library holds, read off its -gencode flags;
+    () for a name that is not a CUDA target."""
+    try:
+        flags = nvidia_spec(name).flags
+    except KeyError:
+        return ()
+    return tuple(f.split("code=", 1)[1] for f in flags if f.startswith("arch=") and "code=" in f)
+
+
 def amd_spec(name: str) -> TargetSpec:
     return TargetSpec(name, "amd", "hipcc", GPU_SOURCE, HIPCC_FLAGS + (f"--offload-arch={name}", f'-DFK_TARGET="{name}"'),
                       env=dict(HIPCC_ENV), flash_path="generic")

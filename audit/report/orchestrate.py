@@ -626,11 +626,7 @@ def _resolve_options():
     return ResolveOptions()
 
 
-# The cubins each CUDA target's library holds: a plain sm_XY cubin runs on cc X.y for y >= Y; an
-# arch-specific sm_XYa cubin only on cc X.Y exactly. (sm_90a also carries an sm_80 cubin.)
-_CUBINS = {"sm_90a": ("sm_90a", "sm_80"), "sm_90": ("sm_90",), "sm_90-generic": ("sm_90",), "sm_80": ("sm_80",)}
-
-
+# A plain sm_XY cubin runs on cc X.y for y >= Y; an arch-specific sm_XYa cubin only on cc X.Y.
 def _cubin_runs(cubin: str, major: int, minor: int) -> bool:
     digits = cubin[3:].rstrip("a")
     if len(digits) < 2 or not digits.isdigit():
@@ -649,7 +645,9 @@ def _cuda_can_run(target: str, capability: tuple[int, int] | None = None) -> boo
             capability = torch.cuda.get_device_capability()
         except Exception:
             return False
-    cubins = _CUBINS.get(target, (target.split("-")[0],))
+    from audit.build.targets import cuda_cubins
+
+    cubins = cuda_cubins(target) or (target.split("-")[0],)  # the target's own gencode flags
     return any(_cubin_runs(c, *capability) for c in cubins)
 
 
