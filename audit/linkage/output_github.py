@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import os
 
-from audit.linkage.check import CheckReport, Finding
+from audit.linkage.model import CheckReport, Finding
 from audit.linkage.output_text import escape
 
 

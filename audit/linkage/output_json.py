@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from audit.linkage.check import CheckReport
+from audit.linkage.model import CheckReport
 
 
 def render_json(report: CheckReport) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from audit.linkage.check import CheckReport
+from audit.linkage.model import CheckReport
 from audit.linkage.policy import Policy
 
 _BAD_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

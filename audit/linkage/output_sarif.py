@@ -11,7 +11,7 @@ import json
 import os
 from urllib.parse import quote
 
-from audit.linkage.check import WHEEL_SEP, CheckReport, Finding
+from audit.linkage.model import WHEEL_SEP, CheckReport, Finding
 from audit.linkage.policy import Policy
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"

@@ -6,7 +6,7 @@ symbol or path cannot move the cursor, clear the screen or fake a PASS line.
 
 from __future__ import annotations
 
-from audit.linkage.check import CheckReport, Finding
+from audit.linkage.model import CheckReport, Finding
 
 _BIDI = {0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069, 0x200E, 0x200F}
 

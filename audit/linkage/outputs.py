@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import click
 
 from audit.errors import UsageError
-from audit.linkage.check import CheckReport
+from audit.linkage.model import CheckReport
 from audit.linkage.policy import Policy
 
 FORMATS = ("text", "json", "sarif", "junit", "github")

@@ -1,0 +1,142 @@
+"""The inputs of `check`: PATH arguments expanded into ELF files (files, directory trees, wheels).
+
+Nothing here judges a file; a member that cannot be read becomes an Input with an error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+import zipfile
+from dataclasses import dataclass
+
+from audit.linkage.model import WHEEL_SEP
+
+_MAX_WHEEL_MEMBERS = 200_000
+_MAX_WHEEL_BYTES = 32 << 30  # declared uncompressed size of the ELF members we extract
+
+
+@dataclass
+class Input:
+    shown: str  # the path as reported: a path given or found, or "x.whl!/pkg/lib.so"
+    read_from: str | None  # where to read it (None: the error is already known)
+    explicit: bool  # named on the command line (a non-ELF file is then an error, not a skip)
+    error: str | None = None
+
+
+class Inputs:
+    """Expands PATH arguments into ELF files: files, directory trees, wheels."""
+
+    def __init__(self):
+        self.skipped: dict[str, int] = {}
+        self.warnings: list[str] = []
+        self.seen: set[str] = set()
+        self.tmpdirs: list[tempfile.TemporaryDirectory] = []
+
+    def skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+    def expand(self, arg: str):
+        try:
+            st = os.stat(arg)
+        except OSError as exc:
+            yield Input(arg, None, True, f"cannot read: {exc.strerror or exc}")
+            return
+        if stat.S_ISDIR(st.st_mode):
+            yield from self._walk(arg)
+        elif not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+            yield Input(arg, None, True, "not a regular file")
+        elif arg.endswith(".whl"):
+            yield from self._wheel(arg, arg)
+        else:
+            yield from self._file(arg, arg, explicit=True)
+
+    def _file(self, report: str, host: str, explicit: bool):
+        real = os.path.realpath(host)
+        if real in self.seen:
+            self.skip("duplicate")
+            return
+        self.seen.add(real)
+        try:
+            with open(host, "rb") as fh:
+                magic = fh.read(4)
+        except OSError as exc:
+            yield Input(report, None, explicit, f"cannot read: {exc.strerror or exc}")
+            return
+        if magic == b"\x7fELF":
+            yield Input(report, host, explicit)
+        elif magic == b"!<ar" and explicit:
+            yield Input(report, None, True, "a static archive (ar), not an ELF file: audit the object it is linked into")
+        elif magic == b"!<ar":  # a static archive: its members are not audited, so say so
+            self.skip("archive")
+            self.warnings.append(f"{report}: static archive (ar) not audited; audit the object it is linked into")
+        elif explicit:
+            yield Input(report, None, True, "not an ELF file" + (" (empty)" if not magic else ""))
+        else:
+            self.skip("non_elf")
+
+    def _walk(self, top: str):
+        def onerror(exc: OSError):
+            self.warnings.append(f"cannot list {exc.filename}: {exc.strerror}")
+            self.skip("unreadable_dir")
+
+        for dirpath, dirnames, filenames in os.walk(top, onerror=onerror, followlinks=False):
+            dirnames.sort()
+            for name in sorted(filenames):
+                full = os.path.join(dirpath, name)
+                if os.path.islink(full) and not os.path.exists(full):
+                    self.skip("broken_symlink")
+                    self.warnings.append(f"{full}: broken symlink or symlink loop, skipped")
+                    continue
+                if not os.path.isfile(full):
+                    self.skip("not_regular")
+                    continue
+                if name.endswith(".whl"):
+                    yield from self._wheel(full, full)
+                else:
+                    yield from self._file(full, full, explicit=False)
+
+    def _wheel(self, report: str, host: str):
+        tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-wheel-")
+        self.tmpdirs.append(tmp)
+        try:
+            with zipfile.ZipFile(host) as zf:
+                members = zf.infolist()
+                if len(members) > _MAX_WHEEL_MEMBERS:
+                    yield Input(report, None, True, f"wheel has {len(members)} members (limit {_MAX_WHEEL_MEMBERS})")
+                    return
+                total = 0
+                extracted = []
+                for m in members:
+                    if m.is_dir():
+                        continue
+                    inner = f"{report}{WHEEL_SEP}{m.filename}"
+                    parts = m.filename.split("/")
+                    if m.filename.startswith("/") or "\\" in m.filename or ".." in parts or "" in parts[:-1]:
+                        yield Input(inner, None, True, "unsafe member path in wheel")
+                        continue
+                    with zf.open(m) as fh:
+                        if fh.read(4) != b"\x7fELF":
+                            self.skip("non_elf")
+                            continue
+                    total += m.file_size
+                    if total > _MAX_WHEEL_BYTES:
+                        yield Input(inner, None, True, "wheel's ELF members exceed the size limit")
+                        return
+                    dest = os.path.join(tmp.name, *parts)
+                    os.makedirs(os.path.dirname(dest), exist_ok=True)
+                    with zf.open(m) as src, open(dest, "wb") as out:
+                        shutil.copyfileobj(src, out, 1 << 20)
+                    extracted.append((inner, dest))
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, RuntimeError) as exc:
+            yield Input(report, None, True, f"cannot read wheel: {' '.join(str(exc).split())}")
+            return
+        for inner, dest in extracted:
+            self.seen.add(os.path.realpath(dest))
+            yield Input(inner, dest, True)
+
+    def cleanup(self) -> None:
+        for tmp in self.tmpdirs:
+            tmp.cleanup()

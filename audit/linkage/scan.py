@@ -1,0 +1,137 @@
+"""Judging one audited file's evidence: its own content (symbols, strings, device code) and its
+dependency tree (denied NEEDED, transitive libraries, RPATH directories that hold a denied library).
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+
+from audit.elf.model import ElfInfo
+from audit.linkage.model import Finding
+from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
+from audit.linkage.resolve import DepNode, Resolver, probe
+
+_MAX_EXAMPLES = 10
+_MAX_DIR_LIST = 20000  # entries looked at per RPATH/RUNPATH directory
+
+
+def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | None) -> tuple[list[Finding], list[str]]:
+    """Content evidence in one object (no tree): (findings, errors that make it unauditable)."""
+    findings: list[Finding] = []
+    errors: list[str] = []
+
+    def add(rule, kind, subject, where, **kw):
+        findings.append(Finding.from_rule(rule, policy, kind, subject, where, chain, in_file=in_file, **kw))
+
+    needed = set(info.needed)
+    for vn in info.version_needs:
+        rule = policy.deny_rule_for_soname(vn.file)
+        if rule:
+            add(rule, "verneed", vn.file, ".gnu.version_r", examples=list(vn.versions[:_MAX_EXAMPLES]))
+        if vn.file not in needed:
+            add(policy.rule(RULE_MISMATCH), "mismatch", vn.file, ".gnu.version_r",
+                examples=list(vn.versions[:_MAX_EXAMPLES]),
+                detail="versioned imports name a file that DT_NEEDED does not list")
+
+    # Set operations, not a Python loop per symbol: libtorch_cpu brings ~85k vendor names.
+    syms = info.symbols
+    by_name = policy.classify_symbols(s.name for s in syms)
+    if by_name:
+        defined = {s.name for s in syms if s.defined}
+        imported = {s.name for s in syms if not s.defined}
+        in_table = {t: {s.name for s in syms if s.table == t} for t in {s.table for s in syms}}
+        groups: dict[tuple, list[str]] = {}
+        for name, rule in by_name.items():
+            if name in defined:
+                groups.setdefault((rule.id, "static-symbol"), []).append(name)
+            if name in imported:
+                groups.setdefault((rule.id, "imported-symbol"), []).append(name)
+        for (rid, kind), names in groups.items():
+            tables = [t for t, members in sorted(in_table.items()) if not members.isdisjoint(names)]
+            # .symtab spells versioned imports "name@VERSION": one name, not two
+            base = {n.split("@", 1)[0] or n if "@" in n else n for n in names}
+            first = heapq.nsmallest(_MAX_EXAMPLES, base)  # not a full sort of ~30k long names
+            add(policy.rule(rid), kind, first[0], ", ".join(tables), count=len(base), examples=first[1:])
+
+    loader = ", ".join(info.code_loading_imports[:4])
+    strings: dict[tuple, list] = {}
+    for hit in info.library_strings:
+        rule = policy.rule_for_string(hit.text)
+        if rule:
+            strings.setdefault((rule.id, hit.text), []).append(hit)
+    for (rid, text), hits in strings.items():
+        add(policy.rule(rid), "dlopen-string", text, f"{hits[0].section} @0x{hits[0].offset:x}", count=len(hits),
+            offset=hits[0].offset if in_file is None else None,
+            detail=f"imports {loader}" if loader else "no code-loading import seen")
+
+    for dc in info.device_code:
+        where = f"{dc.section} @0x{dc.offset:x} {dc.kind} {dc.target}"
+        if dc.error:
+            errors.append(f"device code at {where}: {dc.error}")
+        kern: dict[str, list[str]] = {}
+        for name in dc.kernels:
+            rule = policy.rule_for_kernel(name)
+            if rule:
+                kern.setdefault(rule.id, []).append(name)
+        for rid, names in kern.items():
+            add(policy.rule(rid), "device-kernel", names[0], where, count=len(names),
+                offset=dc.offset if in_file is None else None,
+                examples=names[1:_MAX_EXAMPLES])
+    return findings, errors
+
+
+def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: list[str]) -> list[Finding]:
+    """RPATH/RUNPATH directories that hold a denied library: the object can load it by name.
+
+    System directories are left out: ld.so searches them anyway, so a libblas.so among the
+    thousands of files in /usr/lib/<triplet> says nothing about this object ($ORIGIN of a system
+    library is such a directory).
+    """
+    out: list[Finding] = []
+    got = probe(node.realpath or node.path or "")
+    for tag, entry, d in resolver.own_dirs(node):
+        if got and resolver.is_system_dir(d, got[0], got[2]):
+            continue
+        try:
+            with os.scandir(d) as it:
+                names = sorted(e.name for _, e in zip(range(_MAX_DIR_LIST), it))
+        except OSError:
+            continue
+        for name in names:
+            rule = policy.deny_rule_for_soname(name)
+            if rule and ".so" in name:
+                out.append(Finding.from_rule(rule, policy, "rpath", name, f"{tag} {entry}", chain,
+                                             in_file=None if len(chain) <= 1 else node.path,
+                                             detail=f"directory {d} holds it"))
+                break
+    return out
+
+
+def tree_findings(tree: DepNode, resolver: Resolver, policy: Policy) -> tuple[list[Finding], list[str]]:
+    """Every node of the tree: a denied or unresolved NEEDED, then the content of each library walked."""
+    findings: list[Finding] = []
+    errors: list[str] = []
+    for node, chain in tree.walk():
+        names = [n.name for n in chain]
+        depth = len(chain) - 1
+        if node.status == "denied":
+            rule = policy.rule(node.rule)
+            kind = "needed" if depth == 1 else "transitive"
+            where = "DT_NEEDED" + (f" of {chain[-2].name}" if depth > 1 else "")
+            detail = f"found at {node.path} ({node.how})" if node.path else "not found on this system"
+            findings.append(Finding.from_rule(rule, policy, kind, node.name, where, names,
+                                              detail=detail + (f"; {node.note}" if node.note and node.path else "")))
+        elif node.status == "unresolved":
+            rule = policy.rule(RULE_UNRESOLVED)
+            findings.append(Finding.from_rule(rule, policy, "unresolved", node.name,
+                                              "DT_NEEDED" + (f" of {chain[-2].name}" if depth > 1 else ""), names))
+        elif node.status == "error":
+            errors.append(f"dependency {node.name} ({node.path}) could not be parsed: {node.note}")
+        if node.info is not None and node.status in ("root", "inspected", "unlisted"):
+            if depth > 0:
+                more, errs = scan_object(node.info, policy, names, node.path)
+                findings += more
+                errors += errs
+            findings += rpath_findings(node, resolver, policy, names)
+    return findings, errors
