@@ -15,6 +15,7 @@ sm_80 cubin on cc 8.x); CPU tensors use `cpu`.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from flash_kernel._binding import (
@@ -55,8 +56,21 @@ def _device_type(device) -> str:
 
 
 def library_for(device) -> Library:
-    """The built library for a device ('cpu', 'cuda', 'cuda:1' or a torch.device)."""
+    """The built library for a device ('cpu', 'cuda', 'cuda:1' or a torch.device), looked up on the
+    file system once per device (and per FLASH_KERNEL_BUILD / FLASH_KERNEL_TARGET setting)."""
     kind = _device_type(device)
+    key = (kind, os.environ.get("FLASH_KERNEL_BUILD"), os.environ.get("FLASH_KERNEL_TARGET"))
+    lib = _by_device.get(key)
+    if lib is None:
+        lib = _find_library(kind)
+        _by_device[key] = lib  # a failed lookup is not remembered: a later build is found
+    return lib
+
+
+_by_device: dict[tuple, Library] = {}
+
+
+def _find_library(kind: str) -> Library:
     where = build_dir()
     if kind == "cpu":
         targets = ("cpu",)
@@ -77,12 +91,26 @@ def library_for(device) -> Library:
 
 def attention(q, k, v, scale=None, layout: str = "bhnd"):
     """softmax(scale * Q K^T) V through the flash path of the library for q.device."""
+    if _compiling():
+        from flash_kernel import _op
+
+        return _op.traced_call(q, k, v, scale, layout, naive=False)
     return library_for(_tensor_device(q)).attention(q, k, v, scale=scale, layout=layout)
 
 
 def naive_attention(q, k, v, scale=None, layout: str = "bhnd"):
     """The naive (pre-flash) path of the library for q.device: materialises the score matrix."""
+    if _compiling():
+        from flash_kernel import _op
+
+        return _op.traced_call(q, k, v, scale, layout, naive=True)
     return library_for(_tensor_device(q)).naive_attention(q, k, v, scale=scale, layout=layout)
+
+
+def _compiling() -> bool:
+    """Under torch.compile / torch.export tracing (torch imported lazily: the ABI works without it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def _tensor_device(q):

@@ -264,13 +264,21 @@ class Library:
             raise KernelError(f"o's strides {tuple(o.stride())} are not addressable (D stride 1, rows apart)",
                               FK_ERR_STRIDE)
         s = 0.0 if scale is None or (isinstance(scale, (int, float)) and scale == 0) else resolve_scale(scale, 0)
-        stream = None
-        if q.device.type == "cuda":
-            stream = torch.cuda.current_stream(q.device).cuda_stream or None
-        args = fill_args(q, k, v, o, layout, s, stream)
+        self._launch(q, k, v, o, s, layout, naive)
+
+    def _launch(self, q, k, v, o, scale: float, layout: str, naive: bool) -> None:
+        """The C call on checked arguments: on q's device and torch's current stream there."""
+        args = fill_args(q, k, v, o, layout, scale, None)
         fn = self._dll.fk_naive_forward if naive else self._dll.fk_flash_forward
         if q.device.type == "cuda":
-            with torch.cuda.device(q.device):
+            import torch
+
+            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            args.stream = _current_stream(torch, index)
+            if index != torch.cuda.current_device():  # the C side launches on the current device
+                with torch.cuda.device(index):
+                    status = int(fn(ctypes.byref(args)))
+            else:
                 status = int(fn(ctypes.byref(args)))
         else:
             status = int(fn(ctypes.byref(args)))
@@ -288,12 +296,32 @@ class Library:
         return self._call(q, k, v, scale, layout, naive=True)
 
     def _call(self, q, k, v, scale, layout, naive):
-        from flash_kernel import _op
+        import torch
+
+        from flash_kernel import _op  # registers the torch ops on first use (a dict lookup after)
 
         q, k, v = check_inputs(q, k, v, layout, self.head_dims)
         self.check_device(q.device)
         s = resolve_scale(scale, _bhnd(q, layout)[0][3])
+        if _plain_eager(torch, q):
+            # A plain tensor outside tracing: straight to the C call. The custom op's dispatch
+            # costs more host time than a short kernel runs, and adds nothing here.
+            o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            self._launch(q, k, v, o, s, layout, naive)
+            return o
+        # traced, fake or subclassed tensors: through the registered op
         return _op.call(self, q, k, v, s, layout, naive)
+
+
+def _plain_eager(torch, q) -> bool:
+    return type(q) is torch.Tensor and not torch.compiler.is_compiling()
+
+
+def _current_stream(torch, index: int) -> int | None:
+    """torch's current CUDA stream on device `index` as a raw handle (None: the legacy default)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # one C call, no Stream object
+    handle = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+    return handle or None
 
 
 _cache: dict[str, Library] = {}
@@ -302,6 +330,9 @@ _lock = threading.Lock()
 
 def load(path: str | os.PathLike) -> Library:
     """Load (once per resolved path) a shared object exporting the flash_kernel C ABI."""
+    hit = _cache.get(path) if isinstance(path, str) else None
+    if hit is not None:  # the custom op passes the resolved path it was given: no file-system call
+        return hit
     p = Path(path)
     if p.is_dir():
         p = p / "libflash_kernel.so"

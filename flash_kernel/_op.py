@@ -52,3 +52,19 @@ def _naive_attention_fake(q, k, v, scale, layout, library):
 def call(lib, q, k, v, scale: float, layout: str, naive: bool) -> torch.Tensor:
     op = naive_attention_op if naive else attention_op
     return op(q, k, v, float(scale), layout, lib.path)
+
+
+@torch.compiler.assume_constant_result
+def _library_path(kind: str) -> str:
+    # Run once while tracing, its result baked into the graph as a constant: the file-system
+    # lookup is not traced (Dynamo cannot trace os.stat), and the compiled graph holds no lookup.
+    import flash_kernel
+
+    return flash_kernel.library_for(kind).path
+
+
+def traced_call(q, k, v, scale, layout: str, naive: bool) -> torch.Tensor:
+    """The public functions' body under torch.compile: the registered op on the library for q's
+    device. The scale is checked where the op runs (a traced float has no fp32 range check)."""
+    op = naive_attention_op if naive else attention_op
+    return op(q, k, v, 0.0 if scale is None else float(scale), layout, _library_path(q.device.type))

@@ -323,6 +323,65 @@ def test_traced_by_torch_compile(lib):
     assert torch.allclose(compiled(q, k, v), f(q, k, v), rtol=1e-6, atol=1e-6), f"seed {seed}"
 
 
+def test_public_call_traced_by_torch_compile_fullgraph(build_root, monkeypatch):
+    """flash_kernel.attention itself (not only the registered op) compiles with no graph break:
+    the library lookup is not traced, and the compiled call matches eager bit for bit."""
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))
+    seed, gen = seeded()
+    q, k, v = qkv((1, 2, 33, 64), (1, 2, 40, 64), gen=gen)
+
+    def f(q, k, v):
+        return flash_kernel.attention(q * 2.0, k, v, scale=0.3) + flash_kernel.naive_attention(q, k, v)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(q, k, v), f(q, k, v)), f"seed {seed}"
+
+
+def test_library_looked_up_once_per_device(build_root, monkeypatch):
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))
+    monkeypatch.setattr(flash_kernel, "_by_device", {})
+    looked = []
+    real = flash_kernel._find_library
+    monkeypatch.setattr(flash_kernel, "_find_library", lambda kind: looked.append(kind) or real(kind))
+    q, k, v = qkv((1, 1, 8, 64), (1, 1, 8, 64))
+    first = flash_kernel.attention(q, k, v)
+    second = flash_kernel.attention(q, k, v)
+    assert looked == ["cpu"] and torch.equal(first, second)
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root) + os.sep)  # another setting: looked up again
+    flash_kernel.attention(q, k, v)
+    assert looked == ["cpu", "cpu"]
+
+
+def test_failed_lookup_is_not_remembered(tmp_path, build_root, monkeypatch):
+    monkeypatch.setattr(flash_kernel, "_by_device", {})
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(tmp_path))
+    with pytest.raises(flash_kernel.LibraryNotFound):
+        flash_kernel.library_for("cpu")
+    (tmp_path / "cpu").mkdir()
+    shutil.copy(build_root / "cpu" / "libflash_kernel.so", tmp_path / "cpu" / "libflash_kernel.so")
+    assert flash_kernel.library_for("cpu").target == "cpu"
+
+
+def test_eager_call_and_registered_op_agree(lib):
+    """The eager call goes straight to the C function; the op (the traced path) gives the same bits."""
+    seed, gen = seeded()
+    q, k, v = qkv((2, 3, 37, 64), (2, 3, 29, 64), gen=gen)
+    for naive, op in ((False, torch.ops.flash_kernel.attention), (True, torch.ops.flash_kernel.naive_attention)):
+        eager = lib.naive_attention(q, k, v, scale=0.2) if naive else lib.attention(q, k, v, scale=0.2)
+        assert torch.equal(eager, op(q, k, v, 0.2, "bhnd", lib.path)), f"seed {seed}"
+
+
+def test_fake_tensors_take_the_registered_op(lib):
+    """A tensor subclass (here FakeTensor) is never handed to the C function: it goes through the op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(1, 2, 4099, 64)
+        out = lib.attention(q, q, q)
+    assert out.shape == (1, 2, 4099, 64)
+
+
 # ---- CUDA (run on the device machine) -----------------------------------------------------------
 
 @pytest.mark.gpu
@@ -348,3 +407,24 @@ def test_cuda_current_stream_and_graph_capture():
     torch.cuda.synchronize()
     ref2 = F.scaled_dot_product_attention(static_q.double(), k.double(), v.double())
     assert rel(static_out, ref2) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)")
+def test_cuda_public_call_compiled_fullgraph_on_a_side_stream():
+    """The public call under torch.compile(fullgraph=True) on the GPU, launched on a non-default
+    stream, against a float64 reference on fresh inputs (output poisoned first by the allocator's
+    reuse: a NaN-filled tensor is freed right before)."""
+    gen = torch.Generator(device="cuda").manual_seed(int.from_bytes(os.urandom(4), "little"))
+    q, k, v = (torch.randn(2, 3, 777, 128, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: flash_kernel.attention(q, k, v), fullgraph=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        poison = torch.full_like(q, float("nan"))
+        del poison
+        out = compiled(q, k, v)
+    side.synchronize()
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    assert torch.isfinite(out).all() and rel(out, ref) <= 1e-2
