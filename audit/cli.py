@@ -23,7 +23,7 @@ COMMANDS = {
     "parity": "audit.evidence.commands:parity_cmd",
     "bench": "audit.evidence.commands:bench_cmd",
     "pipeline": "audit.evidence.pipeline_command:pipeline_cmd",
-    "run": "audit.report.commands:run_cmd",
+    "run": "audit.run.command:run_cmd",
     "report": "audit.report.commands:report_cmd",
     "verify": "audit.report.sign_commands:verify_cmd",
     "keygen": "audit.report.sign_commands:keygen_cmd",

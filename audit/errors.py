@@ -44,3 +44,11 @@ class InputError(AuditError):
 
 class GateFailed(AuditError):
     exit_code = EXIT_VIOLATION
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: AuditError's own message, else `Type: message`."""
+    if isinstance(exc, AuditError):
+        return exc.message
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

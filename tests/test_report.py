@@ -169,7 +169,7 @@ def test_report_out_that_is_not_a_bundle_is_refused():
 @pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "a/../../b", "a//b", "", "..", "C:/x", "a/\x00b"])
 def test_safe_join_refuses_escaping_names(tmp_path, rel):
     from audit.errors import InputError
-    from audit.report.bundle import safe_join
+    from audit.report.layout import safe_join
 
     with pytest.raises(InputError):
         safe_join(tmp_path, rel)
@@ -177,7 +177,7 @@ def test_safe_join_refuses_escaping_names(tmp_path, rel):
 
 def test_safe_join_refuses_a_symlinked_folder_pointing_out(tmp_path):
     from audit.errors import InputError
-    from audit.report.bundle import safe_join
+    from audit.report.layout import safe_join
 
     root, outside = tmp_path / "bundle", tmp_path / "outside"
     root.mkdir()
@@ -230,7 +230,7 @@ def test_templates_never_bypass_escaping():
         text = p.read_text()
         assert "|safe" not in text.replace(" ", "") and "autoescape false" not in text, p
     src = Path(__file__).resolve().parents[1] / "audit" / "report"
-    for name in ("render.py", "claims.py", "plots.py", "bundle.py"):
+    for name in sorted(p.name for p in src.glob("*.py")):
         assert "Markup(" not in (src / name).read_text(), name
 
 
@@ -249,7 +249,7 @@ def test_speedup_chart_geometry_follows_the_numbers():
 
 
 def test_speed_phrase_never_calls_a_slowdown_or_a_tie_a_speedup():
-    from audit.report.claims import speed_phrase
+    from audit.report.wording import speed_phrase
 
     assert speed_phrase(0.64) == "slower (0.64x)"
     assert speed_phrase(1.13, 0.62, 1.31) == "1.13x (95% CI 0.62x to 1.31x): no significant difference"

@@ -189,22 +189,22 @@ def test_out_folder_that_is_not_a_bundle_is_refused():
 # --- crash safety (in-process: the stage functions are replaced to fail on purpose) ------------
 
 def _config(out, **kw):
-    from audit.report.orchestrate import RunConfig
+    from audit.run.record import RunConfig
 
     return RunConfig(out=out, device="cpu", no_build=True, artifacts=(abi_so(skew=False),),
                      skip=("pipeline",), repeats=2, argv=["sovereign-audit", "run", "--test"], **kw)
 
 
 def test_ctrl_c_keeps_everything_already_written(monkeypatch):
-    from audit.report import orchestrate
+    from audit.run import runner
 
     def interrupted(self, rec):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(orchestrate.Runner, "run_bench", interrupted)
+    monkeypatch.setattr(runner.Runner, "run_bench", interrupted)
     out = tmpdir("ctrl-c") / "b"
     with pytest.raises(KeyboardInterrupt):
-        orchestrate.run(_config(out))
+        runner.run(_config(out))
     run = load(out / "evidence" / "run.json")
     stages = {s["name"]: s for s in run["stages"]}
     assert stages["parity"]["status"] == "ok" and stages["linkage"]["status"] == "ok"
@@ -216,14 +216,14 @@ def test_ctrl_c_keeps_everything_already_written(monkeypatch):
 
 def test_a_stage_that_raises_is_recorded_shown_and_exits_1(monkeypatch):
     from audit.evidence import bench
-    from audit.report import orchestrate
+    from audit.run import runner
 
     def boom(*a, **k):
         raise RuntimeError("timer exploded <b>loudly</b>")
 
     monkeypatch.setattr(bench, "run_bench", boom)
     out = tmpdir("raises") / "b"
-    result = orchestrate.run(_config(out))
+    result = runner.run(_config(out))
     assert result.exit_code == 1
     stage = result.record.stage("bench")
     assert stage.status == "failed" and stage.reason == "RuntimeError: timer exploded <b>loudly</b>"
@@ -235,12 +235,12 @@ def test_a_stage_that_raises_is_recorded_shown_and_exits_1(monkeypatch):
 
 def test_a_missing_stage_module_is_recorded_as_failed(monkeypatch):
     import audit.evidence
-    from audit.report import orchestrate
+    from audit.run import runner
 
     monkeypatch.setitem(sys.modules, "audit.evidence.bench", None)  # import now raises ImportError
     monkeypatch.delattr(audit.evidence, "bench", raising=False)
     out = tmpdir("missing-module") / "b"
-    result = orchestrate.run(_config(out))
+    result = runner.run(_config(out))
     stage = result.record.stage("bench")
     assert stage.status == "failed" and stage.reason.startswith("stage not available")
     assert result.exit_code == 1
@@ -248,7 +248,7 @@ def test_a_missing_stage_module_is_recorded_as_failed(monkeypatch):
 
 
 def test_atomic_write_never_leaves_half_a_file(tmp_path):
-    from audit.report.orchestrate import write_json_atomic
+    from audit.files import write_json_atomic
 
     target = tmp_path / "x.json"
     write_json_atomic(target, {"ok": 1})
@@ -320,10 +320,10 @@ def test_a_bad_key_fails_before_any_work():
 def test_cuda_can_run_follows_cubin_compatibility():
     """A plain cubin runs on its major at >= its minor; an sm_90a cubin on cc 9.0 only; the sm_90a
     library's sm_80 cubin lets it run on cc 8.x too."""
-    from audit.report.orchestrate import _cuda_can_run
+    from audit.run.stages import cuda_can_run
 
-    assert _cuda_can_run("sm_90a", (9, 0)) and _cuda_can_run("sm_90a", (8, 6))
-    assert not _cuda_can_run("sm_90a", (10, 0)) and not _cuda_can_run("sm_90a", (7, 5))
-    assert _cuda_can_run("sm_90", (9, 0)) and not _cuda_can_run("sm_90", (8, 9))
-    assert not _cuda_can_run("sm_90", (10, 0)) and not _cuda_can_run("sm_80", (9, 0))
-    assert _cuda_can_run("sm_80", (8, 9)) and _cuda_can_run("sm_90-generic", (9, 0))
+    assert cuda_can_run("sm_90a", (9, 0)) and cuda_can_run("sm_90a", (8, 6))
+    assert not cuda_can_run("sm_90a", (10, 0)) and not cuda_can_run("sm_90a", (7, 5))
+    assert cuda_can_run("sm_90", (9, 0)) and not cuda_can_run("sm_90", (8, 9))
+    assert not cuda_can_run("sm_90", (10, 0)) and not cuda_can_run("sm_80", (9, 0))
+    assert cuda_can_run("sm_80", (8, 9)) and cuda_can_run("sm_90-generic", (9, 0))

@@ -24,6 +24,7 @@ from audit.build import provenance as prov
 from audit.build import targets as tg
 from audit.build.toolchain import Toolchain, ToolchainMissing, find
 from audit.errors import InputError, UsageError
+from audit.files import sha256_file
 
 BUILD_SCHEMA = "sovereign-audit.build/1"
 COMPILE_TIMEOUT_S = 1800
@@ -162,10 +163,10 @@ def up_to_date(spec: tg.TargetSpec, tc: Toolchain, root: Path, out: Path) -> Tar
                 or rec.get("compiler", {}).get("version") != tc.version or rec.get("cwd") != str(root)):
             return None
         for s in rec["sources"]:
-            if prov.sha256_file(root / s["path"]) != s["sha256"]:
+            if sha256_file(root / s["path"]) != s["sha256"]:
                 return None
         lib = tdir / tg.LIBRARY_NAME
-        if prov.sha256_file(lib) != rec["outputs"][0]["sha256"]:
+        if sha256_file(lib) != rec["outputs"][0]["sha256"]:
             return None
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None

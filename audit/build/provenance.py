@@ -8,7 +8,6 @@ cannot change the object unnoticed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shutil
@@ -17,16 +16,10 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from audit.files import sha256_file
+
 PROVENANCE_SCHEMA = "sovereign-audit.provenance/1"
 SOURCE_SUFFIXES = (".h", ".hpp", ".cuh", ".inc", ".hip", ".cpp", ".cu", ".cc")
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def parse_depfile(text: str) -> list[str]:

@@ -7,24 +7,24 @@
     artifacts/user/          copies of --artifact objects
     attestations/            DSSE envelopes (signing API), then manifest.json + public key (LAST)
 
-Every destination path is joined through `safe_join`, which refuses absolute names and `..`, so
-names taken from evidence (targets, file names) cannot place a file outside the bundle.
+Every destination path is joined through `layout.safe_join`, so names taken from evidence
+(targets, file names) cannot place a file outside the bundle.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from dataclasses import asdict, dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Callable
 
 from audit.errors import InputError, UsageError
+from audit.files import sha256_file, write_json_atomic
+from audit.report import model, render, rocrate
+from audit.report.layout import (MAX_EVIDENCE_BYTES, build_targets, load_evidence, prepare_out, safe_component,
+                                 safe_join)
 
-MAX_EVIDENCE_BYTES = 64 * 1024 * 1024  # evidence JSON is small; refuse to parse anything huge
-EVIDENCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,120}\.json$")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 SIGNING_UNAVAILABLE = "signing: not available"
 
 
@@ -79,28 +79,6 @@ class BundleResult:
 # paths
 
 
-def safe_component(name: str) -> bool:
-    """One path component that cannot leave its folder: no separators, not `.`/`..`, printable."""
-    return (bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name
-            and not _CONTROL.search(name) and len(name.encode("utf-8", "surrogateescape")) <= 255)
-
-
-def safe_join(root: Path, rel: str) -> Path:
-    """root/rel for a bundle-relative POSIX path; InputError if it is absolute or climbs out."""
-    p = PurePosixPath(rel)
-    if not rel or p.is_absolute() or rel.startswith("\\") or re.match(r"^[A-Za-z]:", rel):
-        raise InputError(f"unsafe bundle path {rel!r}: absolute paths are refused")
-    if any(part in ("..", "") for part in rel.split("/")) or not all(safe_component(c) for c in p.parts):
-        raise InputError(f"unsafe bundle path {rel!r}: '..' and odd components are refused")
-    dest = root.joinpath(*p.parts)
-    # Symlinked folders inside the bundle could still point elsewhere: check the real location.
-    real_root = root.resolve()
-    real_parent = dest.parent.resolve()
-    if real_parent != real_root and real_root not in real_parent.parents:
-        raise InputError(f"unsafe bundle path {rel!r}: it resolves outside the bundle")
-    return dest
-
-
 def _copy_into(root: Path, rel: str, src: Path) -> Path:
     dest = safe_join(root, rel)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -117,49 +95,6 @@ def _user_name(name: str, index: int, sha256: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # evidence
-
-
-def load_evidence(evidence_dir: Path) -> tuple[dict[str, Any], list[str]]:
-    """{file stem: parsed JSON} for every evidence file; InputError (exit 3) on malformed JSON."""
-    from audit.report.orchestrate import EVIDENCE_FILES
-
-    warnings: list[str] = []
-    evidence: dict[str, Any] = {}
-    if not evidence_dir.is_dir():
-        raise InputError(f"{evidence_dir}: not a folder of evidence")
-    for p in sorted(evidence_dir.iterdir()):
-        if p.name.startswith(".") or p.suffix != ".json":
-            continue
-        if not EVIDENCE_NAME.match(p.name) or p.is_symlink() or not p.is_file():
-            warnings.append(f"evidence file {p.name!r} ignored: not a plain file with a safe name")
-            continue
-        if p.stat().st_size > MAX_EVIDENCE_BYTES:
-            raise InputError(f"{p}: evidence file larger than {MAX_EVIDENCE_BYTES >> 20} MiB")
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise InputError(f"{p}: evidence is not UTF-8 JSON") from None
-        except ValueError as exc:
-            raise InputError(f"{p}: malformed evidence JSON ({exc})") from None
-        except OSError as exc:
-            raise InputError(f"{p}: cannot read evidence ({exc.strerror or exc})") from None
-        if not isinstance(data, dict):
-            raise InputError(f"{p}: evidence must be a JSON object")
-        schema = data.get("schema")
-        if schema is not None and not isinstance(schema, str):
-            raise InputError(f"{p}: 'schema' must be a string")
-        evidence[p.stem] = data
-    known = {Path(n).stem for n in EVIDENCE_FILES.values()} | {"run"}
-    if not known & set(evidence):
-        raise InputError(f"{evidence_dir}: holds none of the evidence files "
-                         f"({', '.join(sorted(n + '.json' for n in known))})")
-    return evidence, warnings
-
-
-def _targets(build: dict | None) -> list[dict]:
-    from audit.report.orchestrate import _build_targets
-
-    return _build_targets(build)
 
 
 def _first_file(*paths: Path) -> Path | None:
@@ -187,8 +122,6 @@ def _object_source(recorded_sha: str | None, *paths: Path) -> tuple[Path | None,
     Evidence may come from elsewhere: copying whatever path it names would let a crafted
     build.json pull any local file (say /etc/passwd) into a bundle that is then shared.
     """
-    from audit.report.orchestrate import sha256_file
-
     why = "not found"
     for p in paths:
         if p is None or p.is_symlink() or not p.is_file():
@@ -206,8 +139,6 @@ def _object_source(recorded_sha: str | None, *paths: Path) -> tuple[Path | None,
 def _place_object(out: Path, rel: str, src: Path, warnings: list[str]) -> tuple[Path, str] | None:
     """Copy an object into the bundle and digest the copy (what is attested is what was copied);
     a refused path becomes a warning and None."""
-    from audit.report.orchestrate import sha256_file  # imported late, as the module does elsewhere
-
     try:
         dest = _place(out, rel, src)
     except InputError as exc:
@@ -231,17 +162,15 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
     Sources, first found: the bundle's own copy (in place), the copy in the bundle the evidence
     came from, the path the evidence recorded. The digest is checked against the one recorded.
     """
-    from audit.report.orchestrate import write_json_atomic
-
     copies: list[ArtifactCopy] = []
     warnings: list[str] = []
     old_bundle = evidence_dir.resolve().parent / "artifacts"  # rebuilding from a bundle's evidence/
     here = out / "artifacts"
-    for t in _targets(evidence.get("build")) if "target" in kinds else []:
+    for t in build_targets(evidence.get("build")) if "target" in kinds else []:
         if t.get("status") != "built":
             continue
         target = str(t.get("target", ""))
-        lib = t.get("library") or t.get("library_path") or t.get("path")
+        lib = t.get("library")
         if not lib:
             warnings.append(f"target {target!r}: build.json names no library")
             continue
@@ -346,17 +275,14 @@ def manifest(out: Path, key, warnings: list[str]) -> str | None:
 # the whole bundle
 
 
-def write_bundle(evidence_dir: Path, out: Path, key=None, on_rendered: Callable[[], None] | None = None,
-                 run: Any = None) -> BundleResult:
+def write_bundle(evidence_dir: Path, out: Path, key=None,
+                 on_rendered: Callable[[], None] | None = None) -> BundleResult:
     """Write the bundle into `out` from the evidence in `evidence_dir` (see module docstring).
 
     `key`: a SigningKey, a PEM path, or None (env, else ephemeral). `on_rendered` runs after
     report.html is written and before the RO-Crate and signing (the orchestrator closes run.json
     there, so the manifest signs its final form).
     """
-    from audit.report import claims, render, rocrate
-    from audit.report.orchestrate import prepare_out
-
     evidence_dir, out = Path(evidence_dir), Path(out)
     in_place = out.resolve() / "evidence" == evidence_dir.resolve()
     evidence, warnings = load_evidence(evidence_dir)
@@ -377,9 +303,9 @@ def write_bundle(evidence_dir: Path, out: Path, key=None, on_rendered: Callable[
     copies, w = copy_artifacts(out, evidence, evidence_dir)
     warnings += w
 
-    model = claims.build_model(evidence, artifacts=copies, signing=signing, warnings=warnings)
+    report_model = model.build_model(evidence, artifacts=copies, signing=signing, warnings=warnings)
     report = out / "report.html"
-    render.write_report(model, report)
+    render.write_report(report_model, report)
     if on_rendered is not None:
         on_rendered()
         evidence, _ = load_evidence(out / "evidence")  # run.json was just finalised

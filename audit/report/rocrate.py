@@ -12,7 +12,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from audit import __version__
-from audit.report.orchestrate import EVIDENCE_FILES, write_json_atomic
+from audit.files import write_json_atomic
+from audit.report.layout import EVIDENCE_FILES
 
 CONTEXT = "https://w3id.org/ro/crate/1.2/context"
 CRATE_SPEC = "https://w3id.org/ro/crate/1.2"

@@ -1,0 +1,89 @@
+"""Wording: numbers and evidence strings turned into the report's phrases.
+
+A ratio of times is never called a speedup when it is a slowdown or a tie (`speed_phrase`), and
+`plain` flattens any untrusted string to one line (the template escapes it).
+"""
+
+from __future__ import annotations
+
+import math
+
+# Targets and what running them would need (for "built, never run").
+NEVER_RUN_WHY = {
+    "gfx": "no AMD GPU is available to this project: built and audited only",
+    "sm_": "an NVIDIA target: not run on this machine",
+}
+
+
+def num(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def times(x, digits: int = 2) -> str:
+    v = num(x)
+    return "n/a" if v is None else f"{v:.{digits}f}x"
+
+
+def sci(x, digits: int = 2) -> str:
+    v = num(x)
+    return "n/a" if v is None else f"{v:.{digits}e}"
+
+
+def fmt_cos(c) -> str:
+    """Cosine with enough digits that 0.999995 never reads as 1.0, and 1-cos beside it."""
+    v = num(c)
+    if v is None:
+        return "n/a"
+    return f"{v:.7f} (1-cos {1.0 - v:.1e})"
+
+
+def speed_phrase(ratio, lo=None, hi=None) -> str:
+    """A ratio of times in words that never calls a slowdown or a tie a speedup."""
+    r, lo, hi = num(ratio), num(lo), num(hi)
+    if r is None:
+        return "not measured"
+    ci = f" (95% CI {lo:.2f}x to {hi:.2f}x)" if lo is not None and hi is not None else ""
+    if lo is not None and hi is not None and lo <= 1.0 <= hi:
+        return f"{r:.2f}x{ci}: no significant difference"
+    return (f"{r:.2f}x faster" if r >= 1.0 else f"slower ({r:.2f}x)") + ci
+
+
+def plain(x, default: str = "not recorded") -> str:
+    if x is None or x == "" or x == []:
+        return default
+    if isinstance(x, (list, tuple)):
+        return ", ".join(str(v) for v in x)
+    return " ".join(str(x).split())
+
+
+def seconds(x) -> str:
+    v = num(x)
+    return "n/a" if v is None else f"{v:.3g} s"
+
+
+def percent(x) -> str:
+    v = num(x)
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
+def metrics_line(m: dict) -> str:
+    return (f"cosine {fmt_cos(m.get('cosine'))}, rel L2 {sci(m.get('rel_l2'))}, PSNR "
+            f"{'n/a' if num(m.get('psnr_db')) is None else format(num(m.get('psnr_db')), '.1f') + ' dB'}")
+
+
+def finding_text(x: dict) -> str:
+    t = f"[{plain(x.get('rule'), '?')}] {plain(x.get('kind'), '')} {plain(x.get('subject'), '')} ({plain(x.get('where'), '')})"
+    if x.get("in_file"):
+        t += f" in {plain(x.get('in_file'))}"
+    chain = x.get("chain")
+    if isinstance(chain, list) and len(chain) > 1:
+        t += " via " + " -> ".join(str(c) for c in chain)
+    if x.get("reason"):
+        t += f": {plain(x.get('reason'))}"
+    if x.get("use_instead"):
+        t += f" (use instead: {plain(x.get('use_instead'))})"
+    if x.get("excepted"):
+        t += f" [waived: {plain(x.get('excepted'))}]"
+    if x.get("severity") == "warn":
+        t += " [warning]"
+    return t
