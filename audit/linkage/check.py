@@ -109,7 +109,7 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
             break
     errors += errs
     try:
-        tree, warns = resolver.tree(info, inp.read_from)
+        tree, warns = resolver.tree(info, inp.read_from, members=inp.members)
         tree.name = os.path.basename(inp.shown)
         result.tree = tree
         result.warnings += warns

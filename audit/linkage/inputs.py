@@ -13,6 +13,7 @@ import zipfile
 from dataclasses import dataclass
 
 from audit.linkage.model import WHEEL_SEP
+from audit.linkage.resolve import Member, MemberSet
 
 _MAX_WHEEL_MEMBERS = 200_000
 _MAX_WHEEL_BYTES = 32 << 30  # declared uncompressed size of the ELF members we extract
@@ -24,6 +25,7 @@ class Input:
     read_from: str | None  # where to read it (None: the error is already known)
     explicit: bool  # named on the command line (a non-ELF file is then an error, not a skip)
     error: str | None = None
+    members: MemberSet | None = None  # the wheel or folder it came from (the resolver's fallback)
 
 
 class Inputs:
@@ -82,21 +84,26 @@ class Inputs:
             self.warnings.append(f"cannot list {exc.filename}: {exc.strerror}")
             self.skip("unreadable_dir")
 
+        files: list[str] = []
         for dirpath, dirnames, filenames in os.walk(top, onerror=onerror, followlinks=False):
             dirnames.sort()
-            for name in sorted(filenames):
-                full = os.path.join(dirpath, name)
-                if os.path.islink(full) and not os.path.exists(full):
-                    self.skip("broken_symlink")
-                    self.warnings.append(f"{full}: broken symlink or symlink loop, skipped")
-                    continue
-                if not os.path.isfile(full):
-                    self.skip("not_regular")
-                    continue
-                if name.endswith(".whl"):
-                    yield from self._wheel(full, full)
-                else:
-                    yield from self._file(full, full, explicit=False)
+            files += [os.path.join(dirpath, name) for name in sorted(filenames)]
+        # the whole folder is listed first: its files are the fallback for each other's NEEDED
+        members = MemberSet(top, (Member(f, f) for f in files if not f.endswith(".whl")))
+        for full in files:
+            if os.path.islink(full) and not os.path.exists(full):
+                self.skip("broken_symlink")
+                self.warnings.append(f"{full}: broken symlink or symlink loop, skipped")
+                continue
+            if not os.path.isfile(full):
+                self.skip("not_regular")
+                continue
+            if full.endswith(".whl"):
+                yield from self._wheel(full, full)
+            else:
+                for inp in self._file(full, full, explicit=False):
+                    inp.members = members
+                    yield inp
 
     def _wheel(self, report: str, host: str):
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-wheel-")
@@ -133,9 +140,10 @@ class Inputs:
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, RuntimeError) as exc:
             yield Input(report, None, True, f"cannot read wheel: {' '.join(str(exc).split())}")
             return
+        members = MemberSet(report, (Member(dest, inner) for inner, dest in extracted))
         for inner, dest in extracted:
             self.seen.add(os.path.realpath(dest))
-            yield Input(inner, dest, True)
+            yield Input(inner, dest, True, members=members)
 
     def cleanup(self) -> None:
         for tmp in self.tmpdirs:

@@ -141,18 +141,36 @@ def _emit(node: dict) -> str:
 
 
 _SONAME_STEM = re.compile(r"^(.+?)\.so(?:\.[0-9A-Za-z_+-]+)*$")
+_DYLIB_STEM = re.compile(r"^(.+?)(?:\.[0-9]+)*\.(?:dylib|dll)$")
+# What wheel repair tools append to a library they bundle, so that two packages' copies never
+# clash in one process (the original name is what was linked):
+#   auditwheel        libfoo.so.1 -> libfoo-<8 hex>.so.1   (libscipy_openblas64_-32a4b2a6.so)
+#   delvewheel        foo.dll     -> foo-<32 hex>.dll
+#   build-time tags   libopenblas64_p-r0-<hex>.3.15.so   (a release tag and hash before the version)
+# delocate keeps the file name and moves it under .dylibs/ (@loader_path/.dylibs/libfoo.1.dylib):
+# the path and the Mach-O suffix are dropped like any other.
+_RENAMED = re.compile(r"(?:-r[0-9]+-[0-9a-f]{6,}(?:\.[0-9]+)*|(?:-[0-9a-f]{8,40})+)$")  # repaired twice: twice
 
 
 def soname_stem(name: str) -> str:
-    """`libcublas.so.12.3` -> `libcublas`; `dir/libfoo.so` -> `libfoo`; other names unchanged."""
+    """The library's own name: `libcublas.so.12.3` -> `libcublas`; `dir/libfoo.so` -> `libfoo`;
+    a repair tool's renaming undone (`libscipy_openblas64_-32a4b2a6.so` -> `libscipy_openblas64_`,
+    `libopenblaso-r0-d77a1985.3.15.so` -> `libopenblaso`, `@loader_path/.dylibs/libfoo.1.dylib` ->
+    `libfoo`); other names unchanged."""
+    stem = _plain_stem(name)
+    return _RENAMED.sub("", stem) or stem
+
+
+def _plain_stem(name: str) -> str:
     base = name.rsplit("/", 1)[-1]
-    m = _SONAME_STEM.match(base)
+    m = _SONAME_STEM.match(base) or _DYLIB_STEM.match(base)
     return m.group(1) if m else base
 
 
 def soname_matches(regex: re.Pattern[str] | None, name: str) -> bool:
-    """Soname globs match the stem (any version suffix) or the whole file name."""
+    """Soname globs match the library's own name (version suffix and repair-tool renaming
+    removed), its stem as written, or the whole file name."""
     if regex is None:
         return False
     base = name.rsplit("/", 1)[-1]
-    return bool(regex.match(soname_stem(base)) or regex.match(base))
+    return bool(regex.match(soname_stem(base)) or regex.match(_plain_stem(base)) or regex.match(base))

@@ -53,7 +53,9 @@ _BUILTIN_TEXT = {
 }
 _SEVERITIES = ("fail", "warn")
 _SETTINGS = {"unresolved": "warn", "needed-verneed-mismatch": "fail"}
-_TOP_KEYS = {"name", "description", "extends", "settings", "allow", "rules", "exceptions"}
+_TOP_KEYS = {"name", "description", "extends", "settings", "allow", "rules", "exceptions", "symbol-prefixes",
+             "symbol-suffixes"}
+_AFFIX = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 _RULE_KEYS = {"id", "family", "name", "reason", "use-instead", "sonames", "symbols", "strings", "kernels"}
 _EXC_KEYS = {"file", "rule", "reason", "expires"}
 _ALLOW_KEYS = {"trusted", "inspected"}
@@ -73,9 +75,12 @@ class Rule:
     source: str = ""  # the policy file that defined it
     builtin: bool = False
     _re: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    match_symbols: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
 
-    def compile(self) -> None:
-        self._re = {k: compile_globs(getattr(self, k)) for k in ("sonames", "symbols", "strings", "kernels")}
+    def compile(self, prefixes: tuple[str, ...] = (), suffixes: tuple[str, ...] = ()) -> None:
+        self.match_symbols = affixed(self.symbols, prefixes, suffixes)
+        self._re = {k: compile_globs(getattr(self, k)) for k in ("sonames", "strings", "kernels")}
+        self._re["symbols"] = compile_globs(self.match_symbols)
         # Device kernel names are mangled like host symbols: symbol patterns apply to them too.
         self._re["device"] = compile_globs(self.kernels + self.symbols)
 
@@ -101,6 +106,20 @@ class Rule:
             "strings": list(self.strings), "kernels": list(self.kernels), "source": self.source,
             "builtin": self.builtin,
         }
+
+
+def affixed(patterns: tuple[str, ...], prefixes: tuple[str, ...], suffixes: tuple[str, ...]) -> tuple[str, ...]:
+    """The patterns plus their renamed forms: a build that prefixes or suffixes every C symbol
+    (OpenBLAS's SYMBOLPREFIX/SYMBOLSUFFIX: scipy-openblas's `scipy_dgemm_`, `cblas_dgemm64_`)
+    still exports the vendor API. C++ names (`_Z...`) are never renamed so; a pattern that
+    already ends in `*` needs no suffix form."""
+    out = list(patterns)
+    for pat in patterns:
+        if pat.startswith(("_Z", "*")):
+            continue
+        ends = [""] + ([] if pat.endswith("*") else list(suffixes))
+        out += [pre + pat + suf for pre in ("",) + tuple(prefixes) for suf in ends if pre or suf]
+    return tuple(dict.fromkeys(out))
 
 
 @dataclass
@@ -133,19 +152,21 @@ class Policy:
     settings: dict[str, str] = field(default_factory=lambda: dict(_SETTINGS))
     trusted: tuple[str, ...] = ()
     inspected: tuple[str, ...] = ()
+    symbol_prefixes: tuple[str, ...] = ()  # put before every C symbol by some builds (scipy_)
+    symbol_suffixes: tuple[str, ...] = ()  # put after them (64_ for ILP64 builds)
     rules: list[Rule] = field(default_factory=list)
     exceptions: list[PolicyException] = field(default_factory=list)
     _re: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def finalize(self) -> Policy:
         for rule in self.rules:
-            rule.compile()
+            rule.compile(self.symbol_prefixes, self.symbol_suffixes)
         self._re = {"trusted": compile_globs(self.trusted), "inspected": compile_globs(self.inspected)}
-        self._re["symbols"] = combined_bytes_regex([p for r in self.rules for p in r.symbols])
+        self._re["symbols"] = combined_bytes_regex([p for r in self.rules for p in r.match_symbols])
         self._by_id = {r.id: r for r in self.all_rules()}
         # Single lookups (strings, kernels): one regex per evidence type, a named group per
         # rule in policy order, so the first rule that matches wins.
-        for kind, attrs in (("symbols", ("symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",))):
+        for kind, attrs in (("symbols", ("match_symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",))):
             alts = []
             for i, r in enumerate(self.rules):
                 pats = [p for a in attrs for p in getattr(r, a)]
@@ -156,7 +177,7 @@ class Policy:
         # A prefix whose pattern rest is "*" (e.g. _ZN4dnnl*) needs no regex check per name.
         self._prefixes = []
         for r in self.rules:
-            parts = [(lit, rest) for p in r.symbols for lit, rest in literal_prefixes(p)]
+            parts = [(lit, rest) for p in r.match_symbols for lit, rest in literal_prefixes(p)]
             lits = sorted({lit for lit, _ in parts})
             free = {lit for lit, rest in parts if rest == "*"}
             self._prefixes.append([(x, x not in free) for x in lits
@@ -236,6 +257,7 @@ class Policy:
         return {
             "name": self.name, "description": self.description, "sources": self.sources,
             "settings": dict(self.settings), "allow": {"trusted": list(self.trusted), "inspected": list(self.inspected)},
+            "symbol_prefixes": list(self.symbol_prefixes), "symbol_suffixes": list(self.symbol_suffixes),
             "rules": [r.to_dict() for r in self.rules], "exceptions": [e.to_dict() for e in self.exceptions],
         }
 
@@ -319,6 +341,9 @@ def _load(ref: str, base_dir: Path | None, chain: list[str]) -> Policy:
     _unknown(label, "allow.", allow, _ALLOW_KEYS)
     policy.trusted = tuple(dict.fromkeys(policy.trusted + _globs(label, "allow.trusted", allow.get("trusted", []))))
     policy.inspected = tuple(dict.fromkeys(policy.inspected + _globs(label, "allow.inspected", allow.get("inspected", []))))
+    for key in ("symbol-prefixes", "symbol-suffixes"):
+        attr = key.replace("-", "_")
+        setattr(policy, attr, tuple(dict.fromkeys(getattr(policy, attr) + _affixes(label, key, doc.get(key, [])))))
     for i, raw in enumerate(_array(label, "rules", doc.get("rules", []))):
         rule = _rule(label, i, raw)
         for j, old in enumerate(policy.rules):
@@ -424,6 +449,15 @@ def _array(label: str, key: str, value) -> list:
     return value
 
 
+def _affixes(label: str, key: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise PolicyError(f"{label}: {key}: must be an array of strings")
+    for j, text in enumerate(value):
+        if not isinstance(text, str) or not _AFFIX.match(text):
+            raise PolicyError(f"{label}: {key}[{j}]: must be 1-32 letters, digits or '_'")
+    return tuple(value)
+
+
 def _globs(label: str, key: str, value) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise PolicyError(f"{label}: {key}: must be an array of strings")
@@ -463,8 +497,9 @@ def _toml_list(values) -> str:
 def to_toml(policy: Policy) -> str:
     """The effective policy (extends resolved) as TOML that load_policy reads back unchanged."""
     lines = ["# effective policy, merged from: " + " <- ".join(s["path"] for s in policy.sources).replace("\n", " "),
-             f"name = {_toml_str(policy.name)}", f"description = {_toml_str(policy.description)}", "",
-             "[settings]"]
+             f"name = {_toml_str(policy.name)}", f"description = {_toml_str(policy.description)}",
+             f"symbol-prefixes = {_toml_list(policy.symbol_prefixes)}",
+             f"symbol-suffixes = {_toml_list(policy.symbol_suffixes)}", "", "[settings]"]
     lines += [f"{k} = {_toml_str(v)}" for k, v in policy.settings.items()]
     lines += ["", "[allow]", f"trusted = {_toml_list(policy.trusted)}", f"inspected = {_toml_list(policy.inspected)}"]
     for r in policy.rules:

@@ -18,6 +18,14 @@ directory of the path an object was found by, without resolving symlinks (glibc'
 With --root SYSROOT every absolute path taken from the audited system (RPATH/RUNPATH entries,
 ld.so.conf and its includes, default directories, symlink targets) is looked up under SYSROOT.
 Not modelled: DF_1_NODEFLIB, hwcaps subdirectories, secure-mode (setuid) restrictions.
+
+Beyond ld.so, two edges an installed package really has:
+  - member fallback: inside a wheel, folder or image (a MemberSet), a NEEDED that ld.so's search
+    does not reach is looked up among the other members by file name (an installer puts them
+    side by side; a RUNPATH written for another layout misses them). The node says so
+    (how "member") and a warning names the member.
+  - dlopen edges: a library-name string in an object that names a file on the object's search
+    path, in its own directory, or among the members is walked like a NEEDED (edge "dlopen").
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import glob as _glob
 import os
 import stat
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from audit.elf.model import ElfInfo
@@ -74,7 +82,9 @@ class DepNode:
     path: str | None = None  # where it was found (host path)
     realpath: str | None = None
     how: str | None = None  # path | rpath | ldpath | LD_LIBRARY_PATH | runpath | ld.so.conf | default | loaded
-    via: str | None = None  # for rpath: whose DT_RPATH; for runpath: the requester's
+    #                         | beside (a dlopen target in the requester's directory) | member (MemberSet fallback)
+    via: str | None = None  # for rpath: whose DT_RPATH; for runpath: the requester's; for member: the set's label
+    edge: str = "needed"  # how the parent asks for it: "needed" (DT_NEEDED) or "dlopen" (a name string)
     soname: str | None = None
     rule: str | None = None  # the deny rule that matched
     note: str | None = None
@@ -82,9 +92,14 @@ class DepNode:
     info: ElfInfo | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("name", "status", "path", "how", "via", "soname", "rule", "note")}
+        d = {k: getattr(self, k) for k in ("name", "edge", "status", "path", "how", "via", "soname", "rule", "note")}
         d["children"] = [c.to_dict() for c in self.children]
         return d
+
+    @property
+    def label(self) -> str:
+        """The name as a chain shows it: a dlopen edge says so."""
+        return f"{self.name} (dlopen)" if self.edge == "dlopen" else self.name
 
     def walk(self, chain: tuple[DepNode, ...] = ()):
         """(node, chain from the root to the node inclusive), depth first."""
@@ -92,6 +107,36 @@ class DepNode:
         yield self, chain
         for child in self.children:
             yield from child.walk(chain)
+
+
+@dataclass(frozen=True)
+class Member:
+    path: str  # where it is on this machine (an extracted wheel member, a file in a folder)
+    shown: str  # how reports name it ("x.whl!/torch/lib/libtorch_cpu.so", or the path)
+
+
+class MemberSet:
+    """The files of one audited wheel, folder or image, by file name: the fallback for a library
+    name that ld.so's own search does not reach (Resolver.tree(..., members=...)).
+
+    Reusable for any archive: build it from every extracted file (not only ELF ones: candidates
+    are checked for class and machine when looked up) and pass it with each member audited.
+    """
+
+    def __init__(self, label: str, members: Iterable[Member]):
+        self.label = label  # the wheel, folder or image, as reported
+        self._by_name: dict[str, list[Member]] = {}
+        for m in members:
+            self._by_name.setdefault(os.path.basename(m.path), []).append(m)
+        for hits in self._by_name.values():
+            hits.sort(key=lambda m: m.shown)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_name.values())
+
+    def lookup(self, name: str) -> list[Member]:
+        """Members whose file name is `name`, sorted by reported path (deterministic)."""
+        return list(self._by_name.get(name, ())) if "/" not in name else []
 
 
 # ---------------------------------------------------------------- paths
@@ -232,8 +277,12 @@ class Resolver:
         self.env_dirs = [d for d in (options.ld_library_path or "").split(":") if d] if options.use_env else []
         self._system: dict[tuple[int, int], set[str]] = {}
 
-    def tree(self, info: ElfInfo, path: str) -> tuple[DepNode, list[str]]:
-        """The dependency tree of the object at `path` (already read as `info`), and warnings."""
+    def tree(self, info: ElfInfo, path: str, members: MemberSet | None = None) -> tuple[DepNode, list[str]]:
+        """The dependency tree of the object at `path` (already read as `info`), and warnings.
+
+        `members`: the wheel, folder or image the object came from; a name ld.so's search does
+        not reach is then looked up among them (and a warning says which member was taken).
+        """
         warnings: list[str] = []
         ident = probe(path) or (info.elf_class, info.endian, -1)
         rootnode = DepNode(name=os.path.basename(path), status="root", path=path,
@@ -246,21 +295,34 @@ class Resolver:
         count = 0
         while queue:
             node, chain = queue.popleft()
-            for needed in node.info.needed:
+            edges = [(n, "needed") for n in node.info.needed] + [(n, "dlopen") for n in dlopen_names(node.info)]
+            for needed, edge in edges:
                 count += 1
                 if count > self.options.max_nodes:
                     raise TreeTooLarge(f"dependency tree has more than {self.options.max_nodes} edges")
                 if needed in loaded:
-                    first = loaded[needed]
-                    node.children.append(DepNode(name=needed, status="loaded", path=first.path,
-                                                 realpath=first.realpath, how="loaded", note="already loaded"))
+                    if edge == "needed":
+                        first = loaded[needed]
+                        node.children.append(DepNode(name=needed, status="loaded", path=first.path,
+                                                     realpath=first.realpath, how="loaded", note="already loaded"))
                     continue
-                child = self._resolve(needed, node, chain, ident, warnings)
+                if edge == "dlopen":
+                    # A denied name is a dlopen-string finding already; a trusted one is a system
+                    # library; an unfound one is only a string: none of them is an edge to walk.
+                    if self.policy.is_trusted(needed) or self.policy.deny_rule_for_soname(needed):
+                        continue
+                    child = self._resolve(needed, node, chain, ident, warnings, members, dlopen=True)
+                    if child is None:
+                        continue
+                else:
+                    child = self._resolve(needed, node, chain, ident, warnings, members)
                 if child.realpath and child.realpath in by_real:
                     first = by_real[child.realpath]
+                    loaded[needed] = first
+                    if edge == "dlopen":
+                        continue
                     child.status, child.how, child.note = "loaded", "loaded", f"same file as {first.name}"
                     node.children.append(child)
-                    loaded[needed] = first
                     continue
                 node.children.append(child)
                 loaded[needed] = child
@@ -272,23 +334,40 @@ class Resolver:
                     queue.append((child, chain + (child,)))
         return rootnode, warnings
 
-    def _resolve(self, needed: str, requester: DepNode, chain, ident, warnings: list[str]) -> DepNode:
-        rule = self.policy.deny_rule_for_soname(needed)
+    def _resolve(self, needed: str, requester: DepNode, chain, ident, warnings: list[str],
+                 members: MemberSet | None = None, dlopen: bool = False) -> DepNode | None:
+        rule = None if dlopen else self.policy.deny_rule_for_soname(needed)
         found = self._search(needed, requester, chain, ident, warnings)
+        if found is None and dlopen and "/" not in needed:
+            # loaders commonly dlopen dirname(dladdr(self)) + name: a file shipped beside the caller
+            beside = os.path.join(_origin(requester), needed)
+            hit = self._candidate(beside, ident)
+            found = (beside, hit, "beside", requester.name) if hit else None
+        member = None
+        if found is None and members is not None:
+            member = self._member(needed, requester, ident, members, warnings, dlopen)
+            found = (member.path, self.paths.real(member.path), "member", members.label) if member else None
         if found is None:
+            if dlopen:
+                return None
             return DepNode(name=needed, status="denied" if rule else "unresolved",
                            rule=rule.id if rule else None, note="not found")
         path, real, how, via = found
-        node = DepNode(name=needed, status="", path=path, realpath=real, how=how, via=via)
+        node = DepNode(name=needed, status="", path=path, realpath=real, how=how, via=via,
+                       edge="dlopen" if dlopen else "needed")
+        if member is not None:
+            node.note = f"not on ld.so's search path; resolved to member {member.shown}"
         rule = rule or self.policy.deny_rule_for_soname(os.path.basename(real))
         if rule:
             node.status, node.rule = "denied", rule.id
             return node
+        listed = self.policy.is_inspected(needed)
         if self.policy.is_trusted(needed):
             if how in SYSTEM_HOW:
                 node.status = "trusted"
                 return node
-            node.note = "trusted name found outside the system directories: inspected"
+            listed = True
+            node.note = "; ".join(filter(None, [node.note, "trusted name found outside the system directories: inspected"]))
         try:
             node.info = self.read(real)
         except Exception as exc:  # fail closed: an unreadable dependency cannot be vouched for
@@ -301,8 +380,22 @@ class Resolver:
             node.status, node.rule = "denied", rule.id
             node.note = f"SONAME {node.soname}"
             return node
-        node.status = "inspected" if (self.policy.is_inspected(needed) or node.note) else "unlisted"
+        node.status = "inspected" if listed else "unlisted"
         return node
+
+    def _member(self, name: str, requester: DepNode, ident, members: MemberSet, warnings: list[str],
+                dlopen: bool) -> Member | None:
+        """The fallback: a member of the audited wheel/folder/image with this file name (of the
+        audited object's class and machine); the first by reported path if several."""
+        hits = [m for m in members.lookup(name) if self._candidate(m.path, ident)]
+        if not hits:
+            return None
+        m = hits[0]
+        asked = "dlopen string" if dlopen else "DT_NEEDED"
+        more = f" ({len(hits) - 1} other member(s) of that name not taken)" if len(hits) > 1 else ""
+        _warn(warnings, f"{asked} {name} of {requester.name} is not on ld.so's search path; "
+                        f"resolved to {members.label} member {m.shown}{more}")
+        return m
 
     def _search(self, name: str, requester: DepNode, chain, ident, warnings) -> tuple[str, str, str, str | None] | None:
         bits, _endian, machine = ident
@@ -390,6 +483,11 @@ class Resolver:
 
 class TreeTooLarge(Exception):
     pass
+
+
+def dlopen_names(info: ElfInfo) -> list[str]:
+    """Library file names (no '/') in the object's data, first occurrence order: what it may dlopen."""
+    return list(dict.fromkeys(h.text for h in info.library_strings if "/" not in h.text))
 
 
 def _origin(node: DepNode) -> str:

@@ -113,15 +113,21 @@ def tree_findings(tree: DepNode, resolver: Resolver, policy: Policy) -> tuple[li
     findings: list[Finding] = []
     errors: list[str] = []
     for node, chain in tree.walk():
-        names = [n.name for n in chain]
+        names = [n.label for n in chain]
         depth = len(chain) - 1
         if node.status == "denied":
             rule = policy.rule(node.rule)
-            kind = "needed" if depth == 1 else "transitive"
-            where = "DT_NEEDED" + (f" of {chain[-2].name}" if depth > 1 else "")
-            detail = f"found at {node.path} ({node.how})" if node.path else "not found on this system"
-            findings.append(Finding.from_rule(rule, policy, kind, node.name, where, names,
-                                              detail=detail + (f"; {node.note}" if node.note and node.path else "")))
+            if node.edge == "dlopen":  # a name string that resolved to a denied file
+                kind, where = ("dlopen-string" if depth == 1 else "transitive"), f"dlopen string of {chain[-2].name}"
+            else:
+                kind = "needed" if depth == 1 else "transitive"
+                where = "DT_NEEDED" + (f" of {chain[-2].name}" if depth > 1 else "")
+            if node.how == "member":  # its path is an extraction folder's: the note names the member
+                detail = node.note
+            else:
+                detail = f"found at {node.path} ({node.how})" if node.path else "not found on this system"
+                detail += f"; {node.note}" if node.note and node.path else ""
+            findings.append(Finding.from_rule(rule, policy, kind, node.name, where, names, detail=detail))
         elif node.status == "unresolved":
             rule = policy.rule(RULE_UNRESOLVED)
             findings.append(Finding.from_rule(rule, policy, "unresolved", node.name,
