@@ -1,4 +1,4 @@
-"""Small file helpers every stage shares: digests, atomic JSON writes, timestamps.
+"""Small file utilities every stage shares: digests, atomic JSON writes, timestamps.
 
 They sit below every stage (nothing here imports the rest of the package), so `run`, the report
 and the build read one definition each.

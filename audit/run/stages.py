@@ -17,7 +17,8 @@ from audit.build.builder import BuildResult, ensure_built
 from audit.build.targets import cuda_cubins
 from audit.errors import InputError, UsageError, one_line
 from audit.files import sha256_file
-from audit.linkage.check import CheckReport, check_paths
+from audit.linkage.check import check_paths
+from audit.linkage.model import CheckReport
 from audit.linkage.policy import load_policy
 from audit.linkage.resolve import ResolveOptions
 from audit.run.record import Artifact
