@@ -9,17 +9,21 @@ DeviceCode with `error` set (the linkage stage fails closed on it), never an exc
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
 
 from audit.elf.decompress import DecompressError, inflate
 from audit.elf.model import DeviceCode
-from audit.elf.parse import EM_AMDGPU, ElfImage, Malformed, decode
+from audit.elf.parse import EM_AMDGPU, ElfImage, Malformed, decode, has_nonzero
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 CCOB_MAGIC = b"CCOB"
 CCOB_METHODS = {0: "zlib", 1: "zstd"}
+# The next bundle of either kind: one search that stops at the nearest, so walking a section
+# reads the gaps between bundles and never the code objects the walk steps over.
+_MAGIC_RE = re.compile(re.escape(BUNDLE_MAGIC) + b"|" + CCOB_MAGIC)
 
 # EF_AMDGPU_MACH (e_flags & 0xff), from LLVM's BinaryFormat/ELF.h.
 AMDGPU_MACH = {
@@ -63,9 +67,10 @@ def amdgpu_target(e_flags: int, osabi: int, abiversion: int) -> str:
     return ":".join([name] + feats)
 
 
-def code_object_info(data: bytes) -> tuple[str, tuple[str, ...]]:
-    """(target, kernel names) of one AMDGPU code object; Malformed if it is not one."""
-    from audit.elf.symbols import load_tables, make_symbols  # local: avoids an import cycle
+def code_object_info(data) -> tuple[str, tuple[str, ...]]:
+    """(target, kernel names) of one AMDGPU code object (any buffer: a memoryview reads it in
+    place); Malformed if it is not one."""
+    from audit.elf.symbols import load_tables, names_ending  # local: avoids an import cycle
 
     img = ElfImage(data)
     if img.e_machine != EM_AMDGPU:
@@ -74,15 +79,15 @@ def code_object_info(data: bytes) -> tuple[str, tuple[str, ...]]:
     kernels: dict[str, None] = {}  # ordered, deduplicated (.dynsym and .symtab both list them)
     for table in load_tables(img):
         defined = np.flatnonzero(table.syms["st_shndx"] != 0)
-        for sym in make_symbols(img, table, defined):
-            if sym.name.endswith(".kd") and len(sym.name) > 3:
-                kernels[sym.name[:-3]] = None
+        for name in names_ending(img, table, defined, b".kd"):  # the kernel descriptors
+            kernels[name[:-3]] = None
     return target, tuple(kernels)
 
 
-def _entries(data: bytes, at: int, where: str):
-    """Yield (offset, size, id) for each entry of the uncompressed bundle at data[at:]."""
-    n = len(data) - at
+def _entries(data, at: int, end: int, where: str):
+    """Yield (offset, size, id, end of the entry table) for each entry of the uncompressed
+    bundle at data[at:end]."""
+    n = end - at
     if n < 32:
         raise Malformed(f"{where}: truncated offload bundle header")
     (count,) = struct.unpack_from("<Q", data, at + 24)
@@ -90,13 +95,13 @@ def _entries(data: bytes, at: int, where: str):
         raise Malformed(f"{where}: offload bundle claims {count} entries, more than fit")
     pos = at + 32
     for _ in range(count):
-        if pos + 24 > len(data):
+        if pos + 24 > end:
             raise Malformed(f"{where}: truncated offload bundle entry table")
         off, size, idlen = struct.unpack_from("<QQQ", data, pos)
         pos += 24
-        if idlen > len(data) - pos:
+        if idlen > end - pos:
             raise Malformed(f"{where}: offload bundle entry id runs past the bundle")
-        ident = decode(data[pos:pos + idlen])
+        ident = decode(bytes(data[pos:pos + idlen]))
         pos += idlen
         yield off, size, ident, pos - at
 
@@ -116,16 +121,18 @@ def _target_from_id(ident: str) -> str:
     return ident.rsplit("-", 1)[-1]
 
 
-def read_bundle(data: bytes, at: int, section: str, file_offset: int,
+def read_bundle(data, at: int, end: int, section: str, file_offset: int,
                 compressed: str | None) -> tuple[list[DeviceCode], int]:
-    """The entries of the uncompressed bundle at data[at:], and the bytes it spans.
+    """The entries of the uncompressed bundle at data[at:end], and the bytes it spans.
 
-    For a compressed bundle `file_offset` is where its CCOB container starts in the file and
-    each entry's size is its size after decompression."""
+    `data` is any buffer: the mapped file itself (each code object is then read in place,
+    never copied) or a decompressed bundle. For a compressed bundle `file_offset` is where its
+    CCOB container starts in the file and each entry's size is its size after decompression."""
     out = []
     span = 32
-    n = len(data) - at
-    for off, size, ident, table_end in _entries(data, at, f"{section}+{file_offset:#x}"):
+    n = end - at
+    view = memoryview(data)
+    for off, size, ident, table_end in _entries(data, at, end, f"{section}+{file_offset:#x}"):
         span = max(span, table_end)
         kind = _entry_kind(ident)
         base = dict(container="hip_fatbin", section=section,
@@ -144,7 +151,7 @@ def read_bundle(data: bytes, at: int, section: str, file_offset: int,
                                   error="unrecognised offload bundle entry"))
             continue
         try:
-            target, kernels = code_object_info(data[at + off:at + off + size])
+            target, kernels = code_object_info(view[at + off:at + off + size])
         except (Malformed, struct.error, ValueError) as exc:
             out.append(DeviceCode(target=_target_from_id(ident), **base,
                                   error=f"code object unreadable: {exc}"))
@@ -153,10 +160,10 @@ def read_bundle(data: bytes, at: int, section: str, file_offset: int,
     return out, span
 
 
-def read_ccob(data: bytes, at: int, section: str, file_offset: int) -> tuple[list[DeviceCode], int]:
-    """The compressed bundle at data[at:]: its entries and the bytes it spans (0 if unknown)."""
+def read_ccob(data, at: int, end: int, section: str, file_offset: int) -> tuple[list[DeviceCode], int]:
+    """The compressed bundle at data[at:end]: its entries and the bytes it spans (0 if unknown)."""
     where = f"{section}+{file_offset:#x}"
-    n = len(data) - at
+    n = end - at
     if n < 20:
         raise Malformed(f"{where}: truncated CCOB header")
     version, method = struct.unpack_from("<HH", data, at + 4)
@@ -179,7 +186,7 @@ def read_ccob(data: bytes, at: int, section: str, file_offset: int) -> tuple[lis
         return [_ccob_error(section, file_offset, n, None, f"unknown CCOB compression method {method}")], total
     if total and (total > n or total < start):
         return [_ccob_error(section, file_offset, n, algo, f"CCOB total size {total} does not fit the section")], 0
-    payload = data[at + start:at + total] if total else data[at + start:]
+    payload = memoryview(data)[at + start:at + total if total else end]
     try:
         bundle, used = inflate(algo, payload, usize)
     except DecompressError as exc:
@@ -188,7 +195,7 @@ def read_ccob(data: bytes, at: int, section: str, file_offset: int) -> tuple[lis
         return [_ccob_error(section, file_offset, total or n, algo,
                             "decompressed CCOB data is not an offload bundle")], total
     try:
-        entries, _ = read_bundle(bundle, 0, section, file_offset, algo)
+        entries, _ = read_bundle(bundle, 0, len(bundle), section, file_offset, algo)
     except Malformed as exc:
         return [_ccob_error(section, file_offset, total or n, algo, str(exc))], total
     return entries, total or (start + used if used else 0)
@@ -199,26 +206,29 @@ def _ccob_error(section, off, size, algo, msg) -> DeviceCode:
                       kind="unknown", target="unknown", compressed=algo, error=msg)
 
 
-def read_hip_fatbin(data: bytes, section: str, section_offset: int) -> list[DeviceCode]:
-    """Every bundle (plain or CCOB) in one `.hip_fatbin` section, in order."""
+def read_hip_fatbin(buf, start: int, end: int, section: str) -> list[DeviceCode]:
+    """Every bundle (plain or CCOB) in one `.hip_fatbin` section, buf[start:end], in order.
+
+    `buf` is the whole mapped file (it must have `find`), so offsets are file offsets and the
+    section is walked in place: only the bundle tables and each code object's headers and
+    symbols are touched, not its code."""
     out: list[DeviceCode] = []
-    pos, n = 0, len(data)
-    while pos < n:
-        a = data.find(BUNDLE_MAGIC, pos)
-        c = data.find(CCOB_MAGIC, pos)
-        hits = [x for x in (a, c) if x >= 0]
-        if not hits:
+    pos = start
+    while pos < end:
+        m = _MAGIC_RE.search(buf, pos, end)
+        if m is None:
             break
-        at = min(hits)
+        at = m.start()
         try:
-            if at == a:
-                entries, used = read_bundle(data, at, section, section_offset + at, None)
+            if m.group() == BUNDLE_MAGIC:
+                entries, used = read_bundle(buf, at, end, section, at, None)
             else:
-                entries, used = read_ccob(data, at, section, section_offset + at)
+                entries, used = read_ccob(buf, at, end, section, at)
         except Malformed as exc:
-            entries, used = [_ccob_error(section, section_offset + at, n - at, None, str(exc))], 0
+            entries, used = [_ccob_error(section, at, end - at, None, str(exc))], 0
         out.extend(entries)
-        pos = at + max(used, 4)  # always moves on: the walk ends within len(data) steps
-    if not out and data.strip(b"\0"):
-        out.append(_ccob_error(section, section_offset, n, None, "section holds data but no offload bundle"))
+        pos = at + max(used, 4)  # always moves on: the walk ends within end - start steps
+    if not out and has_nonzero(buf, start, end):
+        out.append(_ccob_error(section, start, end - start, None, "section holds data but no offload bundle"))
     return out
+

@@ -16,7 +16,7 @@ import numpy as np
 
 from audit.elf.decompress import DecompressError, inflate
 from audit.elf.model import DeviceCode
-from audit.elf.parse import EM_CUDA, ElfImage, Malformed, decode
+from audit.elf.parse import EM_CUDA, ElfImage, Malformed, decode, has_nonzero
 
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 KIND_PTX, KIND_CUBIN = 1, 2
@@ -27,8 +27,9 @@ _PTX_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][A-Za-z0-9_$%]*)")
 ENTRY_MIN = 0x40
 
 
-def cubin_kernels(data: bytes) -> tuple[str, ...]:
-    """Kernel names of a cubin: FUNC symbols marked as entries, else `.text.<name>` sections."""
+def cubin_kernels(data) -> tuple[str, ...]:
+    """Kernel names of a cubin (any buffer: a memoryview reads it in place): FUNC symbols
+    marked as entries, else `.text.<name>` sections."""
     from audit.elf.symbols import load_tables, make_symbols  # local: avoids an import cycle
 
     img = ElfImage(data)
@@ -52,7 +53,7 @@ def ptx_kernels(text: bytes) -> tuple[str, ...]:
     return tuple(dict.fromkeys(decode(m.group(1)) for m in _PTX_ENTRY_RE.finditer(text)))
 
 
-def _entry(data: bytes, at: int, end: int, section: str, file_off: int) -> tuple[DeviceCode, int]:
+def _entry(data, at: int, end: int, section: str, file_off: int) -> tuple[DeviceCode, int]:
     kind_code, hsize, psize = struct.unpack_from("<HxxIQ", data, at)
     csize, minor, major, sm = struct.unpack_from("<IxxxxHHI", data, at + 0x10)
     flags = struct.unpack_from("<Q", data, at + 0x28)[0]
@@ -67,7 +68,7 @@ def _entry(data: bytes, at: int, end: int, section: str, file_off: int) -> tuple
     start = at + hsize
     base = dict(container="nv_fatbin", section=section, offset=file_off + hsize, size=psize,
                 kind=kind, target=target, compressed=algo)
-    payload = data[start:start + psize]
+    payload = memoryview(data)[start:start + psize]  # in place: no copy of a stored cubin
     if kind == "unknown":
         return DeviceCode(**base, error=f"unknown fatbin entry kind {kind_code}"), hsize + psize
     if algo:
@@ -84,37 +85,40 @@ def _entry(data: bytes, at: int, end: int, section: str, file_off: int) -> tuple
     return DeviceCode(**base, kernels=kernels), hsize + psize
 
 
-def read_nv_fatbin(data: bytes, section: str, section_offset: int) -> list[DeviceCode]:
-    """Every fatbin entry in one `.nv_fatbin` section, in order."""
+def read_nv_fatbin(buf, start: int, end: int, section: str) -> list[DeviceCode]:
+    """Every fatbin entry in one `.nv_fatbin` section, buf[start:end], in order.
+
+    `buf` is the whole mapped file (it must have `find`): offsets are file offsets, and a
+    stored (uncompressed) cubin is read in place."""
     out: list[DeviceCode] = []
-    pos, n = 0, len(data)
-    while pos < n:
-        at = data.find(FATBIN_MAGIC, pos)
+    pos = start
+    while pos < end:
+        at = buf.find(FATBIN_MAGIC, pos, end)
         if at < 0:
             break
-        where = f"{section}+{section_offset + at:#x}"
-        if at + 16 > n:
-            out.append(_error(section, section_offset + at, n - at, f"{where}: truncated fatbin header"))
+        where = f"{section}+{at:#x}"
+        if at + 16 > end:
+            out.append(_error(section, at, end - at, f"{where}: truncated fatbin header"))
             break
-        _magic, _version, hsize, fsize = struct.unpack_from("<IHHQ", data, at)
-        end = at + hsize + fsize
-        if hsize < 16 or end > n:
-            out.append(_error(section, section_offset + at, n - at,
+        _magic, _version, hsize, fsize = struct.unpack_from("<IHHQ", buf, at)
+        fend = at + hsize + fsize
+        if hsize < 16 or fend > end:
+            out.append(_error(section, at, end - at,
                               f"{where}: fatbin (header {hsize}, size {fsize}) runs past the section"))
             pos = at + 4
             continue
         epos = at + hsize
-        while epos + ENTRY_MIN <= end:
+        while epos + ENTRY_MIN <= fend:
             try:
-                entry, used = _entry(data, epos, end, section, section_offset + epos)
+                entry, used = _entry(buf, epos, fend, section, epos)
             except Malformed as exc:
-                out.append(_error(section, section_offset + epos, end - epos, str(exc)))
+                out.append(_error(section, epos, fend - epos, str(exc)))
                 break
             out.append(entry)
             epos += used  # used >= ENTRY_MIN: the walk ends
-        pos = max(end, at + 4)
-    if not out and data.strip(b"\0"):
-        out.append(_error(section, section_offset, n, "section holds data but no fatbin"))
+        pos = max(fend, at + 4)
+    if not out and has_nonzero(buf, start, end):
+        out.append(_error(section, start, end - start, "section holds data but no fatbin"))
     return out
 
 

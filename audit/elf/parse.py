@@ -59,6 +59,31 @@ class Segment:
     memsz: int
 
 
+def find_nul(buf, start: int, end: int) -> int:
+    """Offset of the first NUL in buf[start:end], or -1. Works on any buffer: bytes and mmap
+    search in place; a memoryview (a code object read in place inside its container) is
+    searched through small, growing windows, so a short name never copies a large table."""
+    find = getattr(buf, "find", None)
+    if find is not None:
+        return find(b"\0", start, end)
+    step = 256
+    while start < end:
+        stop = min(end, start + step)
+        i = bytes(buf[start:stop]).find(b"\0")
+        if i >= 0:
+            return start + i
+        start, step = stop, min(step * 4, 1 << 20)
+    return -1
+
+
+def has_nonzero(buf, start: int, end: int) -> bool:
+    """True if buf[start:end] holds a non-zero byte (read in 1 MiB steps, never copied whole)."""
+    for pos in range(start, end, 1 << 20):
+        if bytes(buf[pos:min(end, pos + (1 << 20))]).strip(b"\0"):
+            return True
+    return False
+
+
 def decode(raw: bytes) -> str:
     """Untrusted bytes from a binary -> str; undecodable bytes become \\xNN (reversible, printable)."""
     return raw.decode("utf-8", errors="backslashreplace")
@@ -112,7 +137,7 @@ class ElfImage:
         if index < 0 or index >= table_size:
             return None
         start = table_off + index
-        end = self.buf.find(b"\0", start, table_off + table_size)
+        end = find_nul(self.buf, start, table_off + table_size)
         if end < 0:  # unterminated: take up to the table's end (fail soft, caller may warn)
             end = table_off + table_size
         return bytes(self.buf[start:end])

@@ -1,7 +1,9 @@
 """read_elf: one file -> ElfInfo (audit/elf/model.py), fast and fail-closed.
 
-The file is mmap'ed; its sha256 is computed on a second thread (hashlib releases the GIL) while
-the tables are read. Every failure to read or parse raises audit.errors.InputError with a
+The file is mmap'ed and only the parts that are read are touched (tables, strings, the headers
+and symbols of embedded code objects), so resident memory follows what is read, not the file's
+size. Its sha256 is computed on a second thread (file reads and hashlib release the GIL) from
+plain reads through a small buffer, so hashing adds no mapped pages either. Every failure to read or parse raises audit.errors.InputError with a
 one-line message naming the file; nothing else escapes for a malformed input.
 """
 
@@ -85,8 +87,7 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
     finally:
         os.close(fd)
     digest: dict[str, str] = {}
-    hasher = threading.Thread(target=lambda: digest.setdefault("sha256", hashlib.sha256(mm).hexdigest()),
-                              daemon=True)
+    hasher = threading.Thread(target=_hash_file, args=(path, digest), daemon=True)
     hasher.start()
     try:
         try:
@@ -107,6 +108,23 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
             mm.close()
         except BufferError:  # a numpy view still refers to it; it is unmapped when collected
             pass
+
+
+_HASH_CHUNK = 1 << 22
+
+
+def _hash_file(path: str, out: dict[str, str]) -> None:
+    """out["sha256"] = the file's sha256 (left unset if the file cannot be read)."""
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            h = hashlib.sha256()
+            buf = bytearray(_HASH_CHUNK)
+            view = memoryview(buf)
+            while n := fh.readinto(buf):
+                h.update(view[:n])
+            out["sha256"] = h.hexdigest()
+    except OSError:
+        pass
 
 
 def _parse(path: str, mm, symbol_pattern) -> ElfInfo:
@@ -138,9 +156,9 @@ def _parse(path: str, mm, symbol_pattern) -> ElfInfo:
     device = []
     for sec in img.sections:
         if sec.name in (".hip_fatbin", ".nv_fatbin") and sec.type != SHT_NOBITS and sec.size:
-            data = img.bytes_at(sec.offset, sec.size, f"section {sec.name}")
+            img.check_range(sec.offset, sec.size, f"section {sec.name}")
             reader = read_hip_fatbin if sec.name == ".hip_fatbin" else read_nv_fatbin
-            device += reader(data, sec.name, sec.offset)
+            device += reader(img.buf, sec.offset, sec.offset + sec.size, sec.name)  # in place
 
     return ElfInfo(
         path=path, sha256="", size=img.size, build_id=read_build_id(img), elf_class=img.bits,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from audit.elf.model import Symbol
-from audit.elf.parse import SHN_UNDEF, SHT_DYNSYM, SHT_SYMTAB, ElfImage, Malformed, decode
+from audit.elf.parse import SHN_UNDEF, SHT_DYNSYM, SHT_SYMTAB, ElfImage, Malformed, decode, find_nul
 from audit.elf.textscan import matching_strings
 
 STT = {0: "NOTYPE", 1: "OBJECT", 2: "FUNC", 3: "SECTION", 4: "FILE", 5: "COMMON", 6: "TLS",
@@ -134,6 +134,35 @@ def _pattern_mask(img, table, pattern, nm, bad, name_end) -> np.ndarray:
     return mask
 
 
+def name_ends(img: ElfImage, table: SymbolTable, idx: np.ndarray) -> np.ndarray:
+    """End offsets (at the NUL, or the table's end) of the names of entries `idx`, in bulk:
+    the string table's NULs are located once with numpy. Offsets outside the table give -1.
+    For the small tables of embedded code objects, where names are asked for in bulk."""
+    offs = table.syms["st_name"][idx].astype(np.int64)
+    size = table.str_size
+    if size == 0:
+        return np.full(len(offs), -1, dtype=np.int64)
+    blob = np.frombuffer(img.buf, dtype=np.uint8, count=size, offset=table.str_off)
+    nuls = np.append(np.flatnonzero(blob == 0), size)
+    ends = nuls[np.searchsorted(nuls, np.minimum(offs, size))]
+    return np.where(offs < size, ends, -1)
+
+
+def names_ending(img: ElfImage, table: SymbolTable, idx: np.ndarray, suffix: bytes) -> list[str]:
+    """Decoded names of entries `idx` that end with `suffix` (longer than it), in table order;
+    only those names are copied out of the string table."""
+    if len(idx) == 0:
+        return []
+    ends = name_ends(img, table, idx)
+    offs = table.syms["st_name"][idx].astype(np.int64)
+    keep = (ends >= 0) & (ends - offs > len(suffix))
+    blob = np.frombuffer(img.buf, dtype=np.uint8, count=table.str_size, offset=table.str_off)
+    for k, ch in enumerate(reversed(suffix)):
+        at = np.where(keep, ends - 1 - k, 0)
+        keep &= blob[at] == ch
+    return names_at(img, table, offs[keep].tolist(), ends[keep].tolist())
+
+
 _KINDS = [STT.get(i, f"STT_{i}") for i in range(16)]
 _BINDS = [STB.get(i, f"STB_{i}") for i in range(16)]
 
@@ -141,16 +170,15 @@ _BINDS = [STB.get(i, f"STB_{i}") for i in range(16)]
 def names_at(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[int]) -> list[str]:
     """Decoded names at string-table offsets (ends: known end offsets, or -1 to look them up)."""
     buf, base, size = img.buf, table.str_off, table.str_size
-    find = buf.find
     raws = []
     for off, end in zip(offsets, ends):
         if off >= size:
             raws.append(b"")
             continue
         if end < 0:
-            e = find(b"\0", base + off, base + size)
+            e = find_nul(buf, base + off, base + size)
             end = size if e < 0 else e - base
-        raws.append(buf[base + off:base + end])
+        raws.append(bytes(buf[base + off:base + end]))
     # one decode for all: NUL never occurs inside a name, so it separates them safely
     return decode(b"\0".join(raws)).split("\0") if raws else []
 
