@@ -223,6 +223,7 @@ class Library:
         buf = (ctypes.c_int32 * max(n, 1))()
         d.fk_supported_head_dims(buf, n)
         self.head_dims = tuple(int(x) for x in buf[:n])
+        self._checked: dict[tuple, AttentionArgs | bool] = {}  # input kinds already checked (see _call)
 
     @staticmethod
     def _string(raw) -> str:
@@ -268,14 +269,17 @@ class Library:
 
     def _launch(self, q, k, v, o, scale: float, layout: str, naive: bool) -> None:
         """The C call on checked arguments: on q's device and torch's current stream there."""
-        args = fill_args(q, k, v, o, layout, scale, None)
+        self._invoke(fill_args(q, k, v, o, layout, scale, None), q.device, naive)
+
+    def _invoke(self, args: AttentionArgs, device, naive: bool) -> None:
         fn = self._dll.fk_naive_forward if naive else self._dll.fk_flash_forward
-        if q.device.type == "cuda":
+        if device.type == "cuda":
             import torch
 
-            index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+            current = torch.cuda.current_device()
+            index = device.index if device.index is not None else current
             args.stream = _current_stream(torch, index)
-            if index != torch.cuda.current_device():  # the C side launches on the current device
+            if index != current:  # the C side launches on the current device
                 with torch.cuda.device(index):
                     status = int(fn(ctypes.byref(args)))
             else:
@@ -300,21 +304,67 @@ class Library:
 
         from flash_kernel import _op  # registers the torch ops on first use (a dict lookup after)
 
+        if _plain_eager(torch, q, k, v):
+            # Plain tensors outside tracing go straight to the C call: the custom op's dispatch
+            # costs more host time than a short kernel runs. Inputs of a shape, layout, dtype and
+            # device seen before skip the checks: their filled argument struct is kept.
+            key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                   q.device, k.device, v.device, layout)
+            template = self._checked.get(key)
+            if template is None:
+                template = self._template(key, q, k, v, layout)
+            if template is not False:
+                s = 0.0 if scale is None else resolve_scale(scale, 0)
+                o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                args = AttentionArgs.from_buffer_copy(template)
+                args.q, args.k, args.v, args.o, args.scale = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), s
+                self._invoke(args, q.device, naive)
+                return o
         q, k, v = check_inputs(q, k, v, layout, self.head_dims)
         self.check_device(q.device)
         s = resolve_scale(scale, _bhnd(q, layout)[0][3])
-        if _plain_eager(torch, q):
-            # A plain tensor outside tracing: straight to the C call. The custom op's dispatch
-            # costs more host time than a short kernel runs, and adds nothing here.
+        if _plain_eager(torch, q, k, v):  # inputs that needed a copy to be addressable
             o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             self._launch(q, k, v, o, s, layout, naive)
             return o
         # traced, fake or subclassed tensors: through the registered op
         return _op.call(self, q, k, v, s, layout, naive)
 
+    def _template(self, key, q, k, v, layout):
+        """Check inputs of a new kind once; remember an argument struct for them (False: the kernel
+        cannot address them as they are, so every call copies them and is checked in full)."""
+        checked = check_inputs(q, k, v, layout, self.head_dims)
+        self.check_device(q.device)
+        template = False
+        if all(a is b for a, b in zip(checked, (q, k, v))):
+            template = fill_args(q, k, v, _Dense(q.shape), layout, 0.0, None)
+        if len(self._checked) >= 256:  # a workload of ever-new shapes: start over
+            self._checked.clear()
+        self._checked[key] = template
+        return template
 
-def _plain_eager(torch, q) -> bool:
-    return type(q) is torch.Tensor and not torch.compiler.is_compiling()
+
+class _Dense:
+    """The shape and strides of `torch.empty(shape)`, without allocating (for an argument template)."""
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+        strides, step = [], 1
+        for n in reversed(self.shape):
+            strides.append(step)
+            step *= n
+        self._strides = tuple(reversed(strides))
+
+    def stride(self):
+        return self._strides
+
+    def data_ptr(self) -> int:
+        return 0
+
+
+def _plain_eager(torch, q, k, v) -> bool:
+    return (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor
+            and not torch.compiler.is_compiling())
 
 
 def _current_stream(torch, index: int) -> int | None:

@@ -372,6 +372,25 @@ def test_eager_call_and_registered_op_agree(lib):
         assert torch.equal(eager, op(q, k, v, 0.2, "bhnd", lib.path)), f"seed {seed}"
 
 
+def test_repeated_calls_of_one_kind_use_each_calls_own_tensors(lib):
+    """Calls of a shape seen before skip the checks and reuse the argument struct: every call must
+    still read its own q, k, v and scale, including inputs the kernel cannot address (copied)."""
+    seed, gen = seeded()
+
+    def ref(q, k, v, scale):
+        return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=scale)
+
+    for _ in range(3):
+        q, k, v = qkv((1, 2, 19, 64), (1, 2, 23, 64), gen=gen)
+        for scale in (None, 0.05):
+            assert rel(lib.attention(q, k, v, scale=scale), ref(q, k, v, scale)) <= 1e-5, f"seed {seed}"
+        # D stride 2: not addressable, so copied before each call (never remembered as a template)
+        wide = torch.randn(1, 2, 23, 128, generator=gen)[..., ::2]
+        assert rel(lib.attention(q, wide, v), ref(q, wide, v, None)) <= 1e-5, f"seed {seed}"
+    with pytest.raises(B.KernelError):
+        lib.attention(q, k, v, scale=-1.0)  # a bad scale is refused on the remembered path too
+
+
 def test_fake_tensors_take_the_registered_op(lib):
     """A tensor subclass (here FakeTensor) is never handed to the C function: it goes through the op."""
     from torch._subclasses.fake_tensor import FakeTensorMode
