@@ -86,23 +86,8 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
             raise InputError(f"{path}: cannot map file: {exc}") from None
     finally:
         os.close(fd)
-    digest: dict[str, str] = {}
-    hasher = threading.Thread(target=_hash_file, args=(path, digest), daemon=True)
-    hasher.start()
     try:
-        try:
-            info = _parse(path, mm, symbol_pattern)
-        except _MALFORMED as exc:
-            msg = str(exc) or type(exc).__name__
-            raise InputError(f"{path}: not a readable ELF file: {msg}") from None
-        except MemoryError:
-            raise InputError(f"{path}: too large to read (out of memory)") from None
-        finally:
-            hasher.join()
-        info.sha256 = digest.get("sha256", "")
-        if not info.sha256:
-            raise InputError(f"{path}: could not hash the file")
-        return info
+        return read_elf_buffer(path, mm, symbol_pattern, hash_path=path)
     finally:
         try:
             mm.close()
@@ -125,6 +110,35 @@ def _hash_file(path: str, out: dict[str, str]) -> None:
             out["sha256"] = h.hexdigest()
     except OSError:
         pass
+
+
+def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = None, *,
+                    hash_path: str | None = None) -> ElfInfo:
+    """read_elf on bytes already in memory (an archive member); `name` labels it in messages.
+    `buf` must offer find/rfind (bytes, mmap): the string scans use them. The sha256 is of
+    `buf`, or of the file at `hash_path` read plainly (then mapped pages are not all touched)."""
+    if len(buf) == 0:
+        raise InputError(f"{name}: empty file (0 bytes), not an ELF file")
+    digest: dict[str, str] = {}
+    if hash_path is not None:
+        hasher = threading.Thread(target=_hash_file, args=(hash_path, digest), daemon=True)
+    else:
+        hasher = threading.Thread(target=lambda: digest.setdefault("sha256", hashlib.sha256(buf).hexdigest()),
+                                  daemon=True)
+    hasher.start()
+    try:
+        info = _parse(name, buf, symbol_pattern)
+    except _MALFORMED as exc:
+        msg = str(exc) or type(exc).__name__
+        raise InputError(f"{name}: not a readable ELF file: {msg}") from None
+    except MemoryError:
+        raise InputError(f"{name}: too large to read (out of memory)") from None
+    finally:
+        hasher.join()
+    info.sha256 = digest.get("sha256", "")
+    if not info.sha256:
+        raise InputError(f"{name}: could not hash the file")
+    return info
 
 
 def _parse(path: str, mm, symbol_pattern) -> ElfInfo:

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 
 from audit.elf.model import ElfInfo
-from audit.linkage.inputs import Input, Inputs
+from audit.linkage.fs import HOST, FileSystem
+from audit.linkage.inputs import Input, Inputs, Scope
 from audit.linkage.model import CheckReport, FileResult, Finding
 from audit.linkage.policy import Policy
-from audit.linkage.resolve import ResolveOptions, Resolver, TreeTooLarge
+from audit.linkage.resolve import Paths, ResolveOptions, Resolver, TreeTooLarge
 from audit.linkage.scan import scan_object, tree_findings
 
 __all__ = ["CachedReader", "CheckReport", "FileResult", "Finding", "ResolveOptions", "check_file", "check_paths"]
@@ -36,15 +37,17 @@ def _default_read_elf():
 
 
 class CachedReader:
-    """read_elf with the policy's symbol filter, cached by real path for the whole run."""
+    """read_elf with the policy's symbol filter, cached by real path for the whole run (one per
+    file system: this machine's, or an image's)."""
 
-    def __init__(self, policy: Policy, read_elf: Callable | None = None):
-        self._read_elf = read_elf or _default_read_elf()
+    def __init__(self, policy: Policy, read_elf: Callable | None = None, fs: FileSystem = HOST):
+        self._read_elf = read_elf or (_default_read_elf() if fs is HOST else fs.read_elf)
         self._pattern = policy.symbol_pattern
+        self._real = os.path.realpath if fs is HOST else (lambda p, paths=Paths(None, fs): paths.real(p) or p)
         self._cache: dict[str, ElfInfo | Exception] = {}
 
     def __call__(self, path: str) -> ElfInfo:
-        real = os.path.realpath(path)
+        real = self._real(path)
         hit = self._cache.get(real)
         if hit is None:
             try:
@@ -81,9 +84,6 @@ def _apply_exceptions(result: FileResult, policy: Policy, used: set[int], today:
 # ---------------------------------------------------------------- the stage API
 
 
-# ---------------------------------------------------------------- the stage API
-
-
 def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[str], ElfInfo]) -> FileResult:
     if inp.read_from is None:
         return FileResult(path=inp.shown, verdict="error", error=inp.error)
@@ -97,7 +97,7 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
         rpath=list(info.rpath), runpath=list(info.runpath),
         version_needs=[vn.file for vn in info.version_needs],
         device_targets=sorted({dc.target for dc in info.device_code if dc.kind not in ("host", "unknown")}),
-        warnings=list(info.warnings),
+        warnings=list(info.warnings), layer=inp.layer,
     )
     errors: list[str] = []
     findings, errs = scan_object(info, policy, [os.path.basename(inp.shown)], None)
@@ -126,18 +126,28 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
 
 def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
                 read_elf: Callable | None = None, today: _dt.date | None = None) -> CheckReport:
-    """Audit every ELF file under `paths` (files, directories, wheels) against `policy`."""
+    """Audit every ELF file under `paths` (files, directories, wheels, conda packages, container
+    images) against `policy`."""
     start = time.perf_counter()
     options = options or ResolveOptions()
     today = today or _dt.datetime.now(_dt.timezone.utc).date()
-    read = CachedReader(policy, read_elf)
-    resolver = Resolver(options, policy, read)
+    # one resolver per file system searched: this machine's, each image's, each conda package's
+    contexts: dict[Scope | None, tuple[Resolver, CachedReader]] = {}
+
+    def context(scope: Scope | None) -> tuple[Resolver, CachedReader]:
+        if scope not in contexts:
+            fs = HOST if scope is None else scope.fs
+            read = CachedReader(policy, read_elf if fs is HOST else None, fs)
+            contexts[scope] = Resolver(options if scope is None else scope.options(options), policy, read, fs), read
+        return contexts[scope]
+
     inputs = Inputs()
     files: list[FileResult] = []
     used: set[int] = set()
     try:
         for arg in paths:
             for inp in inputs.expand(str(arg)):
+                resolver, read = context(inp.scope)
                 result = check_file(inp, policy, resolver, read)
                 _apply_exceptions(result, policy, used, today)
                 if result.verdict == "pass" and result.failing:
@@ -145,7 +155,7 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
                 files.append(result)
     finally:
         inputs.cleanup()
-    warnings = list(resolver.warnings) + inputs.warnings
+    warnings = [w for resolver, _ in contexts.values() for w in resolver.warnings] + inputs.warnings
     if not files:
         warnings.append("no ELF file found in: " + ", ".join(str(p) for p in paths))
     for i, exc in enumerate(policy.exceptions):

@@ -1,4 +1,5 @@
-"""The inputs of `check`: PATH arguments expanded into ELF files (files, directory trees, wheels).
+"""The inputs of `check`: PATH arguments expanded into ELF files (files, directory trees, wheels,
+container images).
 
 Nothing here judges a file; a member that cannot be read becomes an Input with an error.
 """
@@ -10,13 +11,31 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from audit.errors import InputError
+from audit.linkage.fs import FileSystem
 from audit.linkage.model import WHEEL_SEP
-from audit.linkage.resolve import Member, MemberSet
+from audit.linkage.image import is_oci_dir, looks_like_tar, open_image
+from audit.linkage.resolve import Member, MemberSet, ResolveOptions
 
 _MAX_WHEEL_MEMBERS = 200_000
 _MAX_WHEEL_BYTES = 32 << 30  # declared uncompressed size of the ELF members we extract
+
+
+@dataclass(eq=False)  # hashed by identity: one resolver per scope
+class Scope:
+    """Where an input's libraries are searched when not as the command line says: a container
+    image's own filesystem and environment."""
+
+    fs: FileSystem
+    env_path: str | None = None  # LD_LIBRARY_PATH of the image's config
+    fallback: list[tuple[str, str]] = field(default_factory=list)
+
+    def options(self, base: ResolveOptions) -> ResolveOptions:
+        # the image is the whole system: --root, --ldpath and --use-env describe this machine
+        return replace(ResolveOptions(), use_env=self.env_path is not None, ld_library_path=self.env_path,
+                       fallback=list(self.fallback), max_nodes=base.max_nodes)
 
 
 @dataclass
@@ -26,6 +45,8 @@ class Input:
     explicit: bool  # named on the command line (a non-ELF file is then an error, not a skip)
     error: str | None = None
     members: MemberSet | None = None  # the wheel or folder it came from (the resolver's fallback)
+    scope: Scope | None = None  # None: resolved on this machine, as the options say
+    layer: dict | None = None  # in an image: the layer that added the file
 
 
 class Inputs:
@@ -36,6 +57,7 @@ class Inputs:
         self.warnings: list[str] = []
         self.seen: set[str] = set()
         self.tmpdirs: list[tempfile.TemporaryDirectory] = []
+        self.images: list = []
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -46,14 +68,42 @@ class Inputs:
         except OSError as exc:
             yield Input(arg, None, True, f"cannot read: {exc.strerror or exc}")
             return
-        if stat.S_ISDIR(st.st_mode):
+        if stat.S_ISDIR(st.st_mode) and is_oci_dir(arg):
+            yield from self._image(arg)
+        elif stat.S_ISDIR(st.st_mode):
             yield from self._walk(arg)
         elif not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
             yield Input(arg, None, True, "not a regular file")
         elif arg.endswith(".whl"):
             yield from self._wheel(arg, arg)
+        elif _is_tar(arg):
+            yield from self._image(arg)
         else:
             yield from self._file(arg, arg, explicit=True)
+
+    def _image(self, arg: str):
+        from audit.linkage.layers import ImageTree
+
+        try:
+            image = open_image(arg)
+            self.images.append(image)
+            tree = ImageTree(image)
+        except InputError as exc:
+            yield Input(arg, None, True, exc.message)
+            return
+        except OSError as exc:
+            yield Input(arg, None, True, f"cannot read image: {exc.strerror or exc}")
+            return
+        scope = Scope(tree, env_path=image.env.get("LD_LIBRARY_PATH"))
+        found = 0
+        for path, entry, first in tree.elf_files():
+            if not first:
+                self.skip("duplicate")  # a hard link to a file already audited
+                continue
+            found += 1
+            yield Input(f"{arg}!{path}", path, True, scope=scope, layer=tree.layer_of(entry))
+        if not found:
+            self.warnings.append(f"{arg}: the image holds no ELF file")
 
     def _file(self, report: str, host: str, explicit: bool):
         real = os.path.realpath(host)
@@ -148,3 +198,13 @@ class Inputs:
     def cleanup(self) -> None:
         for tmp in self.tmpdirs:
             tmp.cleanup()
+        for image in self.images:
+            image.close()
+
+
+def _is_tar(path: str) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return looks_like_tar(fh.read(512))
+    except OSError:
+        return False

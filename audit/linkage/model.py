@@ -82,6 +82,7 @@ class FileResult:
     version_needs: list[str] = field(default_factory=list)
     device_targets: list[str] = field(default_factory=list)
     tree: DepNode | None = None
+    layer: dict | None = None  # in a container image: the layer that added the file (index, digest, created_by)
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
@@ -94,6 +95,8 @@ class FileResult:
         d = {k: getattr(self, k) for k in ("path", "verdict", "sha256", "size", "elf_class", "machine",
                                           "elf_type", "soname", "needed", "rpath", "runpath",
                                           "version_needs", "device_targets", "warnings", "error")}
+        if self.layer is not None:
+            d["layer"] = dict(self.layer)
         d["resolved"] = self.tree.to_dict() if self.tree else None
         d["findings"] = [f.to_dict() for f in self.findings]
         return d

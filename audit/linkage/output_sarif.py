@@ -82,6 +82,8 @@ def render_sarif(report: CheckReport, policy: Policy) -> str:
                 "properties": {"evidence": f.kind, "subject": f.subject, "where": f.where, "chain": f.chain,
                                "inFile": f.in_file, "count": f.count, "examples": f.examples},
             }
+            if fr.layer:
+                res["properties"]["layer"] = fr.layer
             if f.excepted:
                 res["suppressions"] = [{"kind": "external", "status": "accepted", "justification": f.excepted}]
             results.append(res)

@@ -60,6 +60,9 @@ def render_text(report: CheckReport) -> str:
         label = {"pass": "PASS ", "fail": "FAIL ", "error": "ERROR"}[fr.verdict]
         extra = f"  [{', '.join(escape(t) for t in fr.device_targets)}]" if fr.device_targets else ""
         lines.append(f"{label} {escape(fr.path)}{extra}")
+        if fr.layer:
+            lines.append(f"  added by layer {fr.layer['index']} {escape(fr.layer.get('digest') or '?')}"
+                         + (f": {escape(fr.layer['created_by'])}" if fr.layer.get("created_by") else ""))
         if fr.error:
             lines.append(f"  error: {escape(fr.error)}")
         for f in fr.findings:

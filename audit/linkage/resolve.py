@@ -17,6 +17,8 @@ directory of the path an object was found by, without resolving symlinks (glibc'
 
 With --root SYSROOT every absolute path taken from the audited system (RPATH/RUNPATH entries,
 ld.so.conf and its includes, default directories, symlink targets) is looked up under SYSROOT.
+Every look-up goes through a FileSystem (fs.py): this machine's, or a container image's final
+tree, searched as ld.so inside that container would.
 Not modelled: DF_1_NODEFLIB, hwcaps subdirectories, secure-mode (setuid) restrictions.
 
 Beyond ld.so, two edges an installed package really has:
@@ -32,12 +34,13 @@ from __future__ import annotations
 
 import glob as _glob
 import os
-import stat
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from audit.elf.model import ElfInfo
+from audit.linkage.fs import HOST, FileSystem
+from audit.linkage.fs import glob as fs_glob
 
 _MAX_LINKS = 40  # ELOOP after this many symlinks, like the kernel
 _TRIPLETS = {
@@ -57,6 +60,7 @@ class ResolveOptions:
     use_env: bool = False
     ld_library_path: str | None = None  # captured from the environment when use_env
     ldso_conf: str = "/etc/ld.so.conf"  # inside root when root is set
+    fallback: list[tuple[str, str]] = field(default_factory=list)  # (how, dir) searched after ld.so's own
     max_nodes: int = 5000  # a bound on huge trees: past it the file is an error, never a hang
 
     @classmethod
@@ -70,7 +74,8 @@ class ResolveOptions:
 
     def to_dict(self) -> dict:
         return {"root": self.root, "ldpath": list(self.ldpath), "use_env": self.use_env,
-                "ld_library_path": self.ld_library_path, "ldso_conf": self.ldso_conf}
+                "ld_library_path": self.ld_library_path, "ldso_conf": self.ldso_conf,
+                **({"fallback": [list(f) for f in self.fallback]} if self.fallback else {})}
 
 
 @dataclass
@@ -142,16 +147,12 @@ class MemberSet:
 # ---------------------------------------------------------------- paths
 
 
-def probe(path: str) -> tuple[int, str, int] | None:
+def probe(path: str, fs: FileSystem = HOST) -> tuple[int, str, int] | None:
     """(bits, endian, e_machine) from an ELF header, or None if not a readable ELF file.
 
     Only the 20 header bytes ld.so itself checks before mapping a candidate.
     """
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(20)
-    except OSError:
-        return None
+    head = fs.head(path, 20)
     if len(head) < 20 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
         return None
     endian = "little" if head[5] == 1 else "big"
@@ -159,23 +160,27 @@ def probe(path: str) -> tuple[int, str, int] | None:
 
 
 class Paths:
-    """Maps paths of the audited system to this machine's, honouring --root."""
+    """Maps paths of the audited system to `fs`'s, honouring --root."""
 
-    def __init__(self, root: str | None):
+    def __init__(self, root: str | None, fs: FileSystem = HOST):
         self.root = root.rstrip("/") if root else None
+        self.fs = fs
 
     def host(self, path: str) -> str:
         """An absolute path as the audited system sees it -> where it is here."""
         return self.root + path if self.root and path.startswith("/") else path
 
     def real(self, host_path: str) -> str | None:
-        """Symlinks resolved, staying inside the sysroot; None if missing or a loop."""
-        if self.root is None or not (host_path == self.root or host_path.startswith(self.root + "/")):
+        """Symlinks resolved, staying inside the sysroot (or the image); None if missing or a loop."""
+        root = self.root or ""
+        if self.fs is HOST and (not root or not (host_path == root or host_path.startswith(root + "/"))):
             try:
                 return os.path.realpath(host_path, strict=True)
             except (OSError, RuntimeError):
                 return None
-        todo = deque(host_path[len(self.root):].split("/"))
+        if not host_path.startswith("/"):
+            return None
+        todo = deque(host_path[len(root):].split("/"))
         done: list[str] = []
         links = 0
         while todo:
@@ -186,22 +191,34 @@ class Paths:
                 if done:
                     done.pop()
                 continue
-            here = self.root + "/" + "/".join(done + [part])
-            try:
-                st = os.lstat(here)
-            except OSError:
+            here = root + "/" + "/".join(done + [part])
+            kind = self.fs.kind(here)
+            if kind is None:
                 return None
-            if stat.S_ISLNK(st.st_mode):
+            if kind == "link":
                 links += 1
                 if links > _MAX_LINKS:
                     return None
-                target = os.readlink(here)
+                try:
+                    target = self.fs.readlink(here)
+                except OSError:
+                    return None
                 if target.startswith("/"):
                     done = []  # absolute targets are inside the sysroot
                 todo.extendleft(reversed(target.split("/")))
             else:
                 done.append(part)
-        return self.root + "/" + "/".join(done)
+        return root + "/" + "/".join(done)
+
+    def is_file(self, path: str) -> bool:
+        real = self.real(path)
+        return real is not None and self.fs.kind(real) == "file"
+
+    def probe(self, path: str) -> tuple[int, str, int] | None:
+        return probe(path, self.fs)
+
+    def glob(self, pattern: str) -> list[str]:
+        return sorted(_glob.glob(self.host(pattern))) if self.fs is HOST else fs_glob(self.fs, self.host(pattern))
 
 
 def expand_dst(entry: str, origin: str, bits: int, machine: int) -> str | None:
@@ -225,10 +242,8 @@ def read_ldso_conf(paths: Paths, conf: str) -> tuple[list[str], list[str]]:
             warnings.append(f"ld.so.conf include loop or depth at {path}")
             return
         seen.add(path)
-        try:
-            with open(paths.host(path), encoding="utf-8", errors="replace") as fh:
-                text = fh.read(1 << 20)
-        except OSError:
+        text = paths.fs.read_text(paths.host(path), 1 << 20)
+        if text is None:
             if depth == 0:
                 warnings.append(f"cannot read {path}; using only the default directories")
             return
@@ -240,7 +255,7 @@ def read_ldso_conf(paths: Paths, conf: str) -> tuple[list[str], list[str]]:
                 for pat in line[8:].split():
                     if not pat.startswith("/"):
                         pat = os.path.join(os.path.dirname(path), pat)
-                    for hit in sorted(_glob.glob(paths.host(pat))):
+                    for hit in paths.glob(pat):
                         inner = hit[len(paths.root):] if paths.root else hit
                         parse(inner, depth + 1)
             elif line.startswith("hwcap"):
@@ -268,11 +283,11 @@ def default_dirs(bits: int, machine: int) -> list[str]:
 class Resolver:
     """Builds dependency trees for audited objects; one per check run (caches ld.so.conf)."""
 
-    def __init__(self, options: ResolveOptions, policy, read: Callable[[str], ElfInfo]):
+    def __init__(self, options: ResolveOptions, policy, read: Callable[[str], ElfInfo], fs: FileSystem = HOST):
         self.options = options
         self.policy = policy
         self.read = read  # path -> ElfInfo (cached by the caller); raises on unparseable input
-        self.paths = Paths(options.root)
+        self.paths = Paths(options.root, fs)
         self.conf_dirs, self.warnings = read_ldso_conf(self.paths, options.ldso_conf)
         self.env_dirs = [d for d in (options.ld_library_path or "").split(":") if d] if options.use_env else []
         self._system: dict[tuple[int, int], set[str]] = {}
@@ -284,9 +299,9 @@ class Resolver:
         not reach is then looked up among them (and a warning says which member was taken).
         """
         warnings: list[str] = []
-        ident = probe(path) or (info.elf_class, info.endian, -1)
+        ident = self.paths.probe(path) or (info.elf_class, info.endian, -1)
         rootnode = DepNode(name=os.path.basename(path), status="root", path=path,
-                           realpath=os.path.realpath(path), soname=info.soname, info=info)
+                           realpath=self.paths.real(path) or path, soname=info.soname, info=info)
         loaded: dict[str, DepNode] = {os.path.basename(path): rootnode}
         if info.soname:
             loaded[info.soname] = rootnode
@@ -419,6 +434,8 @@ class Resolver:
             searches.append(("runpath", requester.name, info.runpath, origin))
         searches.append(("ld.so.conf", None, self.conf_dirs, ""))
         searches.append(("default", None, default_dirs(bits, machine), ""))
+        for how, d in self.options.fallback:  # not ld.so's: where the package will be installed
+            searches.append((how, None, [d], ""))
         for how, via, dirs, dir_origin in searches:
             for entry in dirs:
                 d = self._dir(how, via, entry, dir_origin, bits, machine, warnings)
@@ -431,8 +448,8 @@ class Resolver:
         return None
 
     def _dir(self, how, via, entry, origin, bits, machine, warnings) -> str | None:
-        if how in ("ldpath", "LD_LIBRARY_PATH"):
-            return entry  # this machine's paths, given by the user
+        if how in ("ldpath", "LD_LIBRARY_PATH") or how not in ("rpath", "runpath", *SYSTEM_HOW):
+            return entry  # paths in the file system searched, given by the user or the input
         if how in ("rpath", "runpath"):
             expanded = expand_dst(entry, origin, bits, machine)
             label = f"DT_{how.upper()} entry '{entry}' of {via}"
@@ -450,7 +467,7 @@ class Resolver:
         """(tag, entry, directory here) for the object's own DT_RUNPATH, else DT_RPATH entries."""
         info = node.info
         tag, entries = ("runpath", info.runpath) if info.runpath else ("rpath", info.rpath)
-        got = probe(node.realpath or node.path or "")
+        got = self.paths.probe(node.realpath or node.path or "")
         machine = got[2] if got else -1
         out = []
         for entry in entries:
@@ -473,9 +490,9 @@ class Resolver:
     def _candidate(self, host: str, ident) -> str | None:
         """The real path of `host` if it is an ELF of the audited object's class and machine."""
         real = self.paths.real(host)
-        if real is None or not os.path.isfile(real):
+        if real is None or self.paths.fs.kind(real) != "file":
             return None
-        got = probe(real)
+        got = self.paths.probe(real)
         if got is None or (ident[2] != -1 and got != ident) or got[0] != ident[0]:
             return None
         return real

@@ -5,12 +5,11 @@ dependency tree (denied NEEDED, transitive libraries, RPATH directories that hol
 from __future__ import annotations
 
 import heapq
-import os
 
 from audit.elf.model import ElfInfo
 from audit.linkage.model import Finding
 from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
-from audit.linkage.resolve import DepNode, Resolver, probe
+from audit.linkage.resolve import DepNode, Resolver
 
 _MAX_EXAMPLES = 10
 _MAX_DIR_LIST = 20000  # entries looked at per RPATH/RUNPATH directory
@@ -89,15 +88,14 @@ def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: lis
     library is such a directory).
     """
     out: list[Finding] = []
-    got = probe(node.realpath or node.path or "")
+    got = resolver.paths.probe(node.realpath or node.path or "")
     for tag, entry, d in resolver.own_dirs(node):
         if got and resolver.is_system_dir(d, got[0], got[2]):
             continue
-        try:
-            with os.scandir(d) as it:
-                names = sorted(e.name for _, e in zip(range(_MAX_DIR_LIST), it))
-        except OSError:
+        listed = resolver.paths.fs.listdir(d)
+        if listed is None:
             continue
+        names = sorted(listed[:_MAX_DIR_LIST])
         for name in names:
             rule = policy.deny_rule_for_soname(name)
             if rule and ".so" in name:

@@ -1,0 +1,96 @@
+"""The file system a dependency tree is resolved in: this machine's, or an archive's final tree.
+
+The resolver (resolve.py) asks only these questions, so a container image's filesystem can be
+searched as ld.so inside the container would search it, without writing it to disk.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat
+from typing import Protocol
+
+from audit.elf.model import ElfInfo
+
+
+class FileSystem(Protocol):
+    """What resolution reads. Paths are absolute in the file system's own namespace."""
+
+    def kind(self, path: str) -> str | None:
+        """"file" | "dir" | "link" | "other", without following a final symlink; None if missing."""
+
+    def readlink(self, path: str) -> str: ...
+
+    def head(self, path: str, n: int) -> bytes:
+        """The first `n` bytes of a regular file (following symlinks); b"" when unreadable."""
+
+    def read_text(self, path: str, limit: int) -> str | None: ...
+
+    def listdir(self, path: str) -> list[str] | None:
+        """Entry names of a directory (following symlinks); None if it is not one."""
+
+    def read_elf(self, path: str, symbol_pattern) -> ElfInfo:
+        """Parse the ELF file at `path` (raises audit.errors.InputError)."""
+
+
+class HostFS:
+    """This machine's file system."""
+
+    def kind(self, path: str) -> str | None:
+        try:
+            mode = os.lstat(path).st_mode
+        except (OSError, ValueError):
+            return None
+        if stat.S_ISLNK(mode):
+            return "link"
+        return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "other"
+
+    def readlink(self, path: str) -> str:
+        return os.readlink(path)
+
+    def head(self, path: str, n: int) -> bytes:
+        try:
+            if not os.path.isfile(path):  # a FIFO would block
+                return b""
+            with open(path, "rb") as fh:
+                return fh.read(n)
+        except (OSError, ValueError):
+            return b""
+
+    def read_text(self, path: str, limit: int) -> str | None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                return fh.read(limit)
+        except (OSError, ValueError):
+            return None
+
+    def listdir(self, path: str) -> list[str] | None:
+        try:
+            return os.listdir(path)
+        except (OSError, ValueError):
+            return None
+
+    def read_elf(self, path: str, symbol_pattern) -> ElfInfo:
+        from audit.elf.reader import read_elf
+
+        return read_elf(path, symbol_pattern=symbol_pattern)
+
+
+HOST = HostFS()
+
+
+def glob(fs: FileSystem, pattern: str) -> list[str]:
+    """Absolute glob (the `include` lines of ld.so.conf), sorted, over any FileSystem."""
+    found = ["/"]
+    for part in [p for p in pattern.split("/") if p]:
+        nxt = []
+        for base in found:
+            if any(c in part for c in "*?["):
+                names = fs.listdir(base) or []
+                nxt += [os.path.join(base, n) for n in sorted(names)
+                        if fnmatch.fnmatchcase(n, part) and (part.startswith(".") or not n.startswith("."))]
+            elif fs.kind(os.path.join(base, part)) is not None:
+                nxt.append(os.path.join(base, part))
+        found = nxt
+    return sorted(found)

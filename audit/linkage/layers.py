@@ -1,0 +1,316 @@
+"""An image's layers applied in order into its final filesystem, held in memory (a FileSystem
+for resolve.py): what `docker run` would show, without writing a file.
+
+Per the OCI image spec: a layer's `.wh.NAME` deletes NAME and `.wh..wh..opq` empties its
+directory of what LOWER layers added; a file replacing a directory drops the directory's
+contents; hard links share their target's bytes. A member's bytes are read in place from an
+uncompressed layer (a seek into the image file) or, for gzip/zstd layers, by decompressing the
+layer once more and parsing its surviving ELF files as they stream past.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import posixpath
+import tarfile
+import zlib
+from dataclasses import dataclass
+
+from audit.elf.model import ElfInfo
+from audit.errors import InputError
+from audit.linkage.image import Image, LayerRef, Region, verify_blob
+
+ELF_MAGIC = b"\x7fELF"
+_HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
+_KEEP = 1 << 20  # small files kept whole from compressed layers: /etc/ld.so.conf{,.d/*}
+_MAX_ENTRIES = 2_000_000
+
+
+def _kept(path: str) -> bool:
+    return path == "/etc/ld.so.conf" or path.startswith("/etc/ld.so.conf.d/")
+
+
+@dataclass(slots=True)
+class Entry:
+    kind: str  # "file" | "dir" | "link" | "other"
+    layer: int  # 0-based index into Image.layers
+    member: int  # ordinal of the tar member in its layer: identifies the bytes
+    offset: int = 0  # of the data in the uncompressed layer
+    size: int = 0
+    target: str | None = None  # symlink target
+    path: str = ""  # the member's own name (a hard link shares the entry)
+    head: bytes | None = None  # first bytes, when known
+    data: bytes | None = None  # the whole file, kept for ld.so.conf from compressed layers
+
+
+class _HashingReader:
+    """Passes reads through and hashes them (a compressed layer's uncompressed bytes = diff_id)."""
+
+    def __init__(self, raw):
+        self.raw, self.sha = raw, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.sha.update(data)
+        return data
+
+    def drain(self) -> str:
+        while self.read(1 << 20):
+            pass
+        return self.sha.hexdigest()
+
+
+def _compression(layer: LayerRef) -> str | None:
+    magic = layer.blob.pread(4, 0)
+    if magic[:2] == b"\x1f\x8b":
+        return "gzip"
+    if magic == b"\x28\xb5\x2f\xfd":
+        return "zstd"
+    return None
+
+
+def _decompressed(layer: LayerRef, kind: str):
+    raw = Region(layer.blob.fd, layer.blob.offset, layer.blob.size)
+    if kind == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    import zstandard
+
+    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+
+
+class ImageTree:
+    """The final filesystem of an image; implements fs.FileSystem with absolute image paths."""
+
+    def __init__(self, image: Image):
+        self.image = image
+        self.entries: dict[str, Entry] = {"/": Entry("dir", -1, -1)}
+        self.children: dict[str, set[str]] = {"/": set()}
+        self.compression = [_compression(layer) for layer in image.layers]
+        self._parsed: dict[tuple[int, int], ElfInfo | Exception] = {}
+        self._pattern = None
+        for i, layer in enumerate(image.layers):
+            self._apply(i, self._scan(i, layer))
+
+    # -- building ----------------------------------------------------------------------------
+    def _scan(self, i: int, layer: LayerRef) -> list[tuple[str, tarfile.TarInfo, Entry | None]]:
+        label = f"{self.image.label}: layer {layer.index}"
+        kind = self.compression[i]
+        out = []
+        try:
+            if kind is None:
+                got = verify_blob(self.image.label, layer)
+                if layer.diff_id and got != layer.diff_id.removeprefix("sha256:"):
+                    raise InputError(f"{label}: digest mismatch: the config's diff_id does not match the layer")
+                with tarfile.open(fileobj=Region(layer.blob.fd, layer.blob.offset, layer.blob.size), mode="r:") as tf:
+                    for n, m in enumerate(tf):
+                        out.append(self._member(label, i, n, m, None))
+            else:
+                verify_blob(self.image.label, layer)
+                stream = _HashingReader(_decompressed(layer, kind))
+                with tarfile.open(fileobj=stream, mode="r|") as tf:
+                    for n, m in enumerate(tf):
+                        out.append(self._member(label, i, n, m, tf))
+                got = stream.drain()
+                if layer.diff_id and got != layer.diff_id.removeprefix("sha256:"):
+                    raise InputError(f"{label}: digest mismatch: the config's diff_id does not match the "
+                                     f"uncompressed layer")
+        except InputError:
+            raise
+        except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, MemoryError) as exc:
+            raise InputError(f"{label}: not a readable {kind or 'tar'} layer ({_line(exc)})") from None
+        except Exception as exc:  # zstandard.ZstdError and friends
+            if type(exc).__module__.startswith("zstandard"):
+                raise InputError(f"{label}: not a readable zstd layer ({_line(exc)})") from None
+            raise
+        return out
+
+    def _member(self, label: str, i: int, n: int, m: tarfile.TarInfo, stream) -> tuple:
+        if n >= _MAX_ENTRIES:
+            raise InputError(f"{label}: more than {_MAX_ENTRIES} members")
+        path = _safe_path(label, m.name)
+        if m.issym():
+            _check_link(label, path, m.linkname)
+            return path, m, Entry("link", i, n, target=m.linkname)
+        if m.islnk():
+            return path, m, None  # resolved when applied: the target's entry
+        if m.isdir():
+            return path, m, Entry("dir", i, n)
+        if m.isreg() and not m.issparse():
+            entry = Entry("file", i, n, offset=m.offset_data, size=m.size, path=path)
+            if stream is not None:
+                fh = stream.extractfile(m)
+                entry.head = fh.read(_HEAD)
+                if _kept(path) and m.size <= _KEEP:
+                    entry.data = entry.head + fh.read()
+            return path, m, entry
+        return path, m, Entry("other", i, n)
+
+    def _apply(self, i: int, members: list) -> None:
+        label = f"{self.image.label}: layer {self.image.layers[i].index}"
+        for path, _m, _e in members:  # whiteouts hide what lower layers added
+            base = posixpath.basename(path)
+            if base == ".wh..wh..opq":
+                parent = posixpath.dirname(path)
+                for name in list(self.children.get(parent, ())):
+                    self._remove(posixpath.join(parent, name))
+            elif base.startswith(".wh."):
+                self._remove(posixpath.join(posixpath.dirname(path), base[4:]))
+        for path, m, entry in members:
+            if posixpath.basename(path).startswith(".wh.") or path == "/":
+                continue
+            if entry is None:  # a hard link: the same bytes as its target
+                target = _safe_path(label, m.linkname)
+                found = self.entries.get(target)
+                if found is None or found.kind != "file":
+                    raise InputError(f"{label}: hard link {path} to missing file {target}")
+                entry = found
+            self._add(path, entry)
+
+    def _add(self, path: str, entry: Entry) -> None:
+        old = self.entries.get(path)
+        if old is not None and old.kind == "dir" and entry.kind == "dir":
+            return  # directories merge
+        if old is not None:
+            self._remove(path)
+        parent = posixpath.dirname(path)
+        if self.entries.get(parent) is None or self.entries[parent].kind != "dir":
+            self._add(parent, Entry("dir", entry.layer, -1))  # implied by the member's path
+        self.entries[path] = entry
+        self.children[parent].add(posixpath.basename(path))
+        if entry.kind == "dir":
+            self.children.setdefault(path, set())
+
+    def _remove(self, path: str) -> None:
+        if path not in self.entries or path == "/":
+            return
+        for name in list(self.children.pop(path, ())):
+            self._remove(posixpath.join(path, name))
+        del self.entries[path]
+        self.children[posixpath.dirname(path)].discard(posixpath.basename(path))
+
+    # -- what the audit reads ----------------------------------------------------------------
+    def elf_files(self) -> list[tuple[str, Entry, bool]]:
+        """(path, entry, first use of its bytes) of every regular ELF file, sorted by path; of
+        hard-linked names, the member's own name comes first."""
+        paths = [p for p in sorted(self.entries)
+                 if self.entries[p].kind == "file" and self._head(self.entries[p], 4) == ELF_MAGIC]
+        first: dict[tuple[int, int], str] = {}
+        for p in paths:
+            e = self.entries[p]
+            key = (e.layer, e.member)
+            if key not in first or p == e.path:
+                first[key] = p
+        return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
+
+    def layer_of(self, entry: Entry) -> dict:
+        return self.image.layers[entry.layer].describe()
+
+    def _head(self, e: Entry, n: int) -> bytes:
+        if e.head is None or (len(e.head) < n and len(e.head) < e.size and self.compression[e.layer] is None):
+            e.head = self.image.layers[e.layer].blob.pread(max(n, _HEAD), e.offset)[:e.size]
+        return e.head[:n]
+
+    def _real_entry(self, path: str) -> Entry | None:
+        from audit.linkage.resolve import Paths
+
+        real = Paths(None, self).real(path)
+        return self.entries.get(real) if real else None
+
+    def kind(self, path: str) -> str | None:
+        e = self.entries.get(posixpath.normpath(path) if path.startswith("/") else path)
+        return e.kind if e else None
+
+    def readlink(self, path: str) -> str:
+        e = self.entries.get(path)
+        if e is None or e.kind != "link":
+            raise OSError(f"{path}: not a symlink")
+        return e.target
+
+    def head(self, path: str, n: int) -> bytes:
+        e = self._real_entry(path)
+        return self._head(e, n) if e is not None and e.kind == "file" else b""
+
+    def read_text(self, path: str, limit: int) -> str | None:
+        e = self._real_entry(path)
+        if e is None or e.kind != "file":
+            return None
+        if e.data is not None:
+            data = e.data
+        elif self.compression[e.layer] is None:
+            data = self.image.layers[e.layer].blob.pread(min(e.size, limit), e.offset)
+        else:
+            return None
+        return data[:limit].decode("utf-8", errors="replace")
+
+    def listdir(self, path: str) -> list[str] | None:
+        from audit.linkage.resolve import Paths
+
+        real = Paths(None, self).real(path)
+        if real is None or self.entries[real].kind != "dir":
+            return None
+        return sorted(self.children.get(real, ()))
+
+    def read_elf(self, path: str, symbol_pattern) -> ElfInfo:
+        from audit.elf.reader import read_elf_buffer
+
+        e = self._real_entry(path)
+        name = f"{self.image.label}!{path}"
+        if e is None or e.kind != "file":
+            raise InputError(f"{name}: not a regular file in the image")
+        if self.compression[e.layer] is None:
+            return read_elf_buffer(name, self.image.layers[e.layer].blob.pread(e.size, e.offset), symbol_pattern)
+        key = (e.layer, e.member)
+        if key not in self._parsed:
+            self._parse_layer(e.layer, symbol_pattern)
+        hit = self._parsed.get(key) or InputError(f"{name}: could not be read back from its layer")
+        if isinstance(hit, Exception):
+            raise hit
+        return hit
+
+    def _parse_layer(self, i: int, symbol_pattern) -> None:
+        """Decompress layer i again; parse each of its ELF files that the final tree still shows."""
+        from audit.elf.reader import read_elf_buffer
+
+        wanted = {e.member: path for path, e, _ in reversed(self.elf_files()) if e.layer == i}
+        layer = self.image.layers[i]
+        try:
+            with tarfile.open(fileobj=_decompressed(layer, self.compression[i]), mode="r|") as tf:
+                for n, m in enumerate(tf):
+                    if n in wanted:
+                        name = f"{self.image.label}!{wanted[n]}"
+                        try:
+                            self._parsed[(i, n)] = read_elf_buffer(name, tf.extractfile(m).read(), symbol_pattern)
+                        except InputError as exc:
+                            self._parsed[(i, n)] = exc
+        except Exception as exc:  # it was readable in the first pass: the file changed under us
+            for n, path in wanted.items():
+                self._parsed.setdefault((i, n), InputError(f"{self.image.label}!{path}: cannot read: {_line(exc)}"))
+
+
+def _safe_path(label: str, name: str) -> str:
+    """A member name as an absolute image path; '..' or an absolute name is hostile input."""
+    raw = name
+    while name.startswith("./"):
+        name = name[2:]
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if name.startswith("/") or ".." in parts or "\0" in name:
+        raise InputError(f"{label}: unsafe member path {raw!r}")
+    return "/" + "/".join(parts)
+
+
+def _check_link(label: str, path: str, target: str) -> None:
+    """A symlink whose target climbs above the image root is hostile: an extracting tool
+    would write through it outside the root (ld.so in the container would stop at /)."""
+    depth = 0 if target.startswith("/") else path.count("/") - 1
+    for part in target.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                raise InputError(f"{label}: symlink {path} -> {target!r} escapes the image root")
+        elif part not in ("", "."):
+            depth += 1
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

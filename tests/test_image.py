@@ -1,0 +1,218 @@
+"""`check IMAGE`: Docker archives and OCI layouts built as files (no container runtime); the
+libraries in them are real gcc-built ELF files, resolved inside the image."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import require_tool
+from image_fixtures import docker_archive, layer_tar, oci_layout
+from linkage_fixtures import cc_shared
+
+from audit.cli import main
+from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
+from audit.linkage.check import check_paths
+from audit.linkage.policy import load_policy
+
+TRIPLET_LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+@pytest.fixture(scope="session")
+def elf(fixture_root) -> dict[str, bytes]:
+    """Real shared objects: a stub libcudnn, a library that NEEDs it, and clean ones whose
+    dependencies only the image's ld.so.conf and Env LD_LIBRARY_PATH can find."""
+    require_tool("gcc")
+    d = Path(fixture_root) / "image-libs"
+    out = {}
+    cudnn = cc_shared(d / "vendor/libcudnn.so.9", "int cudnnCreate(void){return 0;}\n", "-Wl,-soname,libcudnn.so.9")
+    out["cudnn"] = cudnn.read_bytes()
+    out["bad"] = cc_shared(d / "bad/libbad.so", "extern int cudnnCreate(void);\nint f(void){return cudnnCreate();}\n",
+                           f"-L{cudnn.parent}", "-l:libcudnn.so.9").read_bytes()
+    vx = cc_shared(d / "vx/libvendorx.so.1", "int vx(void){return 1;}\n", "-Wl,-soname,libvendorx.so.1")
+    hp = cc_shared(d / "hp/libhelper.so", "int hp(void){return 2;}\n", "-Wl,-soname,libhelper.so")
+    out["vendorx"], out["helper"] = vx.read_bytes(), hp.read_bytes()
+    out["app"] = cc_shared(d / "app/libapp.so", "extern int vx(void), hp(void);\nint app(void){return vx()+hp();}\n",
+                           f"-L{vx.parent}", f"-L{hp.parent}", "-l:libvendorx.so.1", "-lhelper").read_bytes()
+    libc = next(Path(p) for p in (TRIPLET_LIBC, "/usr" + TRIPLET_LIBC) if Path(p).exists())
+    out["libc"] = libc.read_bytes()
+    out["ldso"] = (libc.parent / "ld-linux-x86-64.so.2").read_bytes()
+    return out
+
+
+def base_layer(elf) -> bytes:
+    return layer_tar([
+        ("dir", "lib"), ("dir", "lib/x86_64-linux-gnu"),
+        ("file", "lib/x86_64-linux-gnu/libc.so.6", elf["libc"]),
+        ("file", "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", elf["ldso"]),
+        ("file", "etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n"),
+        ("file", "etc/ld.so.conf.d/vendor.conf", b"/opt/vendor/lib\n"),
+        ("file", "opt/vendor/lib/libvendorx.so.1.0", elf["vendorx"]),
+        ("symlink", "opt/vendor/lib/libvendorx.so.1", "/opt/vendor/lib/libvendorx.so.1.0"),
+        ("file", "opt/helper/libhelper.so", elf["helper"]),
+        ("file", "app/libapp.so", elf["app"]),
+        ("file", "etc/hostname", b"box\n"),
+    ])
+
+
+def bad_layer(elf) -> bytes:
+    return layer_tar([("file", "usr/lib/libbad.so", elf["bad"]), ("hardlink", "usr/lib/libbad-copy.so",
+                                                                    "usr/lib/libbad.so")])
+
+
+CREATED = ["ADD rootfs /", "COPY libbad.so /usr/lib/", "RUN rm /usr/lib/libbad.so*"]
+ENV = ["PATH=/usr/bin", "LD_LIBRARY_PATH=/opt/helper"]
+
+
+def cli(capsys, *args):
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def audit(*paths):
+    return check_paths([str(p) for p in paths], load_policy(None))
+
+
+def by_path(report):
+    return {f.path: f for f in report.files}
+
+
+def test_docker_archive_finds_the_layer_that_added_a_denied_needed(elf, tmp_path):
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV)
+    report = audit(img)
+    files = by_path(report)
+    assert report.exit_code == EXIT_VIOLATION
+    bad = files[f"{img}!/usr/lib/libbad.so"]
+    assert bad.verdict == "fail"
+    needed = [f for f in bad.findings if f.kind == "needed"]
+    assert [f.subject for f in needed] == ["libcudnn.so.9"]
+    assert bad.layer["index"] == 2 and bad.layer["created_by"] == "COPY libbad.so /usr/lib/"
+    assert bad.layer["digest"].startswith("sha256:") and len(bad.layer["digest"]) == 71
+    # the hard link is the same bytes: audited once
+    assert f"{img}!/usr/lib/libbad-copy.so" not in files and report.skipped.get("duplicate") == 1
+    # the clean library resolves inside the image: ld.so.conf's include, an absolute symlink, Env
+    app = files[f"{img}!/app/libapp.so"]
+    assert app.verdict == "pass", app.findings
+    kids = {c.name: c for c in app.tree.children}
+    assert (kids["libvendorx.so.1"].how, kids["libvendorx.so.1"].realpath) == ("ld.so.conf",
+                                                                                 "/opt/vendor/lib/libvendorx.so.1.0")
+    assert (kids["libhelper.so"].how, kids["libhelper.so"].path) == ("LD_LIBRARY_PATH", "/opt/helper/libhelper.so")
+    assert (kids["libc.so.6"].status, kids["libc.so.6"].path) == ("trusted", TRIPLET_LIBC)
+    assert files[f"{img}!{TRIPLET_LIBC}"].layer["index"] == 1
+    assert files[f"{img}!{TRIPLET_LIBC}"].layer["created_by"] == "ADD rootfs /"
+
+
+def test_whiteout_in_a_later_layer_deletes_the_file(elf, tmp_path):
+    gone = layer_tar([("whiteout", "usr/lib/libbad.so"), ("whiteout", "usr/lib/libbad-copy.so")])
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf), gone], CREATED, ENV)
+    report = audit(img)
+    assert report.exit_code == EXIT_OK, [(f.path, f.findings, f.error) for f in report.files if f.verdict != "pass"]
+    assert not [p for p in by_path(report) if "libbad" in p]
+
+
+def test_opaque_directory_hides_lower_layers_but_keeps_its_own_layer(elf, tmp_path):
+    again = layer_tar([("opaque", "usr/lib"), ("file", "usr/lib/libapp2.so", elf["app"])])
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf), again], CREATED, ENV)
+    files = by_path(audit(img))
+    assert f"{img}!/usr/lib/libapp2.so" in files
+    assert not [p for p in files if "libbad" in p]
+
+
+def test_a_file_replacing_a_library_in_a_higher_layer_wins(elf, tmp_path):
+    # layer 3 puts a clean library where libbad.so was: the final file is the clean one
+    over = layer_tar([("file", "usr/lib/libbad.so", elf["helper"]), ("whiteout", "usr/lib/libbad-copy.so")])
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf), over], CREATED, ENV)
+    report = audit(img)
+    fr = by_path(report)[f"{img}!/usr/lib/libbad.so"]
+    assert fr.verdict == "pass" and fr.layer["index"] == 3 and fr.soname == "libhelper.so"
+
+
+@pytest.mark.parametrize("how", [None, "gzip", "zstd"])
+@pytest.mark.parametrize("as_tar", [False, True])
+def test_oci_layout_directory_and_tar_compressed_layers(elf, tmp_path, how, as_tar):
+    out = tmp_path / ("oci.tar" if as_tar else "oci")
+    img = oci_layout(out, [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV, how=how, as_tar=as_tar)
+    report = audit(img)
+    files = by_path(report)
+    bad = files[f"{img}!/usr/lib/libbad.so"]
+    assert report.exit_code == EXIT_VIOLATION
+    assert [f.subject for f in bad.findings if f.kind == "needed"] == ["libcudnn.so.9"]
+    assert bad.layer["index"] == 2
+    app = files[f"{img}!/app/libapp.so"]
+    assert app.verdict == "pass" and {c.how for c in app.tree.children} >= {"ld.so.conf", "LD_LIBRARY_PATH"}
+
+
+def test_cli_output_names_image_members_and_layers(elf, tmp_path, capsys):
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV)
+    rc, out, _ = cli(capsys, "check", img, "--format", "text", "--format", f"json={tmp_path / 'r.json'}",
+                     "--format", f"sarif={tmp_path / 'r.sarif'}")
+    assert rc == EXIT_VIOLATION, out
+    assert f"FAIL  {img}!/usr/lib/libbad.so" in out
+    assert "layer 2 sha256:" in out and "COPY libbad.so /usr/lib/" in out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    bad = next(f for f in doc["files"] if f["path"].endswith("!/usr/lib/libbad.so"))
+    assert bad["layer"]["created_by"] == "COPY libbad.so /usr/lib/"
+    sarif = json.loads((tmp_path / "r.sarif").read_text())
+    res0 = next(r for r in sarif["runs"][0]["results"] if r["properties"]["evidence"] == "needed")
+    assert res0["properties"]["layer"]["index"] == 2
+
+
+# ---------------------------------------------------------------- hostile or broken images
+
+
+def _tamper_blob(files, names):
+    name = names[1] if "/" in names[1] else f"blobs/sha256/{names[1]}"
+    data = bytearray(files[name])
+    data[len(data) // 2] ^= 0xFF  # one flipped bit pattern in the middle of the blob
+    files[name] = bytes(data)
+
+
+def _drop_blob(files, names):
+    del files[names[1] if "/" in names[1] else f"blobs/sha256/{names[1]}"]
+
+
+BROKEN = {
+    "digest mismatch": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)],
+                                                     tamper=_tamper_blob),
+    "missing blob": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)], tamper=_drop_blob),
+    "oci digest mismatch": lambda d, elf: oci_layout(d / "o", [base_layer(elf), bad_layer(elf)], how="gzip",
+                                                     tamper=_tamper_blob),
+    "oci missing blob": lambda d, elf: oci_layout(d / "o.tar", [base_layer(elf)], as_tar=True,
+                                                  tamper=lambda f, n: f.pop(f"blobs/sha256/{n[0]}")),
+    "dotdot member": lambda d, elf: docker_archive(d / "i.tar", [layer_tar([("file", "usr/../../evil.so",
+                                                                              elf["helper"])])]),
+    "escaping symlink": lambda d, elf: docker_archive(d / "i.tar", [layer_tar([
+        ("symlink", "usr/lib/escape", "../../../../tmp"), ("file", "usr/lib/escape/evil.so", elf["helper"])])]),
+    "absolute escaping symlink": lambda d, elf: docker_archive(d / "i.tar", [layer_tar([
+        ("symlink", "usr/lib/root", "/../../etc")])]),
+    "not an image": lambda d, elf: _plain_tar(d / "plain.tar"),
+}
+
+
+def _plain_tar(out: Path) -> Path:
+    out.write_bytes(layer_tar([("file", "README", b"hello\n")]))
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_or_hostile_image_is_an_input_error(elf, tmp_path, case, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    img = BROKEN[case](work, elf)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    rc, out, err_text = cli(capsys, "check", img)
+    assert rc == EXIT_INPUT, out + err_text
+    assert "Traceback" not in out + err_text
+    err = [line for line in out.splitlines() if line.strip().startswith("error:")]
+    assert len(err) == 1, out
+    expect = {"digest mismatch": "digest mismatch", "missing blob": "missing blob", "oci digest mismatch": "digest",
+              "oci missing blob": "missing blob", "dotdot member": "unsafe member path",
+              "escaping symlink": "escapes the image root", "absolute escaping symlink": "escapes the image root",
+              "not an image": "not a container image"}[case]
+    assert expect in err[0]
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
+    assert not os.path.exists("/evil.so") and not Path(tmp_path.anchor, "tmp", "evil.so").exists()
