@@ -217,11 +217,13 @@ def hip_linkage_libs(fixture_root) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def cuda_linkage_libs(fixture_root) -> dict[str, Path]:
-    """nvcc -arch=sm_90 (cudart static, nvcc's default): our own kernel, and one in namespace cutlass."""
+    """nvcc -arch=sm_90 (cudart static, nvcc's default): our own kernel, one in namespace cutlass, attention
+    kernels named like the vendor families, and our own attention kernels' names."""
     nvcc = require_tool("nvcc")
     d = Path(fixture_root) / "linkage-cuda"
     d.mkdir(exist_ok=True)
     jobs = {name: [nvcc, "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-o", str(d / f"lib{name}.so"),
-                   str(DEVICE_SRC / f"{name}.cu")] for name in ("sovereign_kernel", "cutlass_named")}
+                   str(DEVICE_SRC / f"{name}.cu")]
+            for name in ("sovereign_kernel", "cutlass_named", "attention_named", "attention_own")}
     _compile_parallel(jobs)
     return {name: d / f"lib{name}.so" for name in jobs}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require_tool
-from linkage_fixtures import cc_shared, run
+from linkage_fixtures import cc_shared, cuda_linkage_libs, run  # noqa: F401  (fixture)
 
 from audit.linkage.check import check_paths
 from audit.linkage.patterns import soname_stem
@@ -215,3 +215,46 @@ def test_inside_a_folder_or_wheel_the_members_resolve_it(shim, kind):
     trans = [f for f in res.findings if f.kind == "transitive"]
     assert [(f.rule, f.chain) for f in trans] == [("nvidia.cublas", ["test_app", "libcore_cpu.so", "libcublas.so.12"])]
     assert res.verdict == "fail"
+
+
+# ---------------------------------------------------------------- attention kernels in namespaces
+
+
+VENDOR_KERNELS = {  # a piece of each mangled kernel name -> the rule it belongs to
+    "11onnxruntime5flash16flash_fwd_kernel": "attention.flash-attn",
+    "11onnxruntime5flash24flash_fwd_splitkv_kernel": "attention.flash-attn",
+    "11onnxruntime5flash30flash_bwd_dq_dk_dv_loop_kernel": "attention.flash-attn",
+    "16FlashAttnFwdSm90": "attention.flash-attn",
+    "11onnxruntime4fmha12fused_kernel": "attention.xformers",
+    "15AttentionKernelI": "attention.xformers",
+    "23AttentionBackwardKernelI": "attention.xformers",
+    "39fmha_cutlassF_f16_aligned_64x64_rf_sm80": "attention.xformers",
+    "56cudnn_generated_fort_native_sdpa_sm90_flash_fprop_knob_3": "nvidia.cudnn",
+}
+
+
+def kernel_names(path) -> set[str]:
+    from audit.elf.reader import read_elf
+
+    return {k for dc in read_elf(str(path)).device_code for k in dc.kernels}
+
+
+def test_attention_kernels_are_recognised_in_any_namespace(cuda_linkage_libs):
+    names = kernel_names(cuda_linkage_libs["attention_named"])
+    assert len(names) == len(VENDOR_KERNELS), sorted(names)  # nvcc kept every kernel, under its own name
+    for piece, rule in VENDOR_KERNELS.items():
+        (name,) = [n for n in names if piece in n]
+        got = policy().rule_for_kernel(name)
+        assert got is not None and got.id == rule, (name, got and got.id)
+    res = only(audit(cuda_linkage_libs["attention_named"]))
+    counts = {f.rule: f.count for f in res.findings if f.kind == "device-kernel"}
+    assert counts == {"attention.flash-attn": 4, "attention.xformers": 4, "nvidia.cudnn": 1}
+    assert res.verdict == "fail"
+
+
+def test_our_own_attention_kernels_and_lookalikes_pass(cuda_linkage_libs):
+    names = kernel_names(cuda_linkage_libs["attention_own"])
+    assert len(names) == 8 and any("16flash_mma_kernel" in n for n in names)
+    assert [n for n in names if policy().rule_for_kernel(n)] == []
+    res = only(audit(cuda_linkage_libs["attention_own"]))
+    assert res.verdict == "pass" and res.findings == []
