@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The lead's one device call for the evidence of a release: GPU tests, parity and op timing
+# The evidence of a release in one device run: GPU tests, parity and op timing
 # (bench/device_evidence.sh), then the end-to-end Wan2.1 pipeline (bench/device_pipeline.sh),
 # inside one 10-minute command. Carry: build/sm_90, build/sm_90-generic, .whl (diffusers).
 #   bash bench/device_all.sh        # results: $OUT/results.tgz, $OUT/summary.txt

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# device_kernel.sh: the one script for a device call on an NVIDIA GPU. It builds the sm_90,
+# device_kernel.sh: the one script for a kernel run on an NVIDIA GPU. It builds the sm_90,
 # sm_90-generic and tuning-variant libraries (or uses carried builds under $FK_BUILD), runs the GPU
 # tests, runs compute-sanitizer memcheck over the test shapes (exact-size cudaMalloc buffers, so an
 # out-of-bounds access cannot hide in a caching allocator's slack), then times every variant side by

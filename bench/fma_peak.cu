@@ -1,5 +1,5 @@
-// fma_peak.cu: the fp32 FMA peak the GPU reaches on the day (issue #6, part 4: the denominator of
-// "the forced-generic path reaches >= 40% of the GPU's fp32 FMA peak").
+// fma_peak.cu: the fp32 FMA peak the GPU reaches on the day: the denominator of "the forced-generic
+// path reaches >= 40% of the GPU's fp32 FMA peak" (docs/perf.md).
 //
 // Build and run (the device machine):
 //   nvcc -O3 -arch=sm_90 -o fma_peak bench/fma_peak.cu && ./fma_peak [iterations] [repeats]

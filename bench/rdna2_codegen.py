@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the compiler made of the generic flash kernel for RDNA2 (gfx1030): issue #6, part 4.
+"""What the compiler made of the generic flash kernel for RDNA2 (gfx1030).
 
 Given the gfx1030 library (default build/gfx1030/libflash_kernel.so, from
 `python3 -m audit build --target gfx1030 --out build`), this script:
@@ -72,7 +72,7 @@ class CodegenError(Exception):
 
 
 # ---- RDNA2 (gfx10.3, wave32) figures for the occupancy estimate ------------------------------
-# Sources (docs/perf.md, "Issue 6, part 4", cites them in full):
+# Sources (docs/perf.md, "The RDNA2 (gfx1030) object", cites them in full):
 #  - LLVM AMDGPUBaseInfo.cpp (LLVM 15, the compiler that built the object): getTotalNumVGPRs
 #    (gfx10+ wave32: 1024 per SIMD), getVGPRAllocGranule (gfx10.3 wave32: 16), getMaxWavesPerEU
 #    (gfx10.3: 16), getEUsPerCU ("for gfx10 in WGP mode the WGP contains two CUs, so a total of

@@ -185,8 +185,8 @@ def _build_cuda_libs(fixture_root) -> dict[str, Path]:
 
 # -- compressed offload bundles ----------------------------------------------------------------
 def ccob(bundle: bytes, version: int, method: str) -> bytes:
-    """A compressed clang offload bundle around `bundle`, laid out as shared/reference.md
-    section 3 documents it (written here, independently of the reader)."""
+    """A compressed clang offload bundle around `bundle`, laid out as LLVM's clang-offload-bundler
+    writes it (`CCOB` header, versions 1-3; written here, independently of the reader)."""
     if method == "zlib":
         data, code = zlib.compress(bundle), 0
     else:

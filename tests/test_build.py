@@ -338,7 +338,7 @@ def test_inspect_shows_the_device_code(gpu_builds, target, kind):
 
 # ---- sm_90a: the Hopper target (two cubins: sm_90a for wgmma/TMA, sm_80 for mma.sync) -------------
 
-FATBIN_MAGIC, ARCH_SPECIFIC = 0xBA55ED50, 0x100000  # shared/reference.md section 3
+FATBIN_MAGIC, ARCH_SPECIFIC = 0xBA55ED50, 0x100000  # fatbin header magic; entry flag of an "a" cubin
 SYSTEM_NEEDED = {"libstdc++.so.6", "libm.so.6", "libgcc_s.so.1", "libc.so.6", "ld-linux-x86-64.so.2"}
 
 

@@ -1,6 +1,6 @@
-"""bench/kernel_bench.py's turn-taking timer, on the CPU (issue #6, part 5: ratios side by side).
+"""bench/kernel_bench.py's turn-taking timer, on the CPU (ratios measured side by side).
 
-The ratios of a device call are only fair if no method owns a position in the sequence (the first
+The ratios of a device run are only fair if no method owns a position in the sequence (the first
 calls after a new shape, the last before the next). `time_interleaved` is run here with CUDA events
 replaced by a recorder: every method gets exactly its number of calls, methods take turns call by
 call, each round starts at another method, and the times returned are each method's own.

@@ -1,4 +1,4 @@
-"""The RDNA2 (gfx1030) object of the generic flash kernel, as the compiler made it (issue #6, part 4).
+"""The RDNA2 (gfx1030) object of the generic flash kernel, as the compiler made it.
 
 The library is built by the project's builder with the real hipcc (Debian HIP 5.2, LLVM 15) and
 read back through bench/rdna2_codegen.py: llvm-objdump's disassembly, the code object's msgpack
@@ -102,7 +102,7 @@ def _tools():
 
 @pytest.fixture(scope="session")
 def gfx1030_report(fixture_root):
-    """The project's own gfx1030 build (shares test_build's output folder: built once a session)."""
+    """The project's own gfx1030 build (shares test_build's output folder: built once a pytest session)."""
     objdump = _tools()
     from audit.build.builder import BUILT, ensure_built
 

@@ -21,7 +21,7 @@ def sha256(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-# --- the real run (one per session, shared with the report/crate/browser tests) -------------
+# --- the real run (one per pytest session, shared with the report/crate/browser tests) ------
 
 @pytest.mark.slow
 def test_run_exits_0_and_prints_where_the_report_is():

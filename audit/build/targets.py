@@ -1,6 +1,6 @@
 """Every build target of flash_kernel/ and its exact compiler command, in one table.
 
-The GPU engineer may tune the flag lists here; the shape of `TargetSpec` and `command()` is the
+The flag lists are the place to tune a target; the shape of `TargetSpec` and `command()` is the
 builder's contract. Paths in commands are relative to the source root (the folder holding
 flash_kernel/), which is the compiler's working directory, so command lines read as in the docs.
 """

@@ -41,7 +41,7 @@ from audit.evidence.dit_attention import (CORES, OUR_CORES, CoreTimer, Perturbat
 SCHEMA = "sovereign-audit.pipeline/1"
 CALIBRATION_REL = 1e-3
 
-# Wan2.1-T2V-1.3B, as its diffusers transformer config (/work/shared/reference.md section 2).
+# Wan2.1-T2V-1.3B, as its diffusers transformer config (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, transformer/config.json).
 WAN_1_3B = {
     "patch_size": [1, 2, 2], "num_attention_heads": 12, "attention_head_dim": 128,
     "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 8960,

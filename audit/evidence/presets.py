@@ -47,7 +47,8 @@ def _p(name, b, h, nq, d, nk=None, about=""):
     return name, (Shape(b, h, nq, nq if nk is None else nk, d, name), about)
 
 
-# name -> (shape, what it is). Video shapes: /work/shared/reference.md section 2.
+# name -> (shape, what it is). Video shapes: heads x head dim of each model's published config, N the
+# tokens of its default resolution and frame count.
 PRESETS: dict[str, tuple[Shape, str]] = dict([
     _p("wan2.1-1.3b-480p", 1, 12, 32760, 128, about="Wan2.1-T2V-1.3B, 480x832, 81 frames"),
     _p("wan2.1-14b-480p", 1, 40, 32760, 128, about="Wan2.1-14B, 480p"),

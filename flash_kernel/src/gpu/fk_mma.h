@@ -106,7 +106,7 @@ template <int D> FK_DEVICE uint32_t swz(int r, int c) {
 // tid / C + i * RP (RP = NT / C, a multiple of 8, so the swizzle of its chunk is the same on every
 // row it copies): per copy one 64-bit pointer step and one cp.async; the bound test only on a
 // ragged tile. (A loop over i = tid, tid + NT, ... recomputing row, chunk and bound per copy was
-// ~25 SASS instructions a copy, ~400 per tile: 16-20 % slower, docs/perf.md issue 6 call 2.)
+// ~25 SASS instructions a copy, ~400 per tile: 16-20 % slower, docs/perf.md "Fast loader".)
 // Masked rows zero-fill from row 0 of the head, never read past the tensor.
 template <int D, int ROWS, int NT>
 struct TileCopy {

@@ -64,7 +64,7 @@ struct GenericTile {
 // ldmatrix traffic of one tile). Q fragments stay in registers only when they are few (MT*D <= 128)
 // and S is small (BN <= 64: BN 128 at D 64 with Q in registers spills 188 B), else they are re-read
 // from shared memory each k-step. Overridable at compile time for tuning (bench/mma_variants.txt).
-// Defaults, measured on the H200 (docs/perf.md, issue 6 call 3, bf16 and fp16, all 7 video presets):
+// Defaults, measured on the H200 (docs/perf.md, "Shifted P V at D 64", bf16 and fp16, 7 video presets):
 // D 128 BM 128 x BN 64, 1.06-1.13x SDPA-flash; D 64 BM 128 x BN 64 with the shifted P V below,
 // 1.04-1.15x, against 0.85-1.09x for FlashAttention-2's own D 64 tile (BN 128, plain order).
 #ifndef FK_MMA_WARPS_D64
@@ -80,7 +80,7 @@ struct GenericTile {
 #define FK_MMA_BN_D128 64
 #endif
 // Two m16 tiles per warp: measured 0.88x (D 128) and 0.83x (D 64) of SDPA-flash on the H200
-// against 0.62x / 0.76x with one (docs/perf.md, device call 2).
+// against 0.62x / 0.76x with one (docs/perf.md, "Two m16 tiles per warp").
 #ifndef FK_MMA_MT_D64
 #define FK_MMA_MT_D64 2
 #endif
@@ -101,7 +101,7 @@ struct GenericTile {
 #endif
 // Shifted P V: step j computes S(j), then P(j-1) V(j-1) together with the softmax of S(j) (one
 // basic block: the exponentials issue while the P V MMAs run), V double-buffered (+1 BN x D tile).
-// On at D 64 (call 3: +4..+23 % over the plain order at BN 128); off at D 128, where it needs BN 32 to fit the
+// On at D 64 (+4..+23 % over the plain order at BN 128, docs/perf.md); off at D 128, where it needs BN 32 to fit the
 // registers (BN 64 spills 116 B) and measured 0.97-1.03x SDPA-flash against 1.06-1.13x.
 #ifndef FK_MMA_SHIFT_PV_D64
 #define FK_MMA_SHIFT_PV_D64 1
@@ -141,7 +141,7 @@ struct MmaTile {
 #define FK_WGMMA_STAGES_D64 4
 #endif
 // Intra-warpgroup overlap: wait for S(j) alone and compute its exponentials while P(j-1) V(j-1) runs.
-// Measured on the H200 (docs/perf.md, issue 6 call 1): overlap + 3 stages 585 TFLOP/s at D 128
+// Measured on the H200 (docs/perf.md, "Hopper path"): overlap + 3 stages 585 TFLOP/s at D 128
 // against 518 with neither; overlap 431 against 409 at D 64.
 #ifndef FK_WGMMA_OVERLAP
 #define FK_WGMMA_OVERLAP 1

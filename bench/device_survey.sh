@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# device_issue6.sh: issue 6's evidence in one device call, most important first (a call killed at
+# device_survey.sh: the kernel survey in one device run, most important first (a run killed at
 # its limit still returns what $OUT holds): GPU tests of sm_90a / sm_90 / sm_90-generic, the fp32
 # FMA peak, racecheck and memcheck of the sm_90a library, the op bench (mma variants, wgmma, generic
 # and naive against SDPA flash/cuDNN), then the wan-480p pipeline with the fastest library.
-#   FK_BUILD=build/d2 FK_VARIANTS="fll:x;pipe:x" bash bench/device_issue6.sh   (carry FK_BUILD and .whl)
+#   FK_BUILD=build/d2 FK_VARIANTS="fll:x;pipe:x" bash bench/device_survey.sh   (needs FK_BUILD and .whl)
 set -u
 cd "$(dirname "$0")/.."
 export OUT=${OUT:-/tmp/fk_device_out} FK_BUILD=${FK_BUILD:-build/d2}
