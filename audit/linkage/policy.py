@@ -230,7 +230,14 @@ class Policy:
         return self._re["symbols"]
 
     def deny_rule_for_soname(self, name: str) -> Rule | None:
-        return next((r for r in self.rules if r.matches_soname(name)), None)
+        # remembered: a run asks about the same few hundred names (NEEDED, directory entries)
+        # thousands of times, and each answer tries every rule's globs
+        memo = self._re.setdefault("soname_memo", {})
+        if name not in memo:
+            if len(memo) > 100_000:
+                memo.clear()
+            memo[name] = next((r for r in self.rules if r.matches_soname(name)), None)
+        return memo[name]
 
     def is_trusted(self, name: str) -> bool:
         return soname_matches(self._re.get("trusted"), name)

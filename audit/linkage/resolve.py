@@ -291,6 +291,7 @@ class Resolver:
         self.conf_dirs, self.warnings = read_ldso_conf(self.paths, options.ldso_conf)
         self.env_dirs = [d for d in (options.ld_library_path or "").split(":") if d] if options.use_env else []
         self._system: dict[tuple[int, int], set[str]] = {}
+        self.memo: dict = {}  # what the checker derives once per run from objects read (scan.py)
 
     def tree(self, info: ElfInfo, path: str, members: MemberSet | None = None) -> tuple[DepNode, list[str]]:
         """The dependency tree of the object at `path` (already read as `info`), and warnings.

@@ -4,6 +4,7 @@ dependency tree (denied NEEDED, transitive libraries, RPATH directories that hol
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
 from audit.elf.model import ElfInfo
@@ -80,6 +81,37 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
     return findings, errors
 
 
+def library_content(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | None,
+                    memo: dict) -> tuple[list[Finding], list[str]]:
+    """scan_object for a library walked in a tree, scanned once per run: a library many audited
+    files share (libtorch_cpu.so under each of torch's 130 extensions) would otherwise be judged
+    again under each. Its findings are copied for each chain."""
+    key = ("content", id(info), in_file is None)  # `memo` lives as long as the infos it keys on
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = scan_object(info, policy, [], in_file)
+    findings, errors = hit
+    return ([dataclasses.replace(f, chain=list(chain), in_file=in_file, examples=list(f.examples))
+             for f in findings], list(errors))
+
+
+def _denied_in_dir(d: str, policy: Policy, resolver: Resolver) -> tuple[str, object] | None:
+    """The first (by name) file of directory `d` that a deny rule names, with the rule; looked
+    at once per directory and run."""
+    memo = resolver.memo
+    key = ("dir", d)
+    if key not in memo:
+        found = None
+        listed = resolver.paths.fs.listdir(d)
+        for name in sorted(listed[:_MAX_DIR_LIST]) if listed is not None else ():
+            rule = policy.deny_rule_for_soname(name)
+            if rule and ".so" in name:
+                found = (name, rule)
+                break
+        memo[key] = found
+    return memo[key]
+
+
 def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: list[str]) -> list[Finding]:
     """RPATH/RUNPATH directories that hold a denied library: the object can load it by name.
 
@@ -92,17 +124,12 @@ def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: lis
     for tag, entry, d in resolver.own_dirs(node):
         if got and resolver.is_system_dir(d, got[0], got[2]):
             continue
-        listed = resolver.paths.fs.listdir(d)
-        if listed is None:
-            continue
-        names = sorted(listed[:_MAX_DIR_LIST])
-        for name in names:
-            rule = policy.deny_rule_for_soname(name)
-            if rule and ".so" in name:
-                out.append(Finding.from_rule(rule, policy, "rpath", name, f"{tag} {entry}", chain,
-                                             in_file=None if len(chain) <= 1 else node.path,
-                                             detail=f"directory {d} holds it"))
-                break
+        found = _denied_in_dir(d, policy, resolver)
+        if found:
+            name, rule = found
+            out.append(Finding.from_rule(rule, policy, "rpath", name, f"{tag} {entry}", chain,
+                                         in_file=None if len(chain) <= 1 else node.path,
+                                         detail=f"directory {d} holds it"))
     return out
 
 
@@ -134,7 +161,7 @@ def tree_findings(tree: DepNode, resolver: Resolver, policy: Policy) -> tuple[li
             errors.append(f"dependency {node.name} ({node.path}) could not be parsed: {node.note}")
         if node.info is not None and node.status in ("root", "inspected", "unlisted"):
             if depth > 0:
-                more, errs = scan_object(node.info, policy, names, node.path)
+                more, errs = library_content(node.info, policy, names, node.path, resolver.memo)
                 findings += more
                 errors += errs
             findings += rpath_findings(node, resolver, policy, names)
