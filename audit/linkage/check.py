@@ -141,7 +141,7 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
             contexts[scope] = Resolver(options if scope is None else scope.options(options), policy, read, fs), read
         return contexts[scope]
 
-    inputs = Inputs()
+    inputs = Inputs(conda_prefix=options.conda_prefix)
     files: list[FileResult] = []
     used: set[int] = set()
     try:

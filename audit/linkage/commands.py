@@ -19,13 +19,18 @@ from audit.errors import UsageError
 @click.option("--root", metavar="DIR", help="Sysroot: resolve libraries inside DIR (hermetic audit).")
 @click.option("--ldpath", multiple=True, metavar="DIR", help="Extra library directory (like LD_LIBRARY_PATH). Repeatable.")
 @click.option("--use-env", is_flag=True, help="Also search $LD_LIBRARY_PATH (ignored by default).")
+@click.option("--conda-prefix", metavar="DIR",
+              help="Conda environment that conda packages are installed into: their libraries also resolve in DIR/lib.")
 @click.pass_context
-def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env):
+def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_prefix):
     """Fail if PATH... links, loads or embeds a denied vendor library.
 
     PATH is an ELF file, a directory (searched recursively; non-ELF files are skipped and
-    counted) or a wheel. Exit codes: 0 clean, 1 violation, 2 usage or policy error,
-    3 an input that could not be read or parsed.
+    counted), a wheel, a conda package (.conda, .tar.bz2) or a container image (a `docker save`
+    / `podman save` tar, or an OCI image layout as a directory or tar: its final filesystem is
+    audited, resolved inside the image; --root, --ldpath and --use-env do not apply to it).
+    Exit codes: 0 clean, 1 violation, 2 usage or policy error, 3 an input that could not be
+    read or parsed.
     """
     from audit.linkage.check import check_paths
     from audit.linkage.outputs import parse_format, write_outputs
@@ -38,8 +43,10 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env):
     for d in ldpath:
         if not os.path.isdir(d):
             raise UsageError(f"--ldpath {d}: not a directory")
+    if conda_prefix is not None and not os.path.isdir(conda_prefix):
+        raise UsageError(f"--conda-prefix {conda_prefix}: not a directory")
     policy = load_policy(policy_path)
-    report = check_paths(list(paths), policy, ResolveOptions.from_cli(root, ldpath, use_env))
+    report = check_paths(list(paths), policy, ResolveOptions.from_cli(root, ldpath, use_env, conda_prefix))
     write_outputs(report, policy, specs)
     ctx.exit(report.exit_code)
 

@@ -14,7 +14,8 @@ import zipfile
 from dataclasses import dataclass, field, replace
 
 from audit.errors import InputError
-from audit.linkage.fs import FileSystem
+from audit.linkage.conda import extract_conda, is_conda
+from audit.linkage.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
 from audit.linkage.image import is_oci_dir, looks_like_tar, open_image
 from audit.linkage.resolve import Member, MemberSet, ResolveOptions
@@ -25,17 +26,19 @@ _MAX_WHEEL_BYTES = 32 << 30  # declared uncompressed size of the ELF members we 
 
 @dataclass(eq=False)  # hashed by identity: one resolver per scope
 class Scope:
-    """Where an input's libraries are searched when not as the command line says: a container
-    image's own filesystem and environment."""
+    """Where an input's libraries are searched when not just as the command line says: a
+    container image's own filesystem and environment, or a conda package's prefix."""
 
-    fs: FileSystem
+    fs: FileSystem = HOST
+    own_system: bool = False  # an image: --root, --ldpath and --use-env describe this machine, not it
     env_path: str | None = None  # LD_LIBRARY_PATH of the image's config
     fallback: list[tuple[str, str]] = field(default_factory=list)
 
     def options(self, base: ResolveOptions) -> ResolveOptions:
-        # the image is the whole system: --root, --ldpath and --use-env describe this machine
-        return replace(ResolveOptions(), use_env=self.env_path is not None, ld_library_path=self.env_path,
-                       fallback=list(self.fallback), max_nodes=base.max_nodes)
+        if self.own_system:
+            return replace(ResolveOptions(), use_env=self.env_path is not None, ld_library_path=self.env_path,
+                           fallback=list(self.fallback), max_nodes=base.max_nodes)
+        return replace(base, fallback=base.fallback + self.fallback)
 
 
 @dataclass
@@ -52,7 +55,8 @@ class Input:
 class Inputs:
     """Expands PATH arguments into ELF files: files, directory trees, wheels."""
 
-    def __init__(self):
+    def __init__(self, conda_prefix: str | None = None):
+        self.conda_prefix = conda_prefix  # a conda environment the packages' libraries resolve against
         self.skipped: dict[str, int] = {}
         self.warnings: list[str] = []
         self.seen: set[str] = set()
@@ -76,6 +80,8 @@ class Inputs:
             yield Input(arg, None, True, "not a regular file")
         elif arg.endswith(".whl"):
             yield from self._wheel(arg, arg)
+        elif is_conda(arg):
+            yield from self._conda(arg, arg)
         elif _is_tar(arg):
             yield from self._image(arg)
         else:
@@ -94,7 +100,7 @@ class Inputs:
         except OSError as exc:
             yield Input(arg, None, True, f"cannot read image: {exc.strerror or exc}")
             return
-        scope = Scope(tree, env_path=image.env.get("LD_LIBRARY_PATH"))
+        scope = Scope(tree, own_system=True, env_path=image.env.get("LD_LIBRARY_PATH"))
         found = 0
         for path, entry, first in tree.elf_files():
             if not first:
@@ -150,6 +156,8 @@ class Inputs:
                 continue
             if full.endswith(".whl"):
                 yield from self._wheel(full, full)
+            elif is_conda(full):
+                yield from self._conda(full, full)
             else:
                 for inp in self._file(full, full, explicit=False):
                     inp.members = members
@@ -194,6 +202,23 @@ class Inputs:
         for inner, dest in extracted:
             self.seen.add(os.path.realpath(dest))
             yield Input(inner, dest, True, members=members)
+
+    def _conda(self, report: str, host: str):
+        tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-conda-")
+        self.tmpdirs.append(tmp)
+        try:
+            extracted = extract_conda(host, tmp.name)
+        except InputError as exc:
+            yield Input(report, None, True, exc.message)
+            return
+        members = MemberSet(report, (Member(dest, f"{report}{WHEEL_SEP}{name}") for name, dest, _ in extracted))
+        prefix = self.conda_prefix
+        scope = Scope(fallback=[("conda-prefix", os.path.join(prefix, "lib"))]) if prefix else None
+        for name, dest, audited in extracted:
+            if not audited:
+                continue
+            self.seen.add(os.path.realpath(dest))
+            yield Input(f"{report}{WHEEL_SEP}{name}", dest, True, members=members, scope=scope)
 
     def cleanup(self) -> None:
         for tmp in self.tmpdirs:

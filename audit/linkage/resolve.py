@@ -26,6 +26,8 @@ Beyond ld.so, two edges an installed package really has:
     does not reach is looked up among the other members by file name (an installer puts them
     side by side; a RUNPATH written for another layout misses them). The node says so
     (how "member") and a warning names the member.
+  - the environment a package is installed into (ResolveOptions.fallback, e.g. a conda
+    prefix's lib/): searched last, after the members (which overwrite it when installed).
   - dlopen edges: a library-name string in an object that names a file on the object's search
     path, in its own directory, or among the members is walked like a NEEDED (edge "dlopen").
 """
@@ -60,12 +62,15 @@ class ResolveOptions:
     use_env: bool = False
     ld_library_path: str | None = None  # captured from the environment when use_env
     ldso_conf: str = "/etc/ld.so.conf"  # inside root when root is set
-    fallback: list[tuple[str, str]] = field(default_factory=list)  # (how, dir) searched after ld.so's own
+    fallback: list[tuple[str, str]] = field(default_factory=list)  # (how, dir): searched last, after members
+    conda_prefix: str | None = None  # the environment conda packages resolve against (its lib/)
     max_nodes: int = 5000  # a bound on huge trees: past it the file is an error, never a hang
 
     @classmethod
-    def from_cli(cls, root: str | None = None, ldpath=(), use_env: bool = False) -> ResolveOptions:
+    def from_cli(cls, root: str | None = None, ldpath=(), use_env: bool = False,
+                 conda_prefix: str | None = None) -> ResolveOptions:
         return cls(
+            conda_prefix=os.path.realpath(conda_prefix) if conda_prefix else None,
             root=os.path.realpath(root) if root else None,
             ldpath=[os.path.abspath(p) for p in ldpath],
             use_env=use_env,
@@ -75,7 +80,8 @@ class ResolveOptions:
     def to_dict(self) -> dict:
         return {"root": self.root, "ldpath": list(self.ldpath), "use_env": self.use_env,
                 "ld_library_path": self.ld_library_path, "ldso_conf": self.ldso_conf,
-                **({"fallback": [list(f) for f in self.fallback]} if self.fallback else {})}
+                **({"fallback": [list(f) for f in self.fallback]} if self.fallback else {}),
+                **({"conda_prefix": self.conda_prefix} if self.conda_prefix else {})}
 
 
 @dataclass
@@ -88,6 +94,7 @@ class DepNode:
     realpath: str | None = None
     how: str | None = None  # path | rpath | ldpath | LD_LIBRARY_PATH | runpath | ld.so.conf | default | loaded
     #                         | beside (a dlopen target in the requester's directory) | member (MemberSet fallback)
+    #                         | conda-prefix (ResolveOptions.fallback)
     via: str | None = None  # for rpath: whose DT_RPATH; for runpath: the requester's; for member: the set's label
     edge: str = "needed"  # how the parent asks for it: "needed" (DT_NEEDED) or "dlopen" (a name string)
     soname: str | None = None
@@ -363,6 +370,11 @@ class Resolver:
         if found is None and members is not None:
             member = self._member(needed, requester, ident, members, warnings, dlopen)
             found = (member.path, self.paths.real(member.path), "member", members.label) if member else None
+        for how, d in self.options.fallback if found is None else ():  # e.g. the conda environment
+            hit = self._candidate(os.path.join(d, needed), ident)  # the package will be installed into
+            found = (os.path.join(d, needed), hit, how, None) if hit else None
+            if found:
+                break
         if found is None:
             if dlopen:
                 return None
@@ -435,8 +447,6 @@ class Resolver:
             searches.append(("runpath", requester.name, info.runpath, origin))
         searches.append(("ld.so.conf", None, self.conf_dirs, ""))
         searches.append(("default", None, default_dirs(bits, machine), ""))
-        for how, d in self.options.fallback:  # not ld.so's: where the package will be installed
-            searches.append((how, None, [d], ""))
         for how, via, dirs, dir_origin in searches:
             for entry in dirs:
                 d = self._dir(how, via, entry, dir_origin, bits, machine, warnings)
@@ -449,8 +459,8 @@ class Resolver:
         return None
 
     def _dir(self, how, via, entry, origin, bits, machine, warnings) -> str | None:
-        if how in ("ldpath", "LD_LIBRARY_PATH") or how not in ("rpath", "runpath", *SYSTEM_HOW):
-            return entry  # paths in the file system searched, given by the user or the input
+        if how in ("ldpath", "LD_LIBRARY_PATH"):
+            return entry  # paths in the file system searched (this machine's, or the image's)
         if how in ("rpath", "runpath"):
             expanded = expand_dst(entry, origin, bits, machine)
             label = f"DT_{how.upper()} entry '{entry}' of {via}"
