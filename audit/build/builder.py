@@ -24,7 +24,7 @@ from audit.build import provenance as prov
 from audit.build import targets as tg
 from audit.build.toolchain import Toolchain, ToolchainMissing, find
 from audit.errors import InputError, UsageError
-from audit.files import sha256_file
+from audit.files import sha256_file, write_json_atomic
 
 BUILD_SCHEMA = "sovereign-audit.build/1"
 COMPILE_TIMEOUT_S = 1800
@@ -147,7 +147,7 @@ def _build_names(names: list[str], explicit: bool, out: Path, jobs: int | None =
                                explicit or n == "cpu") for n in names]
         result.targets = [f.result() for f in futures]
     result.finished_at = _now()
-    _write_json(out / "build.json", result.to_dict())
+    write_json_atomic(out / "build.json", result.to_dict())
     return result
 
 
@@ -201,7 +201,7 @@ def ensure_built(targets: list[str] | None, out: Path, jobs: int | None = None) 
     built = {t.target: t for t in result.targets}
     result.requested = names if explicit else []
     result.targets = [reused.get(n) or built[n] for n in names]
-    _write_json(out / "build.json", result.to_dict())
+    write_json_atomic(out / "build.json", result.to_dict())
     return result
 
 
@@ -266,7 +266,7 @@ def build_one(spec: tg.TargetSpec, tc, root: Path, out: Path, requested: bool) -
             duration_s=round(time.monotonic() - t0, 3), expected_flash_path=spec.flash_path, note=spec.note,
             git=prov.git_info(root), tool_version=__version__, temp_output=str(tmp))
         os.replace(tmp, final)
-        _write_json(tdir / "provenance.json", record.to_dict())
+        write_json_atomic(tdir / "provenance.json", record.to_dict())
         tb.status, tb.library, tb.sha256 = BUILT, str(final), out_digest.sha256
         tb.provenance_path = str(tdir / "provenance.json")
         tb.provenance = record.to_dict()
@@ -284,7 +284,3 @@ def _write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    _write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
