@@ -177,7 +177,7 @@ def _from_ccob(raw: bytes, at: int, bundle_id: str | None) -> bytes:
         bundle, _ = inflate(algo, payload, usize)
     except DecompressError as exc:
         raise CodegenError(f"CCOB at {at:#x}: {exc}") from None
-    for off, size, ident, _ in amdgpu._entries(bundle, 0, f"CCOB at {at:#x}"):
+    for off, size, ident, _ in amdgpu._entries(bundle, 0, len(bundle), f"CCOB at {at:#x}"):
         if ident == bundle_id:
             return bundle[off:off + size]
     raise CodegenError(f"CCOB at {at:#x}: no entry {bundle_id!r}")
