@@ -130,6 +130,22 @@ def test_failed_parity_and_linkage_are_failed(tmp_path, kernel_so):
     assert lp["failedTests"] == ["artifacts/cpu/libflash_kernel.so"] and lp["passedTests"] == ["other.so"]
 
 
+def test_test_names_are_bundle_names_never_paths_of_the_machine(tmp_path, kernel_so):
+    """linkage.json records where `run` audited each object (an absolute path on that machine, as the
+    real run writes it); the attestation names the object as the bundle does, matched by sha256."""
+    so_sha = _sha256sum(kernel_so)
+    ev = dict(EVIDENCE)
+    ev["linkage"] = {"schema": "sovereign-audit.linkage/1", "exit_code": 1, "files": [
+        {"path": "/home/ci/work/out/artifacts/cpu/libflash_kernel.so", "sha256": so_sha, "verdict": "pass"},
+        {"path": "/home/ci/build/libother.so", "sha256": "0" * 64, "verdict": "fail"}]}
+    root = _bundle(tmp_path / "b", kernel_so, ev)
+    key = generate_keypair()
+    lp = _statements(write_attestations(root, key), key)["linkage.test-result.dsse.json"]["predicate"]
+    assert lp["passedTests"] == ["artifacts/cpu/libflash_kernel.so"]
+    assert lp["failedTests"] == ["libother.so"]  # not in the bundle: its file name only
+    assert "/home/ci" not in json.dumps(lp)
+
+
 def test_copied_provenance_json_is_preferred_and_listed(tmp_path, kernel_so):
     root = _bundle(tmp_path / "b", kernel_so)
     prov = dict(EVIDENCE["build"]["targets"][0]["provenance"], flags=["-O3"])

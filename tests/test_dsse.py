@@ -57,8 +57,11 @@ def test_any_change_breaks_the_signature():
     # truncated or empty signatures are a failed check, not an exception
     short = (dsse.Signature("", env.signatures[0].sig[:63]), dsse.Signature("", b""))
     assert not dsse.Envelope(env.payload_type, env.payload, short).verify(key.public)
-    # one good signature among others is enough (keyid is only a hint)
-    assert dsse.Envelope(env.payload_type, env.payload, short + env.signatures).verify(key.public)
+    # every signature present must verify: a good one does not excuse the others, in either order
+    mixed = dsse.Envelope(env.payload_type, env.payload, short[:1] + env.signatures + short[1:])
+    assert not mixed.verify(key.public) and mixed.failing(key.public) == [0, 2]
+    assert dsse.Envelope(env.payload_type, env.payload, env.signatures * 2).failing(key.public) == []
+    assert not dsse.Envelope(env.payload_type, env.payload, ()).verify(key.public)  # none: not verified
 
 
 def test_signature_matches_openssl(tmp_path):
@@ -82,14 +85,17 @@ def test_rfc8032_known_answer():
                          "5fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b")
 
 
-def test_base64_decoding_is_strict_but_accepts_both_alphabets():
+def test_base64_is_standard_padded_and_canonical_only():
     assert dsse.b64decode("e30=", "x") == b"{}"
-    assert dsse.b64decode("e30", "x") == b"{}"  # unpadded
-    assert dsse.b64decode("-_8=", "x") == b"\xfb\xff"  # URL-safe, which DSSE allows
-    for bad in ("e3@0", "e30===", "e 30", "é", 5):
-        with pytest.raises(dsse.MalformedEnvelope) as exc:
+    assert dsse.b64decode("", "x") == b""
+    assert dsse.b64decode("+/8=", "x") == b"\xfb\xff"
+    # unpadded, URL-safe, over-padded, whitespace, a stray bit after the last byte, junk, not a string
+    for bad in ("e30", "-_8=", "e30===", "e30=\n", "e 30", "e31=", "e3@0", "é", 5):
+        with pytest.raises(dsse.MalformedEnvelope, match="standard padded base64|not a base64 string") as exc:
             dsse.b64decode(bad, "x")
         assert exc.value.exit_code == EXIT_USAGE
+    # the oracle: Python's own decoder, lenient mode, reads the stray-bit text as the same bytes
+    assert base64.b64decode("e31=") == b"{}"
 
 
 @pytest.mark.parametrize("obj, msg", [
@@ -99,6 +105,11 @@ def test_base64_decoding_is_strict_but_accepts_both_alphabets():
     ({"payloadType": "t", "payload": "e30=", "signatures": []}, "signatures missing or empty"),
     ({"payloadType": "t", "payload": "e30=", "signatures": [{"keyid": "k"}]}, "has no sig"),
     ({"payloadType": "t", "payload": "e30=", "signatures": [{"sig": "AA==", "keyid": 3}]}, "keyid"),
+    ({"payloadType": "t", "payload": "e30=", "signatures": [{"sig": "AA=="}], "note": "trust me"},
+     "unknown field 'note'"),
+    ({"payloadType": "t", "payload": "e30=", "signatures": [{"sig": "AA==", "keyid": "", "cert": "x"}]},
+     r"signatures\[0\]: unknown field 'cert'"),
+    ({"payloadType": "t", "payload": "e30", "signatures": [{"sig": "AA=="}]}, "payload is not standard padded"),
 ])
 def test_malformed_envelopes(obj, msg):
     with pytest.raises(dsse.MalformedEnvelope, match=msg):

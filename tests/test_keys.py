@@ -11,6 +11,8 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
+from securesystemslib.signer import SSlibKey
 
 from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_USAGE, AuditError
@@ -56,8 +58,13 @@ def test_keygen_writes_pkcs8_and_spki_that_openssl_reads(tmp_path):
     assert derived == pub.read_text()
     der = subprocess.run([openssl, "pkey", "-pubin", "-in", str(pub), "-outform", "DER"], capture_output=True,
                          check=True).stdout
-    assert f"keyid {hashlib.sha256(der).hexdigest()}" in out
-    assert load_signing_key(priv).keyid == hashlib.sha256(der).hexdigest()
+    keyid = load_signing_key(priv).keyid
+    assert f"keyid {keyid}" in out
+    # securesystemslib's default keyid (what in-toto/TUF verifiers match signatures by), computed by it
+    assert keyid == SSlibKey.from_crypto(load_pem_public_key(pub.read_bytes())).keyid
+    # and by hand from openssl's DER (an Ed25519 SPKI ends with the 32 raw key bytes)
+    canonical = '{"keytype":"ed25519","keyval":{"public":"%s"},"scheme":"ed25519"}' % der[-32:].hex()
+    assert keyid == hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def test_keygen_refuses_to_overwrite(tmp_path):

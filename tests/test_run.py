@@ -303,7 +303,13 @@ def test_run_signs_with_the_given_key_and_verifies_against_it():
                timeout=120)
     assert proc.returncode == 0, proc.stderr
     html = (out / "report.html").read_text()
-    assert "ephemeral" not in html.split('id="signature"')[1].split("</p>")[0]
+    signature = html.split('id="signature"')[1].split("</p>")[0]
+    assert "ephemeral" not in signature and "the --key file" in signature
+    # where the private key lives is nobody's business: not in the report, the bundle or the output
+    for p in out.rglob("*"):
+        if p.is_file():
+            assert str(keys) not in p.read_text(errors="replace"), p
+    assert str(keys) not in proc.stdout
     assert (out / "public.pem").read_bytes() == (keys / "team.pub").read_bytes()
     assert cli("verify", str(out), "--key", str(keys / "team.pub"), timeout=60).returncode == 0
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from audit import __version__
 from audit.errors import InputError
@@ -223,7 +223,15 @@ def _verdict(obj: dict) -> bool | None:
     return None
 
 
-def _case_name(case: dict, i: int) -> str:
+def _bundle_name(value: str, sha, names: dict[str, str]) -> str:
+    """A case's file as the bundle names it (matched by sha256), never an absolute path of the machine
+    that ran the stage: an unmatched absolute path keeps only its file name."""
+    if isinstance(sha, str) and sha.lower() in names:
+        return names[sha.lower()]
+    return PurePosixPath(value).name if value.startswith("/") else value
+
+
+def _case_name(case: dict, i: int, names: dict[str, str]) -> str:
     parts = []
     for k in ("candidate", "backend", "name", "path", "object", "shape", "dtype"):
         v = case.get(k)
@@ -231,12 +239,14 @@ def _case_name(case: dict, i: int) -> str:
             parts.append(v["label"])
         elif isinstance(v, list):
             parts.append("x".join(str(x) for x in v))
+        elif k in ("path", "object") and isinstance(v, str):
+            parts.append(_bundle_name(v, case.get("sha256"), names))
         elif v is not None and not isinstance(v, dict):
             parts.append(str(v))
     return " ".join(parts) or f"case {i}"
 
 
-def _cases(obj: dict, keys) -> tuple[list[str], list[str], list[str]]:
+def _cases(obj: dict, keys, names: dict[str, str]) -> tuple[list[str], list[str], list[str]]:
     passed, failed, unknown = [], [], []
     cases = _first(obj, *keys, default=[])
     if isinstance(cases, dict):
@@ -246,15 +256,17 @@ def _cases(obj: dict, keys) -> tuple[list[str], list[str], list[str]]:
     for i, c in enumerate(cases):
         if not isinstance(c, dict):
             continue
-        name = _case_name(c, i)
+        name = _case_name(c, i, names)
         v = _verdict(c)
         (passed if v is True else failed if v is False else unknown).append(name)
     return passed, failed, unknown
 
 
 def result_statement(evidence_name: str, obj: dict, sha: str, extra_subjects: list[dict],
-                case_keys, configuration: list[dict]) -> dict:
-    passed, failed, unknown = _cases(obj, case_keys)
+                     case_keys, configuration: list[dict]) -> dict:
+    """An in-toto Test Result; a test that names a file names it as `extra_subjects` do (bundle names)."""
+    names = {s["digest"]["sha256"]: s["name"] for s in extra_subjects}
+    passed, failed, unknown = _cases(obj, case_keys, names)
     verdict = _verdict(obj)
     if verdict is None and (passed or failed):
         verdict = not failed and not unknown
@@ -366,13 +378,13 @@ def write_attestations(bundle_dir: Path, key) -> list[Path]:
         conf = env_conf + _inline("gates", _first(parity, "gates"))
         written.append(_write(bundle_dir, "parity.test-result.dsse.json",
                               result_statement("evidence/parity.json", parity, parity_sha, art_subjects,
-                                          ("shapes", "results", "cases", "candidates", "checks"), conf), key))
+                                               ("shapes", "results", "cases", "candidates", "checks"), conf), key))
     linkage, linkage_sha = ev["linkage"]
     if linkage is not None:
         conf = _inline("policy", _first(linkage, "policy"))
         written.append(_write(bundle_dir, "linkage.test-result.dsse.json",
                               result_statement("evidence/linkage.json", linkage, linkage_sha, art_subjects,
-                                          ("objects", "results", "files", "reports"), conf), key))
+                                               ("objects", "results", "files", "reports"), conf), key))
     if ev["bench"][0] is not None or ev["pipeline"][0] is not None:
         written.append(_write(bundle_dir, "performance.dsse.json",
                               performance(*ev["bench"], *ev["pipeline"], *ev["environment"]), key))

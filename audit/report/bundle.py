@@ -253,10 +253,12 @@ def sign(out: Path, key, info: SigningInfo, warnings: list[str]) -> tuple[list[s
         return [], False
     try:
         from audit.report.attest import write_attestations
+        from audit.report.manifest import write_public_key
     except ImportError as exc:
         warnings.append(f"attestations not written: signing module missing ({exc})")
         return [], False
     paths = write_attestations(out, key)
+    write_public_key(out, key)  # before the RO-Crate, which describes it
     return [p.resolve().relative_to(out.resolve()).as_posix() for p in paths], True
 
 

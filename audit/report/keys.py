@@ -26,15 +26,19 @@ from audit.errors import InputError, UsageError
 ENV_KEY = "SOVEREIGN_AUDIT_SIGNING_KEY"
 ENV_PASSWORD = "SOVEREIGN_AUDIT_SIGNING_KEY_PASSWORD"
 MAX_KEY_FILE = 64 * 1024  # a PEM key is a few hundred bytes; refuse to slurp anything big
+# The report says where the key came from, never where a secret lives on this machine.
+_SOURCE_FILE = "the --key file"
+_SOURCE_ENV = f"${ENV_KEY}"
+_SOURCE_ENV_FILE = f"the file named by ${ENV_KEY}"
 
 
 @dataclass(frozen=True)
 class SigningKey:
     private: Ed25519PrivateKey
     public_pem: bytes  # SubjectPublicKeyInfo PEM
-    keyid: str  # sha256 of the SubjectPublicKeyInfo DER, hex
+    keyid: str  # keyid_of(public): securesystemslib's default keyid
     ephemeral: bool
-    source: str = ""  # "file PATH", "env SOVEREIGN_AUDIT_SIGNING_KEY", "ephemeral" (for the report)
+    source: str = ""  # where the key came from, in words for the report; never a path (see _SOURCE_*)
 
     @property
     def public(self) -> Ed25519PublicKey:
@@ -59,8 +63,13 @@ def public_pem_of(public: Ed25519PublicKey) -> bytes:
 
 
 def keyid_of(public: Ed25519PublicKey) -> str:
-    der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return hashlib.sha256(der).hexdigest()
+    """securesystemslib's default keyid: sha256 (hex) of the key's canonical JSON, i.e. of
+    {"keytype":"ed25519","keyval":{"public":"<raw key, hex>"},"scheme":"ed25519"} with sorted keys and
+    no spaces. DSSE verifiers built on securesystemslib (in-toto, TUF tools) match signatures to keys
+    by this id, so an envelope signed here is found by them; cosign and our `verify` ignore it."""
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    canonical = '{"keytype":"ed25519","keyval":{"public":"%s"},"scheme":"ed25519"}' % raw
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def _from_private(private: Ed25519PrivateKey, ephemeral: bool, source: str) -> SigningKey:
@@ -101,16 +110,16 @@ def load_signing_key(path: str | Path | None = None) -> SigningKey:
     if path is not None and str(path) != "":
         p = Path(path)
         return _from_private(private_key_from_pem(_read_small(p, "signing key"), f"signing key {p}"),
-                             False, f"file {p}")
+                             False, _SOURCE_FILE)
     env = os.environ.get(ENV_KEY, "")
     if env.strip():
         if env.lstrip().startswith("-----BEGIN"):
             if "\n" not in env and "\\n" in env:  # a secret stored with literal \n escapes (some CI UIs)
                 env = env.replace("\\n", "\n")
-            return _from_private(private_key_from_pem(env.encode(), f"${ENV_KEY}"), False, f"env {ENV_KEY}")
+            return _from_private(private_key_from_pem(env.encode(), f"${ENV_KEY}"), False, _SOURCE_ENV)
         p = Path(env)
         return _from_private(private_key_from_pem(_read_small(p, f"signing key (${ENV_KEY})"),
-                                                  f"signing key {p} (${ENV_KEY})"), False, f"env {ENV_KEY} file")
+                                                  f"signing key {p} (${ENV_KEY})"), False, _SOURCE_ENV_FILE)
     return generate_keypair(ephemeral=True)
 
 

@@ -7,8 +7,9 @@ Layout written here (the LAST step of writing a bundle):
                       listed file (so `cosign verify-blob-attestation` can check any single file too)
 Only manifest.json and manifest.dsse.json are not listed (they cannot list themselves).
 
-Also home of the bundle path rules shared with `verify`: a bundle holds only regular files and
-folders; names are relative POSIX paths without `.`/`..` parts; symlinks are refused, never followed.
+Also home of the bundle path rules shared with `verify`: a bundle holds only regular files and the
+folders that hold them (an empty folder is refused: no manifest entry could cover it); names are
+relative POSIX paths without `.`/`..` parts; symlinks are refused, never followed.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def read_member(root: Path, name: str, limit: int = 64 << 20) -> bytes:
 
 
 def walk_bundle(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
-    """Every member's name (sorted) and every (name, problem) met: symlinks, sockets, odd names.
+    """Every member's name (sorted) and every (name, problem) met: symlinks, sockets, odd names,
+    empty folders.
 
     Never follows a symlink, so a link to '/' cannot make us walk the machine.
     """
@@ -160,6 +162,8 @@ def walk_bundle(root: Path) -> tuple[list[str], list[tuple[str, str]]]:
         except OSError as exc:
             problems.append((rel or ".", f"unreadable folder ({exc.strerror or exc})"))
             continue
+        if rel and not entries:  # the manifest lists files only, so it could not vouch for this
+            problems.append((rel + "/", "empty folder (a bundle holds files, and folders that hold them)"))
         for e in entries:
             name = f"{rel}/{e.name}" if rel else e.name
             if e.is_symlink():
@@ -208,6 +212,15 @@ def build_manifest(bundle_dir: Path, keyid: str = "", ephemeral: bool = False) -
     return Manifest(entries, keyid, ephemeral)
 
 
+def write_public_key(bundle_dir: Path, key) -> Path:
+    """Write public.pem (the key that verifies the bundle's signatures) into `bundle_dir`."""
+    path = Path(bundle_dir) / PUBLIC_KEY
+    if os.path.islink(path):
+        raise InputError(f"bundle {bundle_dir!s}: {PUBLIC_KEY} is a symlink; refusing to write through it")
+    path.write_bytes(key.public_pem)
+    return path
+
+
 def write_manifest(bundle_dir: Path, key) -> Path:
     """Write public.pem, manifest.json and manifest.dsse.json into `bundle_dir`; returns manifest.json.
 
@@ -216,10 +229,10 @@ def write_manifest(bundle_dir: Path, key) -> Path:
     from audit.report import dsse  # local: keeps `manifest` importable without cryptography loaded
 
     bundle_dir = Path(bundle_dir)
-    for n in (PUBLIC_KEY, MANIFEST, MANIFEST_ENVELOPE):
+    for n in (MANIFEST, MANIFEST_ENVELOPE):
         if os.path.islink(bundle_dir / n):
             raise InputError(f"bundle {bundle_dir!s}: {n} is a symlink; refusing to write through it")
-    (bundle_dir / PUBLIC_KEY).write_bytes(key.public_pem)
+    write_public_key(bundle_dir, key)
     manifest = build_manifest(bundle_dir, key.keyid, key.ephemeral)
     body = (json.dumps(manifest.to_dict(), indent=2, ensure_ascii=True) + "\n").encode()
     (bundle_dir / MANIFEST).write_bytes(body)

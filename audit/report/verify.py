@@ -90,9 +90,14 @@ class _Checker:
         if env.payload_type != dsse.PAYLOAD_TYPE:
             raise MalformedBundle(f"{printable(name)}: payloadType {printable(env.payload_type)!r} is not "
                                   f"{dsse.PAYLOAD_TYPE}")
-        self.checked += 1
-        if not env.verify(self.public):
-            self.fail(f"{printable(name)}: signature does not verify with {self.key_desc}")
+        self.checked += len(env.signatures)
+        bad = env.failing(self.public)
+        for i in bad:  # every signature present must verify: a stray one is named, not skipped
+            keyid = env.signatures[i].keyid
+            shown = printable(keyid[:64] + ("…" if len(keyid) > 64 else "")) if keyid else "none"
+            self.fail(f"{printable(name)}: signature {i + 1} of {len(env.signatures)} (keyid {shown}) "
+                      f"does not verify with {self.key_desc}")
+        if bad:
             return None  # an unauthenticated payload is not read further
         try:
             st = json.loads(env.payload)

@@ -58,6 +58,7 @@ def run_cmd(ctx, out, device, targets, artifacts, no_build, key, build_dir, repe
 
 
 _FLAGS = {"targets": "--target", "artifacts": "--artifact"}  # multiple options: singular flags
+_PLACEHOLDERS = {"key": "KEY_FILE"}  # where the private key lives is never recorded
 
 
 def _reconstruct(ctx) -> list[str]:
@@ -74,5 +75,5 @@ def _reconstruct(ctx) -> list[str]:
             for v in value:
                 args += [flag, str(v)]
         else:
-            args += [flag, str(value)]
+            args += [flag, _PLACEHOLDERS.get(name, str(value))]
     return args
