@@ -19,9 +19,8 @@ from pathlib import Path
 
 from audit import __version__
 from audit.errors import InputError
-from audit.files import write_json_atomic
+from audit.files import sha256_file, write_json_atomic
 from audit.report.layout import EVIDENCE_FILES
-from audit.report.manifest import UNLISTED, UnsafePath, hash_member
 
 CONTEXT = "https://w3id.org/ro/crate/1.2/context"
 CRATE_SPEC = "https://w3id.org/ro/crate/1.2"
@@ -40,6 +39,7 @@ STAGE_ABOUT = {
     "pipeline": "Run the DiT pipeline end to end with naive and flash self-attention",
     "report": "Render the research-object report from the evidence",
 }
+SIGNED_AFTER = frozenset({"manifest.json", "manifest.dsse.json"})  # written after the crate, to sign it
 SIGNING_FILES = {"public.pem": "Ed25519 public key (SubjectPublicKeyInfo PEM) that verifies the signatures"}
 
 
@@ -63,10 +63,10 @@ def iso_time(ts) -> str | None:
 
 
 def _file(root: Path, path: str, name: str, about: str = "", fmt: str | None = None) -> dict:
-    try:
-        sha256, size = hash_member(root, path)
-    except UnsafePath as exc:
-        raise InputError(f"bundle {root!s}: {path}: {exc}; cannot describe it in the RO-Crate") from None
+    full = root / path
+    if full.is_symlink() or not full.is_file():  # the bundle's own files, just written: regular files
+        raise InputError(f"bundle {root!s}: {path}: not a regular file; cannot describe it in the RO-Crate")
+    size, sha256 = full.stat().st_size, sha256_file(full)
     ent = {"@id": path, "@type": "File", "name": name}
     if about:
         ent["description"] = about
@@ -98,7 +98,7 @@ def build_crate(root: Path, evidence: dict, artifacts=(), attestations=(), extra
     for name in attestations:
         add_file(name, Path(name).name, "DSSE envelope of an in-toto Statement v1", fmt="application/json")
     for name in extra_files:
-        if name in UNLISTED:  # written after the crate, to sign it: the crate cannot describe them
+        if name in SIGNED_AFTER:  # the crate cannot describe what signs it
             continue
         add_file(name, name, SIGNING_FILES.get(name, ""),
                  fmt="application/json" if name.endswith(".json") else "application/x-pem-file")
