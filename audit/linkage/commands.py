@@ -15,14 +15,19 @@ from audit.errors import UsageError
 @click.option("--policy", "policy_path", metavar="FILE",
               help="Policy file or shipped policy name (default: sovereign).")
 @click.option("--format", "formats", multiple=True, metavar="FMT[=FILE]",
-              help="text, json, sarif, junit or github; =FILE writes there instead of stdout. Repeatable.")
+              help="text, json, sarif, junit or github (examples above); =FILE writes there instead of stdout. "
+                   "Repeatable.")
 @click.option("--root", metavar="DIR", help="Sysroot: resolve libraries inside DIR (hermetic audit).")
 @click.option("--ldpath", multiple=True, metavar="DIR", help="Extra library directory (like LD_LIBRARY_PATH). Repeatable.")
 @click.option("--use-env", is_flag=True, help="Also search $LD_LIBRARY_PATH (ignored by default).")
 @click.option("--conda-prefix", metavar="DIR",
               help="Conda environment that conda packages are installed into: their libraries also resolve in DIR/lib.")
+@click.option("--baseline", "baseline_path", metavar="FILE",
+              help="An earlier `--format json` result: its findings are known (shown as baseline, exit 0); "
+                   "only new ones fail.")
+@click.option("--write-baseline", metavar="FILE", help="Write this run's findings as a baseline (JSON) to FILE.")
 @click.pass_context
-def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_prefix):
+def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_prefix, baseline_path, write_baseline):
     """Fail if PATH... links, loads or embeds a denied vendor library.
 
     PATH is an ELF file, a directory (searched recursively; non-ELF files are skipped and
@@ -31,9 +36,22 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     audited, resolved inside the image; --root, --ldpath and --use-env do not apply to it).
     Exit codes: 0 clean, 1 violation, 2 usage or policy error, 3 an input that could not be
     read or parsed.
+
+    \b
+    Output formats (--format, repeatable; each to stdout or =FILE):
+      text     the log, per file with why-chains   --format text
+      json     the full result (a baseline too)    --format json=linkage.json
+      sarif    SARIF 2.1.0 for code scanning       --format sarif=linkage.sarif
+      junit    JUnit XML, one test per file/rule   --format junit=linkage.xml
+      github   workflow annotations + job summary  --format github
+    \b
+    Adopting a policy in a repository that already has findings:
+      sovereign-audit check dist/ --write-baseline linkage-baseline.json
+      sovereign-audit check dist/ --baseline linkage-baseline.json
     """
+    from audit.linkage.baseline import apply_baseline, load_baseline
     from audit.linkage.check import check_paths
-    from audit.linkage.outputs import parse_format, write_outputs
+    from audit.linkage.outputs import OutputSpec, parse_format, write_outputs
     from audit.linkage.policy import load_policy
     from audit.linkage.resolve import ResolveOptions
 
@@ -46,7 +64,12 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     if conda_prefix is not None and not os.path.isdir(conda_prefix):
         raise UsageError(f"--conda-prefix {conda_prefix}: not a directory")
     policy = load_policy(policy_path)
+    baseline = load_baseline(baseline_path) if baseline_path is not None else None
     report = check_paths(list(paths), policy, ResolveOptions.from_cli(root, ldpath, use_env, conda_prefix))
+    if baseline is not None:
+        apply_baseline(report, baseline)
+    if write_baseline is not None:
+        specs = (specs or [OutputSpec("text")]) + [OutputSpec("json", write_baseline)]
     write_outputs(report, policy, specs)
     ctx.exit(report.exit_code)
 

@@ -34,6 +34,7 @@ class Finding:
     detail: str | None = None
     excepted: str | None = None  # the reason of the policy exception that waives it
     exception_expired: str | None = None  # the date an exception that would waive it expired
+    baseline: str | None = None  # with --baseline: "new" or "unchanged" (known, kept out of the verdict)
 
     @classmethod
     def from_rule(cls, rule, policy, kind: str, subject: str, where: str, chain: list[str], **kw) -> "Finding":
@@ -43,7 +44,7 @@ class Finding:
 
     @property
     def failing(self) -> bool:
-        return self.severity == "fail" and self.excepted is None
+        return self.severity == "fail" and self.excepted is None and self.baseline != "unchanged"
 
     @property
     def message(self) -> str:
@@ -61,6 +62,8 @@ class Finding:
         d = {k: getattr(self, k) for k in ("rule", "kind", "subject", "where", "reason", "use_instead",
                                           "severity", "chain", "in_file", "offset", "count", "examples", "detail",
                                           "excepted", "exception_expired")}
+        if self.baseline is not None:
+            d["baseline"] = self.baseline
         d["failing"] = self.failing
         d["message"] = self.message
         return d
@@ -113,6 +116,7 @@ class CheckReport:
     elapsed_s: float = 0.0
     tool_version: str = __version__
     schema: str = SCHEMA
+    baseline: dict | None = None  # with --baseline: {"file", "new", "unchanged", "absent": [{rule, kind, subject, path}]}
 
     @property
     def exit_code(self) -> int:
@@ -139,4 +143,5 @@ class CheckReport:
         return {"schema": self.schema, "tool": {"name": "sovereign-audit", "version": self.tool_version},
                 "policy": self.policy, "options": self.options, "inputs": self.inputs,
                 "exit_code": self.exit_code, "verdict": self.verdict, "summary": self.summary, "warnings": self.warnings,
-                "elapsed_s": round(self.elapsed_s, 3), "files": [f.to_dict() for f in self.files]}
+                "elapsed_s": round(self.elapsed_s, 3), "files": [f.to_dict() for f in self.files],
+                **({"baseline": self.baseline} if self.baseline is not None else {})}

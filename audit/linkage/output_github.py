@@ -47,7 +47,7 @@ def render_github(report: CheckReport) -> str:
         if fr.error:
             lines.append(_command("error", f"cannot audit: {fr.error}", fr.path, "sovereign-audit: unreadable input"))
         for f in fr.findings:
-            if f.excepted:
+            if f.excepted or f.baseline == "unchanged":
                 continue
             level = "error" if f.severity == "fail" else "warning"
             lines.append(_command(level, _text(f), fr.path, f"sovereign-audit {f.rule}"))

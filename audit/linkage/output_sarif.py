@@ -84,9 +84,19 @@ def render_sarif(report: CheckReport, policy: Policy) -> str:
             }
             if fr.layer:
                 res["properties"]["layer"] = fr.layer
+            if f.baseline is not None:
+                res["baselineState"] = f.baseline
             if f.excepted:
                 res["suppressions"] = [{"kind": "external", "status": "accepted", "justification": f.excepted}]
             results.append(res)
+    for a in (report.baseline or {}).get("absent", []):  # in the baseline, no longer found
+        res = {"ruleId": a["rule"], "level": "note", "baselineState": "absent",
+               "message": {"text": f"{a['rule']}: {a['kind']} {a['subject']} no longer found"},
+               "locations": [{"physicalLocation": {"artifactLocation": {"uri": artifact_uri(a["path"])}}}],
+               "properties": {"evidence": a["kind"], "subject": a["subject"]}}
+        if a["rule"] in index:
+            res["ruleIndex"] = index[a["rule"]]
+        results.append(res)
     for w in report.warnings:
         notifications.append({"level": "warning", "message": {"text": w}})
     run = {

@@ -28,8 +28,10 @@ def escape(text) -> str:
 
 
 def _finding_lines(f: Finding) -> list[str]:
-    mark = "x" if f.failing else ("~" if f.excepted else "!")
+    mark = "x" if f.failing else ("~" if f.excepted else "=" if f.baseline == "unchanged" else "!")
     sev = "" if f.severity == "fail" else f" ({f.severity})"
+    if f.baseline == "unchanged":
+        sev += " (baseline)"
     head = f"  {mark} [{escape(f.rule)}]{sev} {f.kind}: {escape(f.subject)}  ({escape(f.where)})"
     if f.count > 1:
         head += f"  +{f.count - 1} more"
@@ -71,6 +73,13 @@ def render_text(report: CheckReport) -> str:
             lines.append(f"  warning: {escape(w)}")
     for w in report.warnings:
         lines.append(f"warning: {escape(w)}")
+    if report.baseline is not None:
+        b = report.baseline
+        lines.append(f"baseline {escape(b['file'])}: {b['new']} new, {b['unchanged']} known, "
+                     f"{len(b['absent'])} no longer found")
+        for a in b["absent"]:
+            lines.append(f"  absent: [{escape(a['rule'])}] {escape(a['kind'])}: {escape(a['subject'])} "
+                         f"in {escape(a['path'])}")
     s = report.summary
     skipped = ", ".join(f"{n} {k.replace('_', '-')}" for k, n in sorted(s["skipped"].items()))
     lines.append(f"summary: {s['files']} file(s): {s['pass']} pass, {s['fail']} fail, {s['error']} error; "
