@@ -89,6 +89,18 @@ def test_refuses_symlinks(tmp_path):
     assert not (root / "manifest.json").exists()
 
 
+def test_refuses_an_empty_folder(tmp_path):
+    """The manifest lists files only, so it could not vouch for an empty folder: signing refuses one
+    (and `verify` reports one added later)."""
+    root = tmp_path / "b"
+    _tree(root)
+    (root / "evidence" / "later").mkdir()
+    with pytest.raises(AuditError, match="'evidence/later/': empty folder") as exc:
+        write_manifest(root, generate_keypair())
+    assert exc.value.exit_code == 3
+    assert not (root / "manifest.json").exists()
+
+
 def test_refuses_newlines_in_names(tmp_path):
     root = tmp_path / "b"
     _tree(root)
