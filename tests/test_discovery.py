@@ -258,3 +258,81 @@ def test_our_own_attention_kernels_and_lookalikes_pass(cuda_linkage_libs):
     assert [n for n in names if policy().rule_for_kernel(n)] == []
     res = only(audit(cuda_linkage_libs["attention_own"]))
     assert res.verdict == "pass" and res.findings == []
+
+
+# ---------------------------------------------------------------- a library name assembled in code
+
+
+RUNTIME_LOADER = r"""
+#include <dlfcn.h>
+#include <string.h>
+static const char *const api[] = {%(api)s};
+void *fk_fns[sizeof api / sizeof api[0]];
+int fk_load(void) {
+    char name[24];
+    memcpy(name, "%(lib)s", sizeof "%(lib)s");  /* gcc -O2 stores it with immediates */
+    void *h = dlopen(name, RTLD_NOW);
+    if (!h) return -1;
+    for (unsigned i = 0; i < sizeof api / sizeof api[0]; i++) fk_fns[i] = dlsym(h, api[i]);
+    return 0;
+}
+"""
+
+RUNTIME_LOADER_CXX = r"""
+#include <dlfcn.h>
+#include <string>
+void *fk_load(void) {  // onnxruntime's CUDA provider's shape: a std::string built from a literal
+    std::string name("libcudnn.so.9");
+    void *h = dlopen(name.c_str(), RTLD_NOW);
+    return h ? dlsym(h, "cudnnGetVersion") : nullptr;
+}
+void *fk_create(void *h) { return dlsym(h, "cudnnCreate"); }
+"""
+
+
+def runtime_loader(out: Path, lib: str, api: list[str], cxx: bool = False) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    src = out.with_suffix(".cpp" if cxx else ".c")
+    src.write_text(RUNTIME_LOADER_CXX if cxx else RUNTIME_LOADER % {"lib": lib, "api": ", ".join(f'"{a}"' for a in api)})
+    run("g++" if cxx else "gcc", "-shared", "-fPIC", "-O2", "-o", out, src, "-ldl")
+    return out
+
+
+CUDNN_API = ["cudnnCreate", "cudnnGetVersion", "cudnnDestroy"]
+
+
+@pytest.mark.parametrize("cxx", [False, True], ids=["c-memcpy", "cxx-string"])
+def test_cudnn_found_by_dlsym_names_and_its_name_built_from_immediates(tmp_path, cxx):
+    lib = runtime_loader(tmp_path / "libprovider.so", "libcudnn.so.9", CUDNN_API, cxx)
+    assert b"libcudnn.so" not in lib.read_bytes()  # the name is in no string: only in code
+    res = only(audit(lib))
+    kinds = {(f.rule, f.kind): f for f in res.findings}
+    assert set(kinds) == {("nvidia.cudnn", "dlsym-string"), ("nvidia.cudnn", "assembled-name")}
+    api = kinds[("nvidia.cudnn", "dlsym-string")]
+    expect = sorted(CUDNN_API[:2]) if cxx else sorted(CUDNN_API)
+    assert [api.subject] + api.examples == expect and api.count == len(expect)
+    assert "dlsym" in api.detail
+    built = kinds[("nvidia.cudnn", "assembled-name")]
+    assert built.subject == "libcudnn.so.9" and built.where.startswith(".text @0x") and "(immediates)" in built.where
+    assert f"{len(expect)} of its API names are dlsym strings" in built.detail
+    assert res.verdict == "fail"
+
+
+def test_one_api_string_alone_is_not_evidence(tmp_path):
+    res = only(audit(runtime_loader(tmp_path / "libone.so", "libfkplugin.so.1", ["cudnnCreate"])))
+    assert res.verdict == "pass" and res.findings == []
+
+
+def test_an_assembled_name_of_no_vendor_passes(tmp_path):
+    lib = runtime_loader(tmp_path / "libown.so", "libfkplugin.so.1", ["fk_plugin_init", "fk_plugin_run"])
+    res = only(audit(lib))
+    assert res.verdict == "pass" and res.findings == []
+
+
+def test_api_strings_explained_by_imports_are_not_dlsym_evidence(tmp_path):
+    cudnn = vendor_lib(tmp_path / "cuda", "libcudnn.so.9", ["cudnnCreate", "cudnnGetVersion"])
+    src = RUNTIME_LOADER % {"lib": "libfkplugin.so.1", "api": '"cudnnCreate", "cudnnGetVersion"'}
+    src += "extern int cudnnCreate(void);\nint fk_direct(void){return cudnnCreate();}\n"
+    user = cc_shared(tmp_path / "libdirect.so", src, f"-L{cudnn.parent}", "-l:libcudnn.so.9", "-ldl")
+    res = only(audit(user))
+    assert {f.kind for f in res.findings if f.rule == "nvidia.cudnn"} == {"needed", "imported-symbol"}

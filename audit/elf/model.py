@@ -7,6 +7,7 @@ All strings here are untrusted (they come from binaries): render them escaped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 
@@ -72,8 +73,17 @@ class ElfInfo:
     symbol_counts: dict[str, int] = field(default_factory=dict)  # {".dynsym": n, ".symtab": m}
     code_loading_imports: list[str] = field(default_factory=list)  # dlopen, hipModuleLoad, nvrtc...
     library_strings: list[StringHit] = field(default_factory=list)
+    # vendor API names as strings (what dlsym is given); read only for an object that imports
+    # dlsym/dlvsym, when the caller names the API prefixes to look for
+    api_strings: list[StringHit] = field(default_factory=list)
     device_code: list[DeviceCode] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Library names assembled in code from instruction immediates (audit.elf.immediates), read on
+    # demand: the scan reads all code, so the caller asks only where other evidence points to it.
+    # None where the file cannot be read again (a member read from memory).
+    read_assembled_names: Callable[[], list[StringHit]] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d.pop("read_assembled_names")
+        return d

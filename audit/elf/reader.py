@@ -10,6 +10,7 @@ one-line message naming the file; nothing else escapes for a malformed input.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import mmap
 import os
@@ -22,12 +23,13 @@ import zlib
 import numpy as np
 
 from audit.elf.amdgpu import read_hip_fatbin
+from audit.elf.immediates import assembled_names
 from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, read_version_defs,
                                read_version_needs)
-from audit.elf.model import ElfInfo, Symbol
+from audit.elf.model import ElfInfo, StringHit, Symbol
 from audit.elf.nvidia import read_nv_fatbin
 from audit.elf.parse import SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed
-from audit.elf.strings import library_strings
+from audit.elf.strings import identifier_strings, library_strings
 from audit.elf.symbols import load_tables, make_symbols, select
 from audit.errors import InputError
 
@@ -74,9 +76,12 @@ def _open(path: str) -> tuple[int, int]:
     return fd, st.st_size
 
 
-def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None) -> ElfInfo:
+def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
+             api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
     """Read one ELF file. Keeps imports always and other symbols when their (bytes) names match
-    `symbol_pattern` (searched anywhere in the name; see audit.elf.symbols). Raises InputError."""
+    `symbol_pattern` (searched anywhere in the name; see audit.elf.symbols). Where the object
+    imports dlsym/dlvsym, strings in its data that are identifiers starting with one of
+    `api_prefixes` are kept as `api_strings`. Raises InputError."""
     path = os.fspath(path)
     fd, size = _open(path)
     try:
@@ -87,7 +92,9 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
     finally:
         os.close(fd)
     try:
-        return read_elf_buffer(path, mm, symbol_pattern, hash_path=path)
+        info = read_elf_buffer(path, mm, symbol_pattern, hash_path=path, api_prefixes=api_prefixes)
+        info.read_assembled_names = functools.partial(read_assembled_names, path)
+        return info
     finally:
         try:
             mm.close()
@@ -112,8 +119,24 @@ def _hash_file(path: str, out: dict[str, str]) -> None:
         pass
 
 
+def read_assembled_names(path: str) -> list[StringHit]:
+    """Library names assembled in the code of the ELF file at `path` (audit.elf.immediates);
+    [] if it cannot be read again (it was read once already: a change since is not chased)."""
+    try:
+        fd, _size = _open(path)
+    except InputError:
+        return []
+    try:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+            return assembled_names(ElfImage(mm), [])
+    except (OSError, ValueError, *_MALFORMED):
+        return []
+    finally:
+        os.close(fd)
+
+
 def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = None, *,
-                    hash_path: str | None = None) -> ElfInfo:
+                    hash_path: str | None = None, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
     """read_elf on bytes already in memory (an archive member); `name` labels it in messages.
     `buf` must offer find/rfind (bytes, mmap): the string scans use them. The sha256 is of
     `buf`, or of the file at `hash_path` read plainly (then mapped pages are not all touched)."""
@@ -127,7 +150,7 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
                                   daemon=True)
     hasher.start()
     try:
-        info = _parse(name, buf, symbol_pattern)
+        info = _parse(name, buf, symbol_pattern, api_prefixes)
     except _MALFORMED as exc:
         msg = str(exc) or type(exc).__name__
         raise InputError(f"{name}: not a readable ELF file: {msg}") from None
@@ -141,7 +164,7 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
     return info
 
 
-def _parse(path: str, mm, symbol_pattern) -> ElfInfo:
+def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
     img = ElfImage(mm)
     warnings = list(img.warnings)
     dyn = read_dynamic(img)
@@ -166,6 +189,9 @@ def _parse(path: str, mm, symbol_pattern) -> ElfInfo:
         versym = _versym(img, table) if table.name == ".dynsym" else None
         symbols += make_symbols(img, table, idx, versions, versym, ends)
     code_loading = sorted({s.name for s in symbols if not s.defined and CODE_LOADING_RE.match(s.name)})
+    # names handed to dlsym: looked for only where dlsym is imported (the scan reads all data)
+    resolves = api_prefixes and {"dlsym", "dlvsym"} & {n.split("@", 1)[0] for n in code_loading}
+    api = identifier_strings(img, api_prefixes, warnings) if resolves else []
 
     device = []
     for sec in img.sections:
@@ -179,7 +205,7 @@ def _parse(path: str, mm, symbol_pattern) -> ElfInfo:
         machine=img.machine_name, endian=img.endian, elf_type=img.type_name, soname=dyn.soname,
         needed=dyn.needed, rpath=dyn.rpath, runpath=dyn.runpath, interpreter=read_interpreter(img),
         version_needs=needs, symbols=symbols, symbol_counts=counts,
-        code_loading_imports=code_loading, library_strings=library_strings(img, warnings),
+        code_loading_imports=code_loading, library_strings=library_strings(img, warnings), api_strings=api,
         device_code=device, warnings=warnings)
 
 

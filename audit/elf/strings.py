@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from audit.elf.model import StringHit
 from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode
 
@@ -58,4 +60,50 @@ def library_strings(img: ElfImage, warnings: list[str]) -> list[StringHit]:
                     warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
                     return hits
                 hits.append(StringHit(section=sec.name, offset=m.start() + rel, text=decode(name)))
+    return hits
+
+
+# ---------------------------------------------------------------- API names handed to dlsym
+
+_IDENT = re.compile(rb"[A-Za-z_][A-Za-z0-9_]{2,127}")
+_CHUNK = 64 << 20  # bytes of a section looked at per numpy pass (bounds the temporary arrays)
+
+
+def _head_keys(prefixes) -> np.ndarray:
+    return np.unique(np.array([p[0] << 16 | p[1] << 8 | p[2] for p in prefixes if len(p) >= 3], dtype=np.uint32))
+
+
+def identifier_strings(img: ElfImage, prefixes: tuple[bytes, ...], warnings: list[str]) -> list[StringHit]:
+    """NUL-delimited strings in the data sections that are C identifiers starting with one of
+    `prefixes` (literal prefixes of vendor API names, 3 bytes or more): the names a binary hands
+    to dlsym. Vectorised: string starts (a byte after a NUL) are found with numpy and only those
+    whose first three bytes begin a prefix are read, so a large .rodata costs two passes."""
+    keys = _head_keys(prefixes)
+    if not len(keys):
+        return []
+    starts_api = re.compile(b"|".join(re.escape(p) for p in sorted({p for p in prefixes if len(p) >= 3})))
+    hits: list[StringHit] = []
+    buf = img.buf
+    for sec in scannable(img):
+        if sec.offset + sec.size > img.size:
+            continue  # library_strings has warned about it
+        for lo in range(sec.offset, sec.offset + sec.size, _CHUNK):
+            n = min(_CHUNK + 3, sec.offset + sec.size - lo)
+            if n < 4:
+                continue
+            a = np.frombuffer(buf, dtype=np.uint8, count=n, offset=lo)
+            starts = np.flatnonzero((a[:-3] == 0) & (a[1:-2] != 0)) + 1
+            if lo == sec.offset and a[0] != 0:
+                starts = np.concatenate([[0], starts])
+            starts = starts[starts < min(_CHUNK, n - 2)]
+            key = (a[starts].astype(np.uint32) << 16) | (a[starts + 1].astype(np.uint32) << 8) | a[starts + 2]
+            for st in starts[np.isin(key, keys)].tolist():
+                at = lo + st
+                end = buf.find(b"\0", at, min(at + 129, sec.offset + sec.size))
+                word = bytes(buf[at:end]) if end > 0 else b""
+                if _IDENT.fullmatch(word) and starts_api.match(word):
+                    if len(hits) >= MAX_HITS:
+                        warnings.append(f"more than {MAX_HITS} API-name strings: the rest are not listed")
+                        return hits
+                    hits.append(StringHit(section=sec.name, offset=at, text=decode(word)))
     return hits

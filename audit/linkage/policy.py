@@ -225,6 +225,16 @@ class Policy:
 
     # -- queries used by the checker --
     @property
+    def api_prefixes(self) -> tuple[bytes, ...]:
+        """Literal prefixes (3 bytes or more) of the rules' C symbol patterns: what the reader
+        looks for among the strings an object hands to dlsym."""
+        if not hasattr(self, "_api_prefixes"):
+            lits = {lit for r in self.rules for p in r.match_symbols if not p.startswith("_Z")
+                    for lit, _ in literal_prefixes(p) if len(lit) >= 3}
+            self._api_prefixes = tuple(sorted(x.encode("ascii") for x in lits))
+        return self._api_prefixes
+
+    @property
     def symbol_pattern(self) -> re.Pattern[bytes]:
         """All rules' symbol patterns as ONE bytes regex, for read_elf's bulk filter."""
         return self._re["symbols"]

@@ -65,6 +65,8 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
             offset=hits[0].offset if in_file is None else None,
             detail=f"imports {loader}" if loader else "no code-loading import seen")
 
+    runtime_findings(info, policy, findings, add, loader)
+
     for dc in info.device_code:
         where = f"{dc.section} @0x{dc.offset:x} {dc.kind} {dc.target}"
         if dc.error:
@@ -110,6 +112,46 @@ def _denied_in_dir(d: str, policy: Policy, resolver: Resolver) -> tuple[str, obj
                 break
         memo[key] = found
     return memo[key]
+
+
+def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add, loader: str) -> None:
+    """A vendor library the code resolves at run time without naming it in data or symbols.
+
+    dlsym-string: two or more of a rule's API names are strings in the data of an object that
+    imports dlsym/dlvsym (cuDNN's `cudnnCreate`, ... in onnxruntime's CUDA provider), and the
+    object has no other evidence of that rule (symbols, verneed or a library-name string explain
+    the names otherwise: e.g. torch's `mkldnn_*` operator names beside its static oneDNN).
+    assembled-name: then, where the object also imports dlopen, the library name built in code
+    from instruction immediates (`libcudnn.so.9`) is looked for (that scan reads all code, so it
+    runs only here), and any denied one is reported.
+    """
+    if not info.api_strings:
+        return
+    explained = {f.rule for f in findings if f.kind in ("static-symbol", "imported-symbol", "verneed", "dlopen-string")}
+    by_name = policy.classify_symbols(h.text for h in info.api_strings)
+    first: dict[str, object] = {}
+    groups: dict[str, list[str]] = {}
+    for hit in info.api_strings:
+        rule = by_name.get(hit.text)
+        if rule is not None and rule.id not in explained and hit.text not in groups.get(rule.id, ()):
+            groups.setdefault(rule.id, []).append(hit.text)
+            first.setdefault(rule.id, hit)
+    resolved = {rid: sorted(names) for rid, names in groups.items() if len(names) >= 2}
+    for rid, names in resolved.items():
+        hit = first[rid]
+        add(policy.rule(rid), "dlsym-string", names[0], f"{hit.section} @0x{hit.offset:x}", count=len(names),
+            examples=names[1:_MAX_EXAMPLES], detail=f"API names resolved at run time; imports {loader}")
+    if not resolved or not {"dlopen", "dlmopen"} & set(info.code_loading_imports) or info.read_assembled_names is None:
+        return
+    built: dict[tuple, list] = {}
+    for hit in info.read_assembled_names():
+        rule = policy.deny_rule_for_soname(hit.text)
+        if rule:
+            built.setdefault((rule.id, hit.text), []).append(hit)
+    for (rid, text), hits in sorted(built.items()):
+        also = f"; {len(resolved[rid])} of its API names are dlsym strings" if rid in resolved else ""
+        add(policy.rule(rid), "assembled-name", text, f"{hits[0].section} @0x{hits[0].offset:x} (immediates)",
+            count=len(hits), detail=f"built in code from instruction immediates; imports {loader}{also}")
 
 
 def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: list[str]) -> list[Finding]:
