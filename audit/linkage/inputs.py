@@ -101,13 +101,17 @@ class Inputs:
             yield Input(arg, None, True, f"cannot read image: {exc.strerror or exc}")
             return
         scope = Scope(tree, own_system=True, env_path=image.env.get("LD_LIBRARY_PATH"))
+        elf = tree.elf_files()
+        # as for a wheel: a NEEDED ld.so would not find in the container falls back to the image's
+        # own files by name (the node and a warning say so)
+        members = MemberSet(arg, (Member(p, f"{arg}!{p}") for p in tree.names_of([p for p, _, _ in elf])))
         found = 0
-        for path, entry, first in tree.elf_files():
+        for path, entry, first in elf:
             if not first:
                 self.skip("duplicate")  # a hard link to a file already audited
                 continue
             found += 1
-            yield Input(f"{arg}!{path}", path, True, scope=scope, layer=tree.layer_of(entry))
+            yield Input(f"{arg}!{path}", path, True, scope=scope, layer=tree.layer_of(entry), members=members)
         if not found:
             self.warnings.append(f"{arg}: the image holds no ELF file")
 

@@ -203,6 +203,14 @@ class ImageTree:
                 first[key] = p
         return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
 
+    def names_of(self, files: list[str]) -> list[str]:
+        """`files` and every symlink of the tree that leads to one of them, sorted."""
+        from audit.linkage.resolve import Paths
+
+        wanted, paths = set(files), Paths(None, self)
+        links = [p for p, e in self.entries.items() if e.kind == "link" and paths.real(p) in wanted]
+        return sorted(wanted.union(links))
+
     def layer_of(self, entry: Entry) -> dict:
         return self.image.layers[entry.layer].describe()
 
