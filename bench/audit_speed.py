@@ -1,127 +1,287 @@
 #!/usr/bin/env python3
-"""Benchmark: a full ELF read of a large object, ours against a naive pyelftools loop.
+"""Benchmark: `sovereign-audit check` at real scale, side by side with the reference tools.
 
-"Full" means what `check` asks of the reader: header, dynamic section, verneed, BOTH symbol
-tables filtered by the default policy's symbol patterns, library-name strings, and device code.
-The naive side is the obvious pyelftools program: one Python object per symbol of .dynsym and
-.symtab, each name tested against the same pattern.
+Every row is a separate process, timed from outside (wall clock, CPU of the process and its
+workers, peak resident memory of the whole process tree sampled from /proc), so ours and the
+reference tool are measured the same way. Ours and the reference alternate, run after run, and
+the ratio is the median of the per-pair ratios: on a shared machine the load drifts, and a pair
+run back to back sees about the same load.
 
-Default file: torch/lib/libtorch_cpu.so of the installed torch (~430 MB, ~600k symbols).
-Exits 1 if our median wall time exceeds --limit (1.0 s), 2 if the file is missing.
+Scenarios (each skipped, with the reason, when its input is missing):
+  file     torch's libtorch_cpu.so (434 MB, 606k symbols): `check FILE` vs `readelf -Ws FILE`.
+           Goals: time ratio <= 1.0, peak memory <= 2x readelf's.
+  wheel    the torch CPU wheel (136 ELF files): `check WHEEL`, goal <= 10 s; the nvidia-cudnn-cu12
+           wheel: goal < 1 GB peak memory.
+  device   librocsparse.so.0 (888 AMDGPU code objects) vs `roc-obj-ls`; libcublasLt.so.12 and
+           cuDNN's precompiled engines vs `cuobjdump --list-elf`. Goal: <= 3 s, <= 300 MB.
+  hostile  a 9 MB wheel whose one member is an ELF header and 2 GiB of zeros: refused at once
+           with the default limits (exit 3), and streamed with a raised ratio limit (memory
+           stays small).
 
-    python3 bench/audit_speed.py [--file PATH] [--runs 5] [--naive-runs 3] [--limit 1.0]
+Inputs come from --cache (default /work/cache): wheels/torch-2.13.0+cpu-*.whl,
+wheels/nvidia_cudnn_cu12-*.whl, wheels/nvidia_cublas_cu12-*.whl, apt/librocsparse0_*.deb
+(`pip download torch==2.13.0 nvidia-cudnn-cu12 nvidia-cublas-cu12 --no-deps -d CACHE/wheels`,
+`apt-get download librocsparse0` in CACHE/apt); the files needed are unpacked once under
+CACHE/audit-speed/. cuobjdump: on PATH, or from the nvidia-cuda-cuobjdump wheel in CACHE/wheels.
+
+    python3 bench/audit_speed.py [--cache DIR] [--runs 5] [--only file,wheel,device,hostile] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import glob
+import json
 import os
 import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import zipfile
 from pathlib import Path
 
-
-def default_file() -> Path | None:
-    spec = importlib.util.find_spec("torch")  # locate torch without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0]) / "lib" / "libtorch_cpu.so"
+REPO = Path(__file__).resolve().parent.parent
+AUDIT = [sys.executable, "-m", "audit", "check"]
 
 
-def policy_pattern() -> re.Pattern[bytes]:
-    from audit.linkage.policy import load_policy
-
-    return load_policy(None).symbol_pattern
+# ---------------------------------------------------------------- measuring
 
 
-def ours(path: Path, pattern) -> tuple[int, int]:
-    from audit.elf.reader import read_elf
-
-    info = read_elf(path, pattern)
-    return sum(info.symbol_counts.values()), len(info.symbols)
-
-
-def full_audit(path: Path, pattern) -> tuple[int, int]:
-    """What `check` does: read, apply the policy, resolve the dependency tree, make findings."""
-    from audit.linkage.check import check_paths
-    from audit.linkage.policy import load_policy
-
-    report = check_paths([str(path)], load_policy(None))
-    f = report.to_dict()["files"][0]
-    return len(f["findings"]), int(f["verdict"] == "fail")
-
-
-def naive(path: Path, pattern) -> tuple[int, int]:
-    from elftools.elf.elffile import ELFFile
-
-    total = kept = 0
-    with open(path, "rb") as fh:
-        elf = ELFFile(fh)
-        for name in (".dynsym", ".symtab"):
-            sec = elf.get_section_by_name(name)
-            if sec is None:
-                continue
-            for sym in sec.iter_symbols():
-                total += 1
-                undefined = sym["st_shndx"] == "SHN_UNDEF" and sym.name != ""
-                if (undefined and name == ".dynsym") or pattern.search(sym.name.encode()):
-                    kept += 1
-    return total, kept
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of a process and all its descendants now (0 once it is gone)."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return total
 
 
-def timed(fn, path, pattern, runs: int) -> dict:
-    walls, cpus, mains, result = [], [], [], None
+def measure(cmd: list[str], env: dict | None = None) -> dict:
+    """Run cmd (output discarded): wall s, CPU s (it and its workers), peak tree RSS, exit code."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    peak = 0
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        peak = max(peak, _tree_rss(proc.pid))
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    # ru_maxrss: the largest single process (this one or a worker it waited for), a floor for peak
+    peak = max(peak, usage.ru_maxrss * 1024)
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": peak, "rc": proc.returncode,
+            "stderr": err.strip().splitlines()[-1:] if err.strip() else []}
+
+
+def side_by_side(ours: list[str], ref: list[str] | None, runs: int) -> dict:
+    """Alternate ours and the reference `runs` times; medians and the median per-pair ratio."""
+    rows: dict[str, list[dict]] = {"ours": [], "ref": []}
     for _ in range(runs):
-        c0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
-        result = fn(path, pattern)
-        walls.append(time.perf_counter() - w0)
-        mains.append(time.thread_time() - t0)
-        cpus.append(time.process_time() - c0)
-    return {"median": statistics.median(walls), "min": min(walls), "cpu": statistics.median(cpus),
-            "main": statistics.median(mains), "symbols": result[0], "kept": result[1]}
+        rows["ours"].append(measure(ours))
+        if ref:
+            rows["ref"].append(measure(ref))
+    out = {}
+    for who, rs in rows.items():
+        if rs:
+            out[who] = {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "rss")}
+            out[who]["rc"] = rs[-1]["rc"]
+            out[who]["stderr"] = rs[-1]["stderr"]
+    if ref:
+        out["ratio"] = statistics.median(o["wall"] / r["wall"] for o, r in zip(rows["ours"], rows["ref"]))
+        out["rss_ratio"] = out["ours"]["rss"] / out["ref"]["rss"]
+    return out
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def _one(pattern: str) -> Path | None:
+    """The newest version of a cached file (by the numbers in its name: 9.28 after 9.5)."""
+    def key(p):
+        return [int(x) for x in re.findall(r"\d+", os.path.basename(p))]
+    hits = sorted(glob.glob(pattern), key=key)
+    return Path(hits[-1]) if hits else None
+
+
+def _from_zip(whl: Path | None, member_end: str, dest: Path) -> Path | None:
+    """The member of `whl` whose name ends with member_end, unpacked once under dest."""
+    if whl is None:
+        return None
+    with zipfile.ZipFile(whl) as zf:
+        names = [n for n in zf.namelist() if n.endswith(member_end)]
+        if not names:
+            return None
+        out = dest / names[0]
+        if not out.is_file():
+            zf.extract(names[0], dest)
+    if member_end.endswith("cuobjdump"):
+        out.chmod(0o755)
+    return out
+
+
+def _from_deb(deb: Path | None, name: str, dest: Path) -> Path | None:
+    if deb is None:
+        return None
+    hits = list(dest.rglob(name))
+    if not hits:
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
+        hits = list(dest.rglob(name))
+    return next((h for h in hits if h.is_file() and not h.is_symlink()), None)
+
+
+def inputs(cache: Path) -> dict:
+    work = cache / "audit-speed"
+    work.mkdir(parents=True, exist_ok=True)
+    torch_whl = _one(str(cache / "wheels" / "torch-2.13.0+cpu-*.whl"))
+    cudnn_whl = _one(str(cache / "wheels" / "nvidia_cudnn_cu12-*.whl"))
+    cublas_whl = _one(str(cache / "wheels" / "nvidia_cublas_cu12-*.whl"))
+    cuobjdump = shutil.which("cuobjdump") or _from_zip(_one(str(cache / "wheels" / "nvidia_cuda_cuobjdump-*.whl")),
+                                                       "bin/cuobjdump", work)
+    return {
+        "torch_whl": torch_whl, "cudnn_whl": cudnn_whl,
+        "libtorch_cpu": _from_zip(torch_whl, "lib/libtorch_cpu.so", work),
+        "cublaslt": _from_zip(cublas_whl, "lib/libcublasLt.so.12", work),
+        "cudnn_engines": _from_zip(cudnn_whl, "lib/libcudnn_engines_precompiled.so.9", work),
+        "rocsparse": _from_deb(_one(str(cache / "apt" / "librocsparse0_*.deb")), "librocsparse.so.0.*", work),
+        "readelf": shutil.which("readelf"), "roc_obj_ls": shutil.which("roc-obj-ls"),
+        "cuobjdump": str(cuobjdump) if cuobjdump else None,
+    }
+
+
+def hostile_wheel(dest: Path, header_from: Path, zeros: int) -> Path:
+    """A wheel whose one member is a real ELF header followed by `zeros` zero bytes (streamed)."""
+    whl = dest / "zeros-1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf, zf.open("zeros/big.so", "w", force_zip64=True) as out:
+        out.write(header_from.read_bytes()[:64])
+        chunk = bytes(1 << 24)
+        for _ in range(zeros // len(chunk)):
+            out.write(chunk)
+    return whl
+
+
+# ---------------------------------------------------------------- report
+
+
+def _mb(b: float) -> str:
+    return f"{b / 1e6:,.0f} MB"
+
+
+class Table:
+    def __init__(self):
+        self.rows: list[list[str]] = []
+        self.goals: list[tuple[str, bool]] = []
+
+    def add(self, what: str, ours: dict, ref_name: str = "", ref: dict | None = None, ratio: float | None = None,
+            goal: str = "", ok: bool | None = None) -> None:
+        self.rows.append([what, f"{ours['wall']:.2f} s", f"{ours['cpu']:.2f} s", _mb(ours["rss"]), str(ours["rc"]),
+                          ref_name, f"{ref['wall']:.2f} s" if ref else "", _mb(ref["rss"]) if ref else "",
+                          f"{ratio:.2f}" if ratio is not None else "", goal + ("" if ok is None else
+                                                                                (" ok" if ok else " MISSED"))])
+        if ok is not None:
+            self.goals.append((f"{what}: {goal}", ok))
+
+    def render(self) -> str:
+        head = ["input", "ours wall", "ours cpu", "ours peak RSS", "exit", "reference", "ref wall", "ref peak RSS",
+                "time ratio", "goal"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in self.rows]
+        return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--file", type=Path, default=None)
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--naive-runs", type=int, default=3, help="0 skips the naive loop")
-    ap.add_argument("--limit", type=float, default=1.0, help="seconds allowed for our median")
+    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("AUDIT_SPEED_CACHE", "/work/cache")))
+    ap.add_argument("--runs", type=int, default=5, help="alternating runs per side-by-side row")
+    ap.add_argument("--only", default="file,wheel,device,hostile")
+    ap.add_argument("--json", type=Path, help="also write the measurements here")
     args = ap.parse_args(argv)
-    path = args.file or default_file()
-    if path is None or not path.is_file():
-        print(f"error: benchmark file not found: {path} (install torch==2.13.0 or pass --file)", file=sys.stderr)
-        return 2
-    pattern = policy_pattern()
-    size = path.stat().st_size
-    print(f"file: {path} ({size / 1e6:.0f} MB), cpus: {os.cpu_count()}, load average: "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print("pattern: the default policy's symbol patterns (audit.linkage.policy), "
-          f"{len(pattern.pattern)} bytes of regex")
-    ours(path, pattern)  # warm the page cache: both sides then read from memory
-    rows = [("sovereign-audit read_elf", timed(ours, path, pattern, args.runs), args.runs)]
-    audit_row = ("full audit (check_paths)", timed(full_audit, path, pattern, args.runs), args.runs)
-    if args.naive_runs:
-        rows.append(("naive pyelftools loop", timed(naive, path, pattern, args.naive_runs), args.naive_runs))
-    print(f"{'reader':<26}{'runs':>5}{'median s':>10}{'min s':>8}{'cpu s':>8}{'main-thread cpu s':>19}"
-          f"{'symbols':>10}{'kept':>8}")
-    for name, r, n in rows:
-        print(f"{name:<26}{n:>5}{r['median']:>10.3f}{r['min']:>8.3f}{r['cpu']:>8.3f}{r['main']:>19.3f}"
-              f"{r['symbols']:>10}{r['kept']:>8}")
-    r = audit_row[1]
-    print(f"{audit_row[0]:<26}{audit_row[2]:>5}{r['median']:>10.3f}{r['min']:>8.3f}{r['cpu']:>8.3f}"
-          f"{r['main']:>19.3f}  ({r['symbols']} findings, verdict {'fail' if r['kept'] else 'pass'})")
-    if len(rows) == 2:
-        print(f"speed-up of the reader (median): {rows[1][1]['median'] / rows[0][1]['median']:.1f}x")
-    # The issue's bar is the full audit (symbols, strings, device code, policy, tree), not the read.
-    ok = r["median"] <= args.limit
-    print(f"{'PASS' if ok else 'FAIL'}: full audit median {r['median']:.3f} s, limit {args.limit:.1f} s "
-          "(cpu s counts both threads: the sha256 runs on a second thread beside the parse, so on an "
-          "idle 2-core machine the wall time is about the larger of the two)")
-    return 0 if ok else 1
+    only = set(args.only.split(","))
+    inp = inputs(args.cache)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, {os.cpu_count()} cpus, "
+          f"load average at start {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    table, raw = Table(), {}
+
+    def skip(what, why):
+        print(f"skipped {what}: {why}")
+
+    if "file" in only:
+        f = inp["libtorch_cpu"]
+        if f and inp["readelf"]:
+            subprocess.run(["cat", str(f)], stdout=subprocess.DEVNULL)  # page cache: both read from memory
+            r = raw["libtorch_cpu"] = side_by_side(AUDIT + [str(f)], [inp["readelf"], "-Ws", str(f)], args.runs)
+            table.add("libtorch_cpu.so (434 MB)", r["ours"], "readelf -Ws", r["ref"], r["ratio"],
+                      "time ratio <= 1.0", r["ratio"] <= 1.0)
+            table.add("libtorch_cpu.so memory", r["ours"], "readelf -Ws", r["ref"], r["rss_ratio"],
+                      "peak RSS <= 2x readelf", r["rss_ratio"] <= 2.0)
+        else:
+            skip("file", "no libtorch_cpu.so (torch 2.13.0 CPU wheel) or no readelf")
+
+    if "wheel" in only:
+        for key, label, goal in (("torch_whl", "torch 2.13.0 CPU wheel (136 ELF)", "wall <= 10 s"),
+                                 ("cudnn_whl", "nvidia-cudnn-cu12 wheel", "peak RSS < 1 GB")):
+            if inp[key] is None:
+                skip(label, "wheel not in the cache")
+                continue
+            r = raw[key] = side_by_side(AUDIT + [str(inp[key])], None, max(1, args.runs // 2))
+            ok = r["ours"]["wall"] <= 10 if key == "torch_whl" else r["ours"]["rss"] < 1e9
+            table.add(label, r["ours"], goal=goal, ok=ok)
+
+    if "device" in only:
+        for key, label, ref, ref_name in (
+                ("rocsparse", "librocsparse.so.0 (1.31 GB, 888 code objects)", [inp["roc_obj_ls"]], "roc-obj-ls"),
+                ("cublaslt", "libcublasLt.so.12", [inp["cuobjdump"], "--list-elf"], "cuobjdump --list-elf"),
+                ("cudnn_engines", "libcudnn_engines_precompiled.so.9", [inp["cuobjdump"], "--list-elf"],
+                 "cuobjdump --list-elf")):
+            f = inp[key]
+            if f is None:
+                skip(label, "not in the cache")
+                continue
+            ref_cmd = ref + [str(f)] if ref[0] else None
+            r = raw[key] = side_by_side(AUDIT + [str(f)], ref_cmd, max(1, args.runs // 2))
+            ok = r["ours"]["wall"] <= 3 and r["ours"]["rss"] <= 300e6
+            table.add(label, r["ours"], ref_name if ref_cmd else "(not installed)", r.get("ref"), r.get("ratio"),
+                      "<= 3 s, <= 300 MB", ok)
+
+    if "hostile" in only:
+        header = inp["libtorch_cpu"] or Path(sys.executable).resolve()
+        with tempfile.TemporaryDirectory(prefix="audit-speed-") as tmp:
+            whl = hostile_wheel(Path(tmp), header, 2 << 30)
+            size = whl.stat().st_size
+            r = raw["hostile_default"] = side_by_side(AUDIT + [str(whl)], None, 1)
+            table.add(f"2 GiB-of-zeros member ({size / 1e6:.0f} MB wheel), default limits", r["ours"],
+                      goal="refused: exit 3", ok=r["ours"]["rc"] == 3)
+            r = raw["hostile_streamed"] = side_by_side(AUDIT + ["--max-member-ratio", "1e9", str(whl)], None, 1)
+            table.add("the same, ratio limit raised (unpacked, read)", r["ours"],
+                      goal="peak RSS < 300 MB", ok=r["ours"]["rss"] < 300e6)
+
+    print(table.render())
+    print(f"load average at the end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    for what, ok in table.goals:
+        print(f"{'ok    ' if ok else 'MISSED'} {what}")
+    if args.json:
+        args.json.write_text(json.dumps({"commit": commit, "inputs": {k: str(v) for k, v in inp.items()},
+                                         "results": raw}, indent=2, default=str))
+    return 0 if all(ok for _, ok in table.goals) else 1
 
 
 if __name__ == "__main__":

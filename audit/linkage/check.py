@@ -18,8 +18,9 @@ from collections.abc import Callable
 
 from audit.elf.model import ElfInfo
 from audit.linkage.fs import HOST, FileSystem
-from audit.linkage.inputs import Input, Inputs, Scope
+from audit.linkage.inputs import ArchiveLimits, Input, Inputs, Scope
 from audit.linkage.model import CheckReport, FileResult, Finding
+from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.policy import Policy
 from audit.linkage.resolve import Paths, ResolveOptions, Resolver, TreeTooLarge
 from audit.linkage.scan import scan_object, tree_findings
@@ -126,10 +127,58 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
     return result
 
 
+_PARALLEL_MIN_BYTES = 32 << 20  # below this much to read, starting workers costs more than it saves
+
+
+def _check_all(items: list[Input], check_one: Callable[[Input], FileResult], jobs: int | None) -> list[FileResult]:
+    """check_one over every input, in input order. Files on this machine's file system are
+    independent and go to worker processes, the largest first; files inside an image are read
+    through the image's open archive and are checked here, one after another."""
+    results: list[FileResult | None] = [None] * len(items)
+    host = [i for i, inp in enumerate(items)
+            if (inp.scope is None or inp.scope.fs is HOST) and inp.read_from is not None]
+    sizes = {i: _size(items[i].read_from) for i in host}
+    if jobs is None:
+        jobs = cpu_count() if sum(sizes.values()) >= _PARALLEL_MIN_BYTES else 1
+    if jobs > 1 and len(host) > 1:
+        order = sorted(range(len(host)), key=lambda k: -sizes[host[k]])
+        done = map_ordered(_shipped(check_one), [items[i] for i in host], jobs, order)
+        for i, result in zip(host, done):
+            results[i] = result
+    for i, inp in enumerate(items):
+        if results[i] is None:
+            results[i] = check_one(inp)
+    return results  # type: ignore[return-value]
+
+
+def _shipped(check_one):
+    """check_one for a worker: the result without the parsed objects its tree holds (nothing
+    after the check reads them, and pickling them back would cost more than the check)."""
+    def run(inp: Input) -> FileResult:
+        result = check_one(inp)
+        if result.tree is not None:
+            for node, _ in result.tree.walk():
+                node.info = None
+        return result
+    return run
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
-                read_elf: Callable | None = None, today: _dt.date | None = None) -> CheckReport:
+                read_elf: Callable | None = None, today: _dt.date | None = None,
+                jobs: int | None = None, limits: ArchiveLimits | None = None) -> CheckReport:
     """Audit every ELF file under `paths` (files, directories, wheels, conda packages, container
-    images) against `policy`."""
+    images) against `policy`.
+
+    `jobs`: processes to audit files on this machine's file system with (None: one per core
+    when there is enough to do); the report is the same for any number. `limits`: what an
+    archive member may unpack to (ArchiveLimits' defaults when None)."""
     start = time.perf_counter()
     options = options or ResolveOptions()
     today = today or _dt.datetime.now(_dt.timezone.utc).date()
@@ -143,18 +192,23 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
             contexts[scope] = Resolver(options if scope is None else scope.options(options), policy, read, fs), read
         return contexts[scope]
 
-    inputs = Inputs(conda_prefix=options.conda_prefix)
+    def check_one(inp: Input) -> FileResult:
+        resolver, read = context(inp.scope)
+        return check_file(inp, policy, resolver, read)
+
+    inputs = Inputs(conda_prefix=options.conda_prefix, limits=limits or ArchiveLimits(), jobs=jobs)
     files: list[FileResult] = []
     used: set[int] = set()
     try:
-        for arg in paths:
-            for inp in inputs.expand(str(arg)):
-                resolver, read = context(inp.scope)
-                result = check_file(inp, policy, resolver, read)
-                _apply_exceptions(result, policy, used, today)
-                if result.verdict == "pass" and result.failing:
-                    result.verdict = "fail"
-                files.append(result)
+        items = [inp for arg in paths for inp in inputs.expand(str(arg))]
+        for inp in items:  # made here, in input order, so forked workers share them
+            context(inp.scope)
+        results = _check_all(items, check_one, jobs)
+        for result in results:
+            _apply_exceptions(result, policy, used, today)
+            if result.verdict == "pass" and result.failing:
+                result.verdict = "fail"
+            files.append(result)
     finally:
         inputs.cleanup()
     warnings = [w for resolver, _ in contexts.values() for w in resolver.warnings] + inputs.warnings

@@ -26,8 +26,17 @@ from audit.errors import UsageError
               help="An earlier `--format json` result: its findings are known (shown as baseline, exit 0); "
                    "only new ones fail.")
 @click.option("--write-baseline", metavar="FILE", help="Write this run's findings as a baseline (JSON) to FILE.")
+@click.option("--jobs", "-j", default=None, metavar="N",
+              help="Processes to audit with (default: one per core when there is enough to read).")
+@click.option("--max-member-size", default="4G", show_default=True, metavar="SIZE",
+              help="Refuse an archive member that unpacks to more than SIZE (e.g. 512M, 4G).")
+@click.option("--max-member-ratio", default="200", show_default=True, metavar="N",
+              help="Refuse an archive member of 1 MiB or more compressed more than N:1.")
+@click.option("--max-archive-size", default="16G", show_default=True, metavar="SIZE",
+              help="Refuse an archive whose ELF members unpack to more than SIZE in all.")
 @click.pass_context
-def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_prefix, baseline_path, write_baseline):
+def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_prefix, baseline_path, write_baseline,
+              jobs, max_member_size, max_member_ratio, max_archive_size):
     """Fail if PATH... links, loads or embeds a denied vendor library.
 
     PATH is an ELF file, a directory (searched recursively; non-ELF files are skipped and
@@ -35,7 +44,7 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     / `podman save` tar, or an OCI image layout as a directory or tar: its final filesystem is
     audited, resolved inside the image; --root, --ldpath and --use-env do not apply to it).
     Exit codes: 0 clean, 1 violation, 2 usage or policy error, 3 an input that could not be
-    read or parsed.
+    read or parsed (an archive member over a --max-* limit too).
 
     \b
     Output formats (--format, repeatable; each to stdout or =FILE):
@@ -51,6 +60,7 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     """
     from audit.linkage.baseline import apply_baseline, load_baseline
     from audit.linkage.check import check_paths
+    from audit.linkage.inputs import ArchiveLimits
     from audit.linkage.outputs import OutputSpec, parse_format, write_outputs
     from audit.linkage.policy import load_policy
     from audit.linkage.resolve import ResolveOptions
@@ -63,15 +73,46 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
             raise UsageError(f"--ldpath {d}: not a directory")
     if conda_prefix is not None and not os.path.isdir(conda_prefix):
         raise UsageError(f"--conda-prefix {conda_prefix}: not a directory")
+    limits = ArchiveLimits(member_bytes=parse_size(max_member_size, "--max-member-size"),
+                           ratio=_number(max_member_ratio, "--max-member-ratio", float, 1),
+                           total_bytes=parse_size(max_archive_size, "--max-archive-size"))
+    jobs = None if jobs is None else _number(jobs, "--jobs", int, 1)
     policy = load_policy(policy_path)
     baseline = load_baseline(baseline_path) if baseline_path is not None else None
-    report = check_paths(list(paths), policy, ResolveOptions.from_cli(root, ldpath, use_env, conda_prefix))
+    report = check_paths(list(paths), policy, ResolveOptions.from_cli(root, ldpath, use_env, conda_prefix),
+                         jobs=jobs, limits=limits)
     if baseline is not None:
         apply_baseline(report, baseline)
     if write_baseline is not None:
         specs = (specs or [OutputSpec("text")]) + [OutputSpec("json", write_baseline)]
     write_outputs(report, policy, specs)
     ctx.exit(report.exit_code)
+
+
+def _number(text: str, option: str, kind, least):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UsageError(f"{option} {text}: not a number") from None
+    if not value >= least or value == float("inf"):
+        raise UsageError(f"{option} {text}: must be at least {least}")
+    return value
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str, option: str) -> int:
+    """"4G" -> 4294967296 (binary units K, M, G, T, an optional trailing B or iB; plain bytes)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _UNITS else ""
+    try:
+        value = float(t[:-1] if unit else t)
+    except ValueError:
+        raise UsageError(f"{option} {text}: not a size (e.g. 512M, 4G)") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise UsageError(f"{option} {text}: must be a positive size")
+    return int(value * _UNITS[unit])
 
 
 @click.group("policy")

@@ -7,7 +7,6 @@ Nothing here judges a file; a member that cannot be read becomes an Input with a
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import tempfile
 import zipfile
@@ -17,11 +16,33 @@ from audit.errors import InputError
 from audit.linkage.conda import extract_conda, is_conda
 from audit.linkage.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
+from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.image import is_oci_dir, looks_like_tar, open_image
 from audit.linkage.resolve import Member, MemberSet, ResolveOptions
 
 _MAX_WHEEL_MEMBERS = 200_000
-_MAX_WHEEL_BYTES = 32 << 30  # declared uncompressed size of the ELF members we extract
+_RATIO_FLOOR = 1 << 20  # members smaller than this may compress as well as they like
+
+
+@dataclass(frozen=True)
+class ArchiveLimits:
+    """What one archive may unpack to before it is refused (exit 3, one line per member): an
+    upload of a few hundred MB must not fill a CI runner's disk or memory. Members are streamed
+    to disk, never held whole in memory. `check --max-member-size/--max-member-ratio/
+    --max-archive-size` set them (docs/ci.md)."""
+
+    member_bytes: int = 4 << 30  # one ELF member, uncompressed
+    ratio: float = 200.0  # uncompressed / compressed, for members of 1 MiB or more
+    total_bytes: int = 16 << 30  # all ELF members of one archive, uncompressed
+
+    def refuse(self, size: int, compressed: int) -> str | None:
+        """Why a member of this declared size is refused, or None."""
+        if size > self.member_bytes:
+            return f"member unpacks to {size} bytes, over the {self.member_bytes}-byte limit (--max-member-size)"
+        if size >= _RATIO_FLOOR and size > self.ratio * max(compressed, 1):
+            return (f"member compressed {size / max(compressed, 1):.0f}:1, over the {self.ratio:g}:1 limit "
+                    "(--max-member-ratio)")
+        return None
 
 
 @dataclass(eq=False)  # hashed by identity: one resolver per scope
@@ -55,8 +76,11 @@ class Input:
 class Inputs:
     """Expands PATH arguments into ELF files: files, directory trees, wheels."""
 
-    def __init__(self, conda_prefix: str | None = None):
+    def __init__(self, conda_prefix: str | None = None, limits: ArchiveLimits | None = None,
+                 jobs: int | None = None):
         self.conda_prefix = conda_prefix  # a conda environment the packages' libraries resolve against
+        self.limits = limits or ArchiveLimits()
+        self.jobs = jobs  # processes that unpack an archive (None: one per core)
         self.skipped: dict[str, int] = {}
         self.warnings: list[str] = []
         self.seen: set[str] = set()
@@ -170,38 +194,55 @@ class Inputs:
     def _wheel(self, report: str, host: str):
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-wheel-")
         self.tmpdirs.append(tmp)
+        jobs = self.jobs if self.jobs is not None else cpu_count()
+        errors: list[Input] = []  # reported first, in member order, as they are found
         try:
             with zipfile.ZipFile(host) as zf:
-                members = zf.infolist()
-                if len(members) > _MAX_WHEEL_MEMBERS:
-                    yield Input(report, None, True, f"wheel has {len(members)} members (limit {_MAX_WHEEL_MEMBERS})")
-                    return
-                total = 0
-                extracted = []
-                for m in members:
-                    if m.is_dir():
-                        continue
-                    inner = f"{report}{WHEEL_SEP}{m.filename}"
-                    parts = m.filename.split("/")
-                    if m.filename.startswith("/") or "\\" in m.filename or ".." in parts or "" in parts[:-1]:
-                        yield Input(inner, None, True, "unsafe member path in wheel")
-                        continue
-                    with zf.open(m) as fh:
-                        if fh.read(4) != b"\x7fELF":
-                            self.skip("non_elf")
-                            continue
-                    total += m.file_size
-                    if total > _MAX_WHEEL_BYTES:
-                        yield Input(inner, None, True, "wheel's ELF members exceed the size limit")
-                        return
-                    dest = os.path.join(tmp.name, *parts)
-                    os.makedirs(os.path.dirname(dest), exist_ok=True)
-                    with zf.open(m) as src, open(dest, "wb") as out:
-                        shutil.copyfileobj(src, out, 1 << 20)
-                    extracted.append((inner, dest))
+                members = [m for m in zf.infolist() if not m.is_dir()]
+            if len(members) > _MAX_WHEEL_MEMBERS:
+                yield Input(report, None, True, f"wheel has {len(members)} members (limit {_MAX_WHEEL_MEMBERS})")
+                return
+            # Which members are ELF files: each member's first bytes, read on every core.
+            chunks = [members[i::jobs] for i in range(jobs)] if jobs > 1 and len(members) > 256 else [members]
+            elf = set().union(*map_ordered(_ElfSniffer(host), chunks, jobs))
+            todo = []
+            total = 0
+            for m in members:
+                inner = f"{report}{WHEEL_SEP}{m.filename}"
+                parts = m.filename.split("/")
+                if m.filename.startswith("/") or "\\" in m.filename or ".." in parts or "" in parts[:-1]:
+                    errors.append(Input(inner, None, True, "unsafe member path in wheel"))
+                    continue
+                if m.filename not in elf:
+                    self.skip("non_elf")
+                    continue
+                why = self.limits.refuse(m.file_size, m.compress_size)
+                if why:
+                    errors.append(Input(inner, None, True, why))
+                    continue
+                total += m.file_size
+                if total > self.limits.total_bytes:
+                    errors.append(Input(inner, None, True, f"the wheel's ELF members unpack to more than "
+                                        f"{self.limits.total_bytes} bytes (--max-archive-size)"))
+                    break
+                todo.append(m)
+            # Streamed to disk, never whole in memory; the largest first, on every core.
+            order = sorted(range(len(todo)), key=lambda k: -todo[k].compress_size)
+            refused = map_ordered(_Unpacker(host, tmp.name, self.limits), todo, jobs, order)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, RuntimeError) as exc:
+            yield from errors
             yield Input(report, None, True, f"cannot read wheel: {' '.join(str(exc).split())}")
             return
+        finally:
+            _Zip.close(host)
+        yield from errors
+        extracted = []
+        for m, why in zip(todo, refused):
+            inner = f"{report}{WHEEL_SEP}{m.filename}"
+            if why:
+                yield Input(inner, None, True, why)
+            else:
+                extracted.append((inner, os.path.join(tmp.name, *m.filename.split("/"))))
         members = MemberSet(report, (Member(dest, inner) for inner, dest in extracted))
         for inner, dest in extracted:
             self.seen.add(os.path.realpath(dest))
@@ -229,6 +270,66 @@ class Inputs:
             tmp.cleanup()
         for image in self.images:
             image.close()
+
+
+class _Zip:
+    """One open ZipFile per archive and process: a forked worker must not share its parent's
+    file offset, so each opens the archive itself, once."""
+
+    _open: dict[str, zipfile.ZipFile] = {}
+    _pid = 0
+
+    @classmethod
+    def get(cls, path: str) -> zipfile.ZipFile:
+        if cls._pid != os.getpid():
+            cls._open, cls._pid = {}, os.getpid()
+        if path not in cls._open:
+            cls._open[path] = zipfile.ZipFile(path)
+        return cls._open[path]
+
+    @classmethod
+    def close(cls, path: str) -> None:
+        zf = cls._open.pop(path, None) if cls._pid == os.getpid() else None
+        if zf is not None:
+            zf.close()
+
+
+class _ElfSniffer:
+    """The names of the members (of one chunk) that start with the ELF magic."""
+
+    def __init__(self, host: str):
+        self.host = host
+
+    def __call__(self, chunk: list[zipfile.ZipInfo]) -> set[str]:
+        zf = _Zip.get(self.host)
+        out = set()
+        for m in chunk:
+            with zf.open(m) as fh:
+                if fh.read(4) == b"\x7fELF":
+                    out.add(m.filename)
+        return out
+
+
+class _Unpacker:
+    """Streams one member to disk; returns why it was refused, or None. The byte count is
+    checked as it is written: a header that understates the size does not get past the limit."""
+
+    def __init__(self, host: str, dest: str, limits: ArchiveLimits):
+        self.host, self.dest, self.limits = host, dest, limits
+
+    def __call__(self, m: zipfile.ZipInfo) -> str | None:
+        path = os.path.join(self.dest, *m.filename.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        limit = min(self.limits.member_bytes, max(m.file_size, 0))
+        written = 0
+        with _Zip.get(self.host).open(m) as src, open(path, "wb") as out:
+            while chunk := src.read(1 << 20):
+                written += len(chunk)
+                if written > limit:
+                    out.truncate(0)
+                    return f"member unpacks to more than its declared {m.file_size} bytes"
+                out.write(chunk)
+        return None
 
 
 def _is_tar(path: str) -> bool:
