@@ -155,3 +155,73 @@ def test_a_failed_decode_keeps_the_dit_measurement(monkeypatch):
         assert run.vae_decode_s is None and "simulated" in run.vae_reason
     c = rep.comparison("sdpa-math")
     assert c.latents is not None and c.frames is None and c.speedup_dit_vae is None
+
+
+def test_every_core_is_warm_before_timing_and_the_cores_take_turns(monkeypatch):
+    """The order of work, read off the real calls: warm-up step of every core, the instrumented
+    steps, then the loop in turns with the first of each round rotating; the decodes likewise
+    (one untimed each, then timed rounds in turns)."""
+    seen: list[tuple[str, str]] = []
+    final: dict[str, object] = {}
+    real_step, real_decode = P.cfg_step, P.decode
+
+    def cfg_step(transformer, *args):
+        core = transformer.blocks[0].attn1.processor.name
+        out = real_step(transformer, *args)
+        seen.append(("step", core))
+        final[core] = out
+        return out
+
+    def decode(vae, latents, device):
+        owner = next((k for k, v in final.items() if v is latents), "warm-up")
+        seen.append(("decode", owner))
+        return real_decode(vae, latents, device)
+
+    monkeypatch.setattr(P, "cfg_step", cfg_step)
+    monkeypatch.setattr(P, "decode", decode)
+    rep = P.run_pipeline("tiny", steps=3, device="cpu", dtype="fp32", attention="sdpa,sdpa-math",
+                         calibrate=False, environment=False)
+    a, b = ("step", "sdpa"), ("step", "sdpa-math")
+    assert seen.pop(0) == ("decode", "warm-up")  # a tiny decode initialises the VAE's backends
+    assert seen[:10] == [a, b,  # warm-up, every core before anything timed
+                         a, b,  # instrumented steps
+                         a, b, b, a, a, b]  # the loop: rounds AB, BA, AB
+    da_, db_ = ("decode", "sdpa"), ("decode", "sdpa-math")
+    assert seen[10:] == [da_, db_,  # untimed decode of each core's latents
+                         da_, db_, db_, da_]  # P.VAE_ROUNDS timed rounds, in turns
+    assert P.VAE_ROUNDS == 2
+    for run in rep.runs:
+        assert len(run.step_s) == 3 and len(run.vae_decode_samples_s) == 2
+        assert run.vae_decode_s == pytest.approx(sorted(run.vae_decode_samples_s)[0] / 2
+                                                 + sorted(run.vae_decode_samples_s)[1] / 2)
+    c = rep.comparison("sdpa-math")
+    d = c.to_dict()
+    assert d["speedup_dit_vae_ci"]["ci_low"] <= d["speedup_dit_vae_measured"] <= d["speedup_dit_vae_ci"]["ci_high"]
+    assert [k["what"] for k in d["consistency"]] == ["DiT loop", "DiT loop + VAE decode"]
+    assert all(k["verdict"] in ("consistent", "inconsistent") for k in d["consistency"])
+    assert d["amdahl_predicted_dit_vae"] <= max(1.0, d["amdahl_predicted_dit"]) + 1e-9
+    assert d["op_speedup_ci"]["ci_low"] <= d["op_speedup"] <= d["op_speedup_ci"]["ci_high"]
+
+
+def test_a_core_failing_mid_loop_leaves_the_others_measured(monkeypatch):
+    real = P.make_core
+
+    def flaky(name, lib=None):
+        core, calls = real(name, lib), [0]
+        if name != "sdpa-math":
+            return core
+
+        def failing(q, k, v):
+            calls[0] += 1
+            if calls[0] > 2 * 2 * 2:  # warm-up and instrumented steps pass, the loop's first fails
+                raise RuntimeError("simulated fault in the loop")
+            return core(q, k, v)
+        return failing
+
+    monkeypatch.setattr(P, "make_core", flaky)
+    rep = P.run_pipeline("tiny", steps=2, device="cpu", dtype="fp32", attention="sdpa,sdpa-math",
+                         decode_video=False, calibrate=False, environment=False)
+    ok, bad = rep.runs
+    assert ok.status == "ok" and len(ok.step_s) == 2 and ok.dit_loop_s > 0
+    assert bad.status == "skipped" and "simulated fault in the loop" in bad.reason
+    assert rep.comparisons == [] and rep.complete

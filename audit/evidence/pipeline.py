@@ -8,17 +8,22 @@ against the pre-flash run, but random-weight latents damp attention errors, so e
 figure comes with a calibration: the same metric for a known 1e-3 relative perturbation of the
 attention output.
 
-How time is measured (also written into the report's "method"):
-- DiT loop: torch.cuda.synchronize() then perf_counter around every step (two DiT passes, the CFG
-  combine and the scheduler step); the loop time is the sum of the steps. One untimed warm-up
-  step runs first for every core.
-- Attention share: a separate instrumented step (the same first step, on a copy of the
-  scheduler) where every self-attention core call is bracketed by CUDA events (perf_counter on
-  CPU) and the whole step by a synchronised timer; share = sum(core) / step. Timing events add
-  no synchronisation, so the instrumented step runs like an ordinary one.
-- Op speedup s_op = median per-call core time of the reference / of the core, from those passes;
-  Amdahl's prediction = 1 / ((1 - p) + p / s_op) with p the reference's share.
-- VAE decode: synchronised perf_counter around vae.decode.
+How time is measured (also written into the report's "method"), so that the order of the cores
+cannot bias it:
+- Every core is warm before anything is timed: one untimed step each (weights, allocator, the
+  core's first call), and an untimed tiny decode initialises the VAE's backends.
+- Attention share: a separate instrumented step per core (the first step, on a fresh scheduler)
+  where every self-attention core call is bracketed by CUDA events (perf_counter on CPU) and the
+  whole step by a synchronised timer; share = sum(core) / step. Timing events add no
+  synchronisation, so the instrumented step runs like an ordinary one.
+- DiT loop: the cores take turns step by step (AB, BA, AB, ...), each with its own scheduler and
+  latents; torch.cuda.synchronize() then perf_counter around every step (two DiT passes, the CFG
+  combine and the scheduler step); the loop time is the sum of the steps.
+- Op speedup s_op = median per-call core time of the reference / of the core, from those steps;
+  Amdahl's prediction = 1 / ((1 - p) + p / s_op) with p the reference's share; consistency.py
+  marks a measured speedup that its prediction refutes.
+- VAE decode: the same work for every core, so it is timed in turns too: one untimed decode of
+  every core's latents, then VAE_ROUNDS timed rounds; synchronised perf_counter around vae.decode.
 
 torch and diffusers are imported inside functions so `--help` stays cheap.
 """
@@ -34,11 +39,13 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from audit.errors import AuditError, GateFailed, UsageError
+from audit.evidence.consistency import TOLERANCE
 from audit.evidence.dit_attention import (CORES, OUR_CORES, CoreTimer, Perturbation,
                                           SwappedSelfAttnProcessor, make_core,
                                           restore_self_attention, swap_self_attention)
 
 SCHEMA = "sovereign-audit.pipeline/1"
+VAE_ROUNDS = 2  # timed decodes per core, in turns (after one untimed decode each)
 CALIBRATION_REL = 1e-3
 
 # Wan2.1-T2V-1.3B, as its diffusers transformer config (Wan-AI/Wan2.1-T2V-1.3B-Diffusers, transformer/config.json).
@@ -160,7 +167,8 @@ class ModeRun:
     reason: str = ""
     step_s: list[float] = field(default_factory=list)
     dit_loop_s: float | None = None
-    vae_decode_s: float | None = None
+    vae_decode_s: float | None = None  # median of the timed decodes
+    vae_decode_samples_s: list[float] = field(default_factory=list)
     attention_calls: int = 0  # observed calls of the swapped processors during the loop
     instrumented: InstrumentedStep | None = None
     latents_nonfinite: int | None = None
@@ -181,6 +189,7 @@ class ModeRun:
         return {"attention": self.attention, "sovereign": self.sovereign, "status": self.status,
                 "reason": self.reason, "dit_loop_s": _r(self.dit_loop_s, 4),
                 "vae_decode_s": _r(self.vae_decode_s, 4), "vae_reason": self.vae_reason,
+                "vae_decode_samples_s": [_r(x, 5) for x in self.vae_decode_samples_s],
                 "dit_plus_vae_s": _r(self.dit_plus_vae_s, 4),
                 "step_s": [_r(x, 5) for x in self.step_s], "step_summary_s": step,
                 "attention_calls": self.attention_calls,
@@ -197,20 +206,27 @@ class Comparison:
     latents: dict | None = None  # metrics.ErrorMetrics.to_dict()
     frames: dict | None = None
     speedup_dit: float | None = None  # reference DiT loop / this one
-    speedup_dit_ci: dict | None = None  # bootstrap CI of the ratio of per-step medians
+    speedup_dit_ci: dict | None = None  # bootstrap CI of the ratio of loop times
     speedup_dit_vae: float | None = None
+    speedup_dit_vae_ci: dict | None = None
     op_speedup: float | None = None  # s_op
+    op_speedup_ci: dict | None = None  # bootstrap CI of the ratio of per-call medians
     reference_attention_share: float | None = None  # p
     amdahl_predicted: float | None = None
+    amdahl_predicted_dit_vae: float | None = None  # the decode counted as unchanged time
+    consistency: list[dict] = field(default_factory=list)  # consistency.Consistency.to_dict()
 
     def to_dict(self) -> dict:
         return {"attention": self.attention, "reference": self.reference,
                 "latents": self.latents, "frames": self.frames,
                 "speedup_dit_measured": _r(self.speedup_dit, 4), "speedup_dit_ci": self.speedup_dit_ci,
                 "speedup_dit_vae_measured": _r(self.speedup_dit_vae, 4),
-                "op_speedup": _r(self.op_speedup, 4),
+                "speedup_dit_vae_ci": self.speedup_dit_vae_ci,
+                "op_speedup": _r(self.op_speedup, 4), "op_speedup_ci": self.op_speedup_ci,
                 "reference_attention_share": _r(self.reference_attention_share, 6),
-                "amdahl_predicted_dit": _r(self.amdahl_predicted, 4)}
+                "amdahl_predicted_dit": _r(self.amdahl_predicted, 4),
+                "amdahl_predicted_dit_vae": _r(self.amdahl_predicted_dit_vae, 4),
+                "consistency": list(self.consistency)}
 
 
 @dataclass
@@ -234,19 +250,26 @@ class Calibration:
 
 
 METHOD = {
+    "order": "every core warm before anything is timed (one untimed step each, then the "
+             "instrumented steps); in the timed loop the cores take turns step by step, the first "
+             "of each round rotating (AB, BA, ...), each with its own scheduler and latents",
     "dit_loop": "sum of per-step times; each step (two DiT passes for CFG, the CFG combine, the "
-                "UniPC step) timed by perf_counter after torch.cuda.synchronize(); one untimed "
-                "warm-up step per core first",
+                "UniPC step) timed by perf_counter after torch.cuda.synchronize()",
     "vae_decode": "perf_counter after synchronize around vae.decode (latents de-normalised with "
-                  "the VAE's latents_mean/std as WanPipeline does), after one small untimed "
-                  "warm-up decode",
-    "attention_share": "a separate instrumented step (the first step, on a copy of the scheduler): "
+                  "the VAE's latents_mean/std as WanPipeline does); one untimed decode of every "
+                  f"core's latents first, then {VAE_ROUNDS} timed rounds in turns; the median counts",
+    "attention_share": "a separate instrumented step (the first step, on a fresh scheduler): "
                        "each self-attention core call bracketed by CUDA events (perf_counter on "
                        "CPU), the step by a synchronised timer; share = sum(core) / step",
     "op_speedup": "median per-call core time of the reference / of the core, from the "
-                  "instrumented steps (same shapes, same run)",
-    "amdahl": "1 / ((1 - p) + p / s_op), p = the reference's attention share",
-    "speedup_ci": "percentile bootstrap of the ratio of median step times (audit.evidence.stats)",
+                  "instrumented steps (same shapes, same run), with a bootstrap 95% CI",
+    "amdahl": "1 / ((1 - p) + p / s_op), p = the reference's attention share; for DiT+VAE the "
+              "decode counts as unchanged time (p scaled by D / (D + V))",
+    "consistency": "a measured speedup whose 95% CI lies apart from Amdahl's prediction (over the "
+                   f"op speedup's CI) by more than {100 * TOLERANCE:.0f}% is inconsistent and not claimed "
+                   "(audit.evidence.consistency)",
+    "speedup_ci": "percentile bootstrap of the ratio of loop times (and of loop + decode times), "
+                  "each core's samples resampled independently (audit.evidence.stats)",
     "parity": "final latents and decoded frames of each core against the reference core's, in "
               "float64 (audit.evidence.metrics.compare); frames PSNR with data range 2 (the "
               "decoder clamps to [-1, 1]); latents PSNR with the reference's max-min",
@@ -662,78 +685,73 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
         if checkpoint:
             checkpoint(report)
 
-    latents_of: dict[str, object] = {}
-    frames_ref = None
     timer = CoreTimer()
-
     with torch.no_grad():
-        if vae is not None:  # one-time backend initialisation must not land in the first core's decode
+        if vae is not None:  # one-time backend initialisation, before anything is timed
             decode(vae, inputs.latents[:, :, :1, :8, :8], dev)
         say("checking the swap: stock processor vs ours with SDPA inside")
         config["swap_check"] = verify_swap(transformer, inputs, tdtype)
         save()
-        for name in names:
-            run = ModeRun(name, name in OUR_CORES)
-            report.runs.append(run)
-            try:
-                core = make_core(name, library)
-                procs = [SwappedSelfAttnProcessor(core, name, timer) for _ in range(layers)]
-                before = swap_self_attention(transformer, lambda i: procs[i])
-                try:
-                    if any(b.attn2.processor is not p for b, p in zip(transformer.blocks, stock_attn2)):
-                        raise RuntimeError("attn2 processors changed: the swap must touch attn1 only")
-                    say(f"{name}: warm-up step")
-                    sched = make_scheduler()
-                    sched.set_timesteps(steps, device=dev)
-                    sched.set_begin_index(0)
+        lanes = _lanes(report, names, library, timer, layers)
+        swap = _Swapper(transformer, stock_attn2)
+
+        # 1. Every core warm before anything is timed: weights, the allocator, the core's first call.
+        for lane in _live(lanes):
+            with _guard(lane, dev, say):
+                say(f"{lane.name}: warm-up step")
+                sched = _scheduler_at(steps, dev)
+                with swap(lane):
                     cfg_step(transformer, sched, inputs.latents.clone(), sched.timesteps[0], inputs,
                              guidance, tdtype)
-                    _sync(dev)
-                    run.instrumented = instrumented_step(transformer, timer, inputs, steps, guidance,
-                                                         tdtype, dev)
-                    say(f"{name}: attention share {run.instrumented.share:.3f}, "
-                        f"{run.instrumented.attention_ms_per_call_median:.3f} ms per call")
-                    for p in procs:
-                        p.calls = 0
-                    latents, run.step_s = denoise(
-                        transformer, inputs, steps, guidance, tdtype, dev,
-                        on_step=lambda i, s: say(f"{name}: step {i + 1}/{steps} {s:.3f} s"))
-                    run.dit_loop_s = sum(run.step_s)
-                    run.attention_calls = sum(p.calls for p in procs)
-                finally:
-                    restore_self_attention(transformer, before)
-                run.latents_nonfinite = _nonfinite(latents)
-                latents_of[name] = latents
-                frames = None
-                if vae is not None:
-                    try:
-                        frames, run.vae_decode_s = decode(vae, latents, dev)
-                    except Exception as exc:  # keep the DiT measurement when only the decode fails
-                        run.vae_reason = _one_line(exc)
-                        say(f"{name}: VAE decode failed: {run.vae_reason}")
-                        if dev.type == "cuda":
-                            torch.cuda.empty_cache()
-                if frames is not None:
-                    say(f"{name}: DiT {run.dit_loop_s:.2f} s, VAE decode {run.vae_decode_s:.2f} s")
-                    if name == report.reference:
-                        frames_ref = frames
-                    elif frames_ref is not None:
-                        _comparison(report, name).frames = metrics.compare(frames, frames_ref,
-                                                                            data_range=2.0).to_dict()
-                    del frames
-                else:
-                    say(f"{name}: DiT {run.dit_loop_s:.2f} s")
-            except (AuditError, KeyboardInterrupt):
-                raise
-            except Exception as exc:  # OOM, a backend SDPA lacks, a kernel error: record, go on
-                run.status, run.reason = "skipped", _one_line(exc)
-                say(f"{name}: skipped: {run.reason}")
-                latents_of.pop(name, None)
-                if dev.type == "cuda":
-                    torch.cuda.empty_cache()
-            if run.status == "ok" and name != report.reference:
-                _fill_comparison(report, name, latents_of, metrics)
+                _sync(dev)
+        # 2. The attention share and per-call core time, every core in turn.
+        for lane in _live(lanes):
+            with _guard(lane, dev, say):
+                with swap(lane):
+                    lane.run.instrumented = instrumented_step(transformer, timer, inputs, steps,
+                                                              guidance, tdtype, dev)
+                say(f"{lane.name}: attention share {lane.run.instrumented.share:.3f}, "
+                    f"{lane.run.instrumented.attention_ms_per_call_median:.3f} ms per call")
+        save()
+        # 3. The timed loop: the cores take turns step by step, the first of each round rotating,
+        #    so a disturbance or a drift in the machine lands on every core alike.
+        for lane in _live(lanes):
+            lane.sched, lane.latents = _scheduler_at(steps, dev), inputs.latents.clone()
+            for p in lane.procs:
+                p.calls = 0
+        for i in range(steps):
+            for lane in _turns(_live(lanes), i):
+                with _guard(lane, dev, say):
+                    t = lane.sched.timesteps[i]
+                    with swap(lane):
+                        _sync(dev)
+                        t0 = time.perf_counter()
+                        lane.latents = cfg_step(transformer, lane.sched, lane.latents, t, inputs,
+                                                guidance, tdtype)
+                        _sync(dev)
+                        lane.run.step_s.append(time.perf_counter() - t0)
+                    say(f"{lane.name}: step {i + 1}/{steps} {lane.run.step_s[-1]:.3f} s")
             save()
+        latents_of: dict[str, object] = {}
+        for lane in _live(lanes):
+            lane.run.dit_loop_s = sum(lane.run.step_s)
+            lane.run.attention_calls = sum(p.calls for p in lane.procs)
+            lane.run.latents_nonfinite = _nonfinite(lane.latents)
+            latents_of[lane.name] = lane.latents
+        # 4. The VAE decode: the same work for every core, so it is timed like the loop: one
+        #    untimed decode of each core's latents first (its frames are the parity's), then
+        #    VAE_ROUNDS timed rounds in turns.
+        if vae is not None:
+            _decode_all(report, [lane for lane in _live(lanes)], vae, latents_of, dev, say, metrics)
+        for lane in _live(lanes):
+            if lane.run.vae_decode_s is not None:
+                say(f"{lane.name}: DiT {lane.run.dit_loop_s:.2f} s, VAE decode {lane.run.vae_decode_s:.2f} s")
+            else:
+                say(f"{lane.name}: DiT {lane.run.dit_loop_s:.2f} s")
+        for lane in _live(lanes):
+            if lane.name != report.reference:
+                _fill_comparison(report, lane.name, latents_of, metrics)
+        save()
 
         if calibrate:
             report.calibration = _calibrate(report, transformer, inputs, steps, guidance, tdtype, dev,
@@ -742,6 +760,144 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
     report.complete = True
     save()
     return report
+
+
+
+@dataclass
+class _Lane:
+    """One core's state through the interleaved run."""
+
+    run: ModeRun
+    procs: list
+    sched: object = None
+    latents: object = None
+
+    @property
+    def name(self) -> str:
+        return self.run.attention
+
+
+def _lanes(report: PipelineReport, names: list[str], library, timer: CoreTimer, layers: int) -> list[_Lane]:
+    lanes = []
+    for name in names:
+        run = ModeRun(name, name in OUR_CORES)
+        report.runs.append(run)
+        try:
+            core = make_core(name, library)
+        except (AuditError, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            run.status, run.reason = "skipped", _one_line(exc)
+            continue
+        lanes.append(_Lane(run, [SwappedSelfAttnProcessor(core, name, timer) for _ in range(layers)]))
+    return lanes
+
+
+def _live(lanes: list[_Lane]) -> list[_Lane]:
+    return [lane for lane in lanes if lane.run.status == "ok"]
+
+
+def _turns(items: list, i: int) -> list:
+    """Round i's order: the list rotated by i (AB, BA, AB, ... for two)."""
+    if not items:
+        return []
+    k = i % len(items)
+    return items[k:] + items[:k]
+
+
+def _scheduler_at(steps: int, device):
+    sched = make_scheduler()
+    sched.set_timesteps(steps, device=device)
+    sched.set_begin_index(0)
+    return sched
+
+
+class _Swapper:
+    """`with swap(lane):` puts the lane's processors into every attn1 and restores the previous
+    ones after; cross-attention (attn2) must stay diffusers' own."""
+
+    def __init__(self, transformer, stock_attn2: list):
+        self.transformer, self.stock_attn2 = transformer, stock_attn2
+
+    def __call__(self, lane: _Lane):
+        import contextlib
+
+        @contextlib.contextmanager
+        def swapped():
+            before = swap_self_attention(self.transformer, lambda i: lane.procs[i])
+            try:
+                if any(b.attn2.processor is not p for b, p in zip(self.transformer.blocks, self.stock_attn2)):
+                    raise RuntimeError("attn2 processors changed: the swap must touch attn1 only")
+                yield
+            finally:
+                restore_self_attention(self.transformer, before)
+
+        return swapped()
+
+
+class _guard:
+    """A core that fails (out of memory, a backend SDPA lacks, a kernel error) is recorded as
+    skipped with its reason and leaves the run; the other cores go on."""
+
+    def __init__(self, lane: _Lane, device, say):
+        self.lane, self.device, self.say = lane, device, say
+
+    def __enter__(self):
+        return self.lane
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or isinstance(exc, (AuditError, KeyboardInterrupt)) or not isinstance(exc, Exception):
+            return False
+        run = self.lane.run
+        run.status, run.reason = "skipped", _one_line(exc)
+        self.say(f"{run.attention}: skipped: {run.reason}")
+        self.lane.latents = self.lane.sched = None
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+        return True
+
+
+def _decode_all(report: PipelineReport, lanes: list[_Lane], vae, latents_of: dict, dev, say, metrics) -> None:
+    import statistics
+
+    import torch
+
+    def failed(lane, exc):  # keep the DiT measurement when only the decode fails
+        lane.run.vae_reason = _one_line(exc)
+        say(f"{lane.name}: VAE decode failed: {lane.run.vae_reason}")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    frames_ref, decoding = None, []
+    for lane in lanes:  # untimed, each core's own latents: the warm-up and the parity's frames
+        try:
+            frames, _ = decode(vae, latents_of[lane.name], dev)
+        except Exception as exc:
+            failed(lane, exc)
+            continue
+        decoding.append(lane)
+        if lane.name == report.reference:
+            frames_ref = frames
+        elif frames_ref is not None:
+            _comparison(report, lane.name).frames = metrics.compare(frames, frames_ref, data_range=2.0).to_dict()
+        del frames
+    samples: dict[str, list[float]] = {lane.name: [] for lane in decoding}
+    for r in range(VAE_ROUNDS):
+        for lane in _turns(decoding, r):
+            if lane.run.vae_reason:
+                continue
+            try:
+                frames, seconds = decode(vae, latents_of[lane.name], dev)
+                del frames
+                samples[lane.name].append(seconds)
+            except Exception as exc:
+                failed(lane, exc)
+    for lane in decoding:
+        if not lane.run.vae_reason and samples[lane.name]:
+            lane.run.vae_decode_samples_s = samples[lane.name]
+            lane.run.vae_decode_s = statistics.median(samples[lane.name])
 
 
 def _comparison(report: PipelineReport, name: str) -> Comparison:
@@ -753,28 +909,43 @@ def _comparison(report: PipelineReport, name: str) -> Comparison:
 
 
 def _fill_comparison(report: PipelineReport, name: str, latents_of: dict, metrics) -> None:
-    from audit.evidence.stats import bootstrap_ratio_ci
+    from audit.evidence import consistency as K
+    from audit.evidence.stats import bootstrap_ratio_ci, bootstrap_total_ratio_ci
 
     ref, run = report.run(report.reference), report.run(name)
     c = _comparison(report, name)
     c.latents = metrics.compare(latents_of[name], latents_of[report.reference]).to_dict()
-    if ref.dit_loop_s and run.dit_loop_s:
-        c.speedup_dit = ref.dit_loop_s / run.dit_loop_s
-        c.speedup_dit_ci = bootstrap_ratio_ci(ref.step_s, run.step_s).to_dict()
+    dit = full = op = None
+    if ref.step_s and run.step_s:
+        ci = bootstrap_total_ratio_ci([(ref.step_s, "sum")], [(run.step_s, "sum")])
+        c.speedup_dit, c.speedup_dit_ci = ci.ratio, ci.to_dict()
+        dit = K.Interval(ci.ratio, ci.low, ci.high)
     if ref.dit_plus_vae_s and run.dit_plus_vae_s:
-        c.speedup_dit_vae = ref.dit_plus_vae_s / run.dit_plus_vae_s
+        ci = bootstrap_total_ratio_ci([(ref.step_s, "sum"), (ref.vae_decode_samples_s, "median")],
+                                      [(run.step_s, "sum"), (run.vae_decode_samples_s, "median")], seed=1)
+        c.speedup_dit_vae, c.speedup_dit_vae_ci = ci.ratio, ci.to_dict()
+        full = K.Interval(ci.ratio, ci.low, ci.high)
     if ref.instrumented and run.instrumented and run.instrumented.attention_ms_per_call_median > 0:
         p = ref.instrumented.share
-        s = ref.instrumented.attention_ms_per_call_median / run.instrumented.attention_ms_per_call_median
-        c.op_speedup, c.reference_attention_share = s, p
-        c.amdahl_predicted = amdahl(p, s)
+        ci = bootstrap_ratio_ci(ref.instrumented.attention_ms_samples, run.instrumented.attention_ms_samples,
+                                seed=2)
+        c.op_speedup, c.op_speedup_ci, c.reference_attention_share = ci.ratio, ci.to_dict(), p
+        c.amdahl_predicted = amdahl(p, ci.ratio)
+        op = K.Interval(ci.ratio, ci.low, ci.high)
+    if dit is not None and op is not None:
+        c.consistency.append(K.check_dit(dit, c.reference_attention_share, op).to_dict())
+    if full is not None and op is not None:
+        k = K.check_dit_vae(full, c.reference_attention_share, op, ref.dit_loop_s, ref.vae_decode_s,
+                            run.vae_decode_s)
+        c.amdahl_predicted_dit_vae = k.predicted.value
+        c.consistency.append(k.to_dict())
 
 
 def amdahl(p: float, s_op: float) -> float:
     """Whole-program speedup when a share p of the time gets s_op times faster."""
-    if not (0 <= p <= 1) or s_op <= 0:
-        return float("nan")
-    return 1.0 / ((1.0 - p) + p / s_op)
+    from audit.evidence.consistency import amdahl as _amdahl
+
+    return _amdahl(p, s_op)
 
 
 def _calibrate(report, transformer, inputs, steps, guidance, tdtype, dev, library, latents_of,

@@ -33,6 +33,18 @@ def _f(x, spec=".3f", none="-"):
     return none if x is None else format(x, spec)
 
 
+def _ratio(x, ci) -> str:
+    """A speedup with its CI; "level" when the CI spans 1.0 (no difference shown)."""
+    if x is None:
+        return "-"
+    if not ci:
+        return f"{x:.2f}x"
+    from audit.evidence.consistency import level
+
+    tail = " level" if level(ci["ci_low"], ci["ci_high"]) else ""
+    return f"{x:.2f}x [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]{tail}"
+
+
 def render_table(report) -> str:
     """The short summary printed last; names come from our own list, never from input."""
     from audit.evidence.metrics import fmt_cosine
@@ -55,12 +67,15 @@ def render_table(report) -> str:
         elif r.get("vae_reason"):
             lines.append(f"  VAE decode failed: {r['vae_reason']}")
     for c in d["comparisons"]:
-        ci = c["speedup_dit_ci"]
-        ci_s = f" [{ci['ci_low']:.2f}, {ci['ci_high']:.2f}]" if ci else ""
-        lines.append(f"{c['attention']} vs {c['reference']}: DiT speedup {_f(c['speedup_dit_measured'], '.2f')}x"
-                     f"{ci_s}, Amdahl-predicted {_f(c['amdahl_predicted_dit'], '.2f')}x "
-                     f"(p={_f(c['reference_attention_share'], '.3f')}, s_op={_f(c['op_speedup'], '.2f')}x), "
-                     f"DiT+VAE {_f(c['speedup_dit_vae_measured'], '.2f')}x")
+        lines.append(f"{c['attention']} vs {c['reference']}: DiT {_ratio(c['speedup_dit_measured'], c['speedup_dit_ci'])}"
+                     f", Amdahl-predicted {_f(c['amdahl_predicted_dit'], '.2f')}x "
+                     f"(p={_f(c['reference_attention_share'], '.3f')}, "
+                     f"s_op={_ratio(c['op_speedup'], c['op_speedup_ci'])}), "
+                     f"DiT+VAE {_ratio(c['speedup_dit_vae_measured'], c['speedup_dit_vae_ci'])}")
+        for k in c.get("consistency") or []:
+            if k["verdict"] == "inconsistent":
+                lines.append(f"  {k['what']}: inconsistent with the Amdahl bound (predicted "
+                             f"{_f(k['predicted']['value'], '.2f')}x): {k['cause']}")
         for what in ("latents", "frames"):
             m = c[what]
             if m:
