@@ -134,6 +134,11 @@ def test_speedups_tflops_and_json(tmp_path, capsys):
         else:
             assert b["reason"]  # every skip says why
     assert by["sdpa-flash"]["vendor"] and not by["sdpa-flash"]["sovereign"]
+    # SDPA has no cuDNN kernel for CPU tensors: a short reason, not PyTorch's raw error text
+    cudnn = by["sdpa-cudnn"]
+    assert cudnn["status"] == "skipped"
+    assert cudnn["reason"].startswith("not available: this PyTorch has no kernel of this backend")
+    assert "on cpu" in cudnn["reason"] and "RuntimeError" not in cudnn["reason"]
     for sp in shape["speedups"]:
         assert sp["subject"] == "candidate"
         assert sp["ci_low"] <= sp["ratio"] <= sp["ci_high"]

@@ -180,8 +180,16 @@ def _is_oom(exc: BaseException) -> bool:
     return "out of memory" in str(exc).lower()
 
 
-def _reason(exc: BaseException, caught: list) -> str:
+# PyTorch's words when a forced SDPA backend has no kernel for the device or inputs.
+NO_SDPA_KERNEL = "No viable backend for scaled_dot_product_attention"
+
+
+def _reason(exc: BaseException, caught: list, device: str | None = None) -> str:
     msg = " ".join(str(exc).split())[:300]
+    if NO_SDPA_KERNEL in msg:
+        why = [" ".join(str(w.message).split())[:200] for w in caught]
+        return (f"not available: this PyTorch has no kernel of this backend for these inputs"
+                + (f" on {device}" if device else "") + (f" ({why[0]})" if why else ""))
     head = "out of memory" if _is_oom(exc) else type(exc).__name__
     why = [" ".join(str(w.message).split())[:200] for w in caught]
     return f"{head}: {msg}" + (f" ({why[0]})" if why else "")
@@ -259,7 +267,7 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
                 for w in range(max(1, warmup)):
                     last = timer.time(fn, *inputs[w % n_sets])
         except Exception as exc:  # unsupported or out of memory: recorded, the rest goes on
-            br.status, br.reason = "skipped", _reason(exc, caught)
+            br.status, br.reason = "skipped", _reason(exc, caught, sel.device)
             _release(sel.device)
             if tick:
                 tick(repeats + warmup)
