@@ -90,8 +90,9 @@ def speedup_chart(rows: list[dict]) -> Chart | None:
     scale = PLOT_W / vmax
     height = PAD_TOP + ROW_H * len(rows) + PAD_BOTTOM
     chart = Chart("speedups", "Speedups (ratio of medians, 95% bootstrap CI)",
-                  "Bars: median time of the slower backend divided by ours; whiskers: 95% CI. "
-                  "The line marks 1.0 (no speedup).",
+                  "Bars: the named backend's median time divided by ours, so above 1.0 ours is "
+                  "faster and below 1.0 the named backend is; whiskers: 95% CI. The line marks "
+                  "1.0 (level).",
                   LABEL_W + PLOT_W + 70, height, LABEL_W, PLOT_W, PAD_TOP + ROW_H * len(rows),
                   ticks=_ticks(vmax, LABEL_W, PLOT_W), ref_x=LABEL_W + scale * 1.0, ref_label="1.0",
                   unit="x")
