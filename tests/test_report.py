@@ -251,10 +251,12 @@ def test_speedup_chart_geometry_follows_the_numbers():
 def test_speed_phrase_never_calls_a_slowdown_or_a_tie_a_speedup():
     from audit.report.wording import speed_phrase
 
-    assert speed_phrase(0.64) == "slower (0.64x)"
-    assert speed_phrase(1.13, 0.62, 1.31) == "1.13x (95% CI 0.62x to 1.31x): no significant difference"
+    assert speed_phrase(0.64) == "slower: 0.64x"
+    # an interval spanning 1.0 is level, never "1.0x faster"
+    assert speed_phrase(1.13, 0.62, 1.31) == "level: 1.13x (95% CI 0.62x to 1.31x), no difference shown"
+    assert speed_phrase(1.02, 1.0, 1.04).startswith("level: 1.02x")
     assert speed_phrase(1.5, 1.2, 1.8) == "1.50x faster (95% CI 1.20x to 1.80x)"
-    assert speed_phrase(0.5, 0.4, 0.6) == "slower (0.50x) (95% CI 0.40x to 0.60x)"
+    assert speed_phrase(0.5, 0.4, 0.6) == "slower: 0.50x (95% CI 0.40x to 0.60x)"
     assert speed_phrase(None) == "not measured"
 
 

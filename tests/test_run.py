@@ -130,6 +130,14 @@ def test_policy_violation_exits_1_and_the_title_says_non_sovereign():
     assert "<h1 id=\"title\">Non-sovereign build: flash attention on" in html
     assert "linkage gate failed" in proc.stderr or "linkage: gate failed" in proc.stderr
     assert "libopenblas" in html  # the finding is shown
+    assert "replacing the earlier bundle" not in proc.stderr  # a fresh folder replaces nothing
+    # a re-run into the same folder says what it replaces instead of overwriting silently
+    started = load(out / "evidence" / "run.json")["started"]
+    again = cli("run", "--out", str(out), "--no-build", "--artifact", str(openblas_so()), "--device", "cpu",
+                "--skip", "parity", "--skip", "bench", "--skip", "pipeline", timeout=300)
+    assert again.returncode == 1, again.stderr
+    assert (f"replacing the earlier bundle in {out} (run started {started}, exit 1): evidence/, artifacts/, "
+            "attestations/, report.html, ro-crate-metadata.json") in again.stderr
 
 
 def test_parity_gate_failure_exits_1_and_no_parity_claim_is_rendered():

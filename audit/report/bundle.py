@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from audit.errors import InputError, UsageError
 from audit.files import sha256_file, write_json_atomic
-from audit.report import model, render, rocrate
+from audit.report import completeness, model, render, rocrate
 from audit.report.layout import (MAX_EVIDENCE_BYTES, build_targets, load_evidence, prepare_out, safe_component,
                                  safe_join)
 
@@ -67,12 +67,15 @@ class BundleResult:
     manifest: str | None = None
     signing: SigningInfo = field(default_factory=lambda: SigningInfo(False))
     warnings: list[str] = field(default_factory=list)
+    replaced: str | None = None  # what an earlier bundle in `out` held, when one was replaced
+    incomplete: list[str] = field(default_factory=list)  # why the run is incomplete (empty: it is not)
 
     def to_dict(self) -> dict:
         return {"out": str(self.out), "report": str(self.report), "crate": str(self.crate),
                 "evidence": self.evidence, "artifacts": [a.to_dict() for a in self.artifacts],
                 "attestations": self.attestations, "manifest": self.manifest,
-                "signing": self.signing.to_dict(), "warnings": self.warnings}
+                "signing": self.signing.to_dict(), "warnings": self.warnings, "replaced": self.replaced,
+                "incomplete": self.incomplete}
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,10 +294,11 @@ def write_bundle(evidence_dir: Path, out: Path, key=None,
     key_obj, signing = load_key(key)
     if not signing.available:
         warnings.append(f"{SIGNING_UNAVAILABLE}: {signing.reason}")
+    replaced = None
     if not in_place:
         if out.resolve() == evidence_dir.resolve() or evidence_dir.resolve() in out.resolve().parents:
             raise UsageError(f"--out {out}: must not be inside the evidence folder")
-        prepare_out(out)
+        replaced = prepare_out(out)
         for stem in evidence:
             _copy_into(out, f"evidence/{stem}.json", evidence_dir / f"{stem}.json")
     else:
@@ -305,6 +309,7 @@ def write_bundle(evidence_dir: Path, out: Path, key=None,
     copies, w = copy_artifacts(out, evidence, evidence_dir)
     warnings += w
 
+    finished = completeness.assess(evidence)
     report_model = model.build_model(evidence, artifacts=copies, signing=signing, warnings=warnings)
     report = out / "report.html"
     render.write_report(report_model, report)
@@ -318,4 +323,4 @@ def write_bundle(evidence_dir: Path, out: Path, key=None,
                                 if signed else ())
     manifest_name = manifest(out, key_obj, warnings) if signed else None
     return BundleResult(out, report, crate, evidence_names, copies, attestations, manifest_name, signing,
-                        warnings)
+                        warnings, replaced, list(finished.reasons))

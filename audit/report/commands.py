@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from audit.errors import InputError
+from audit.errors import EXIT_OK, EXIT_VIOLATION, InputError
 from audit.report.bundle import write_bundle
 from audit.report.keys import load_signing_key
 
@@ -27,7 +27,9 @@ def report_cmd(ctx, evidence_dir, out, key):
     """Rebuild the bundle (report.html, RO-Crate, attestations, manifest) from saved evidence.
 
     EVIDENCE_DIR holds the evidence JSON files (a bundle's evidence/ folder, or a bundle itself).
-    Exit 0 written; 2 usage (e.g. --out not empty); 3 unreadable or malformed evidence.
+    Exit 0 written; 1 written, but the run that made the evidence did not finish (a stage left
+    running or pending, or partial evidence: the report says "incomplete"); 2 usage (e.g. --out
+    not empty); 3 unreadable or malformed evidence.
     """
     if key is not None and not key.is_file():
         raise InputError(f"--key {key}: no such file")
@@ -37,7 +39,11 @@ def report_cmd(ctx, evidence_dir, out, key):
     if not evidence_dir.is_dir():
         raise InputError(f"{evidence_dir}: not a folder of evidence")
     result = write_bundle(evidence_dir, out, key)
+    if result.replaced:
+        click.echo(result.replaced, err=True)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
+    for why in result.incomplete:
+        click.echo(f"incomplete: {why}", err=True)
     click.echo(f"report: {result.report}")
-    ctx.exit(0)
+    ctx.exit(EXIT_VIOLATION if result.incomplete else EXIT_OK)

@@ -60,13 +60,16 @@ def safe_join(root: Path, rel: str) -> Path:
     return dest
 
 
-def prepare_out(out: Path) -> None:
+def prepare_out(out: Path) -> str | None:
     """Make `out` ready: empty, or an earlier bundle whose generated entries are removed.
 
     Refuses a non-empty folder that is not a bundle: nothing is deleted that a bundle did not hold.
+    Returns one line saying what was replaced (the earlier run and the entries removed), or None
+    when there was nothing to replace: a re-run into the same folder never overwrites silently.
     """
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder")
+    replaced = None
     if out.is_dir():
         entries = {p.name for p in out.iterdir()}
         if entries and not ((out / "evidence" / "run.json").is_file()
@@ -76,6 +79,11 @@ def prepare_out(out: Path) -> None:
         if unknown:
             raise UsageError(f"--out {out}: holds files a bundle does not ({', '.join(unknown[:3])});"
                              " choose an empty folder")
+        present = [n for n in BUNDLE_ENTRIES if (out / n).is_symlink() or (out / n).exists()]
+        if present:
+            replaced = (f"replacing the earlier bundle in {out} ({earlier_run(out)}): "
+                        + ", ".join(n + ("/" if (out / n).is_dir() and not (out / n).is_symlink() else "")
+                                    for n in present))
         for name in BUNDLE_ENTRIES:
             p = out / name
             if p.is_symlink() or p.is_file():
@@ -83,6 +91,22 @@ def prepare_out(out: Path) -> None:
             elif p.is_dir():
                 shutil.rmtree(p)
     (out / "evidence").mkdir(parents=True, exist_ok=True)
+    return replaced
+
+
+def earlier_run(out: Path) -> str:
+    """What the bundle in `out` came from, in a few words (its run.json's start and verdict)."""
+    try:
+        run = json.loads((out / "evidence" / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "no readable run record"
+    if not isinstance(run, dict):
+        return "no readable run record"
+    started = run.get("started")
+    code = run.get("exit_code")
+    when = f"run started {' '.join(str(started).split())[:40]}" if started else "a run of unknown start"
+    how = {0: "exit 0", 1: "exit 1"}.get(code, "never finished" if code is None else f"exit {code}")
+    return f"{when}, {how}"
 
 
 # --------------------------------------------------------------------------------------------

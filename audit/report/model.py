@@ -10,11 +10,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 from audit import __version__
-from audit.report import claims, plots, tables
+from audit.report import claims, completeness, plots, tables
 from audit.report.claims import Claim, rendered_claims
-from audit.report.readers import (device_name, dig, headline_op, linkage_files, linkage_verdict,
-                                  parity_passed, pipeline_speedup, shape_label, stage_records, target_records)
-from audit.report.wording import (num, plain, speed_phrase)
+from audit.report.readers import (accelerator, device_name, dig, headline_op, linkage_files, linkage_verdict,
+                                  parity_passed, pipeline_speedup, shape_label, stage_records, target_records,
+                                  vendor_beside)
+from audit.report.wording import (baseline_name, is_level, num, plain, speed_phrase)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class ReportModel:
     stages: list[dict]
     warnings: list[str]
     headline: dict = field(default_factory=dict)
+    incomplete: list[str] = field(default_factory=list)  # why the run did not finish (empty: it did)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -54,7 +56,12 @@ class ReportModel:
 
 
 def build_model(ev: dict, artifacts=(), signing=None, warnings=()) -> ReportModel:
-    """The model of report.html from the evidence dicts; `signing` is the bundle's SigningInfo."""
+    """The model of report.html from the evidence dicts; `signing` is the bundle's SigningInfo.
+
+    Evidence of a run that did not finish is set aside (completeness.py): the title says
+    "incomplete" and nothing partial is read as a result."""
+    finished = completeness.assess(ev)
+    ev = completeness.usable(ev, finished)
     device = device_name(ev)
     run = ev.get("run") or {}
     op = headline_op(ev)
@@ -74,10 +81,11 @@ def build_model(ev: dict, artifacts=(), signing=None, warnings=()) -> ReportMode
     parity_head, parity_rows = tables.parity_table(ev)
     bench_head, bench_rows = tables.bench_table(ev)
     return ReportModel(
-        title=_title(device, op, e2e, sov), device=device,
+        title=_title(accelerator(ev), op, vendor_beside(ev, op[0]) if op else None, e2e, sov, finished),
+        device=device,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), tool_version=__version__,
-        verdict=_verdict(stages, failing), signing=_signing_view(signing),
-        abstract=_abstract(ev, device, op, e2e, sov, never_run, failing),
+        verdict=_verdict(stages, failing, finished), signing=_signing_view(signing),
+        abstract=_abstract(ev, device, op, e2e, sov, never_run, failing, finished),
         claimed=claimed, not_claimed=not_claimed,
         methods=tables.methods(ev, device), targets=tables.targets_table(ev, ran_targets),
         results=tables.results(ev, op, e2e, sov),
@@ -88,13 +96,17 @@ def build_model(ev: dict, artifacts=(), signing=None, warnings=()) -> ReportMode
         boundary=claims.boundary(claimed, not_claimed, ev, artifacts, device, never_run),
         reproducibility=tables.reproducibility(ev, artifacts),
         stages=stages, warnings=[str(w) for w in warnings],
-        headline={"op": num(dig(op[1], "ratio")) if op else None, "e2e": e2e["ratio"] if e2e else None,
-                  "sovereign": sov},
+        headline={"op": num(dig(op[1], "ratio")) if op else None,
+                  "e2e": e2e["figure"].value if e2e and e2e["figure"] else None, "sovereign": sov},
+        incomplete=list(finished.reasons),
     )
 
 
-def _verdict(stages: list[dict], failing: list[dict]) -> dict:
-    """The overall verdict line: a failed stage or gate, else every gate held, else no run record."""
+def _verdict(stages: list[dict], failing: list[dict], finished: completeness.Completeness) -> dict:
+    """The overall verdict line: incomplete, else a failed stage or gate, else every gate held,
+    else no run record."""
+    if not finished.complete:
+        return {"css": "fail", "text": "incomplete: " + "; ".join(finished.reasons)}
     if failing:
         return {"css": "fail", "text": "the claim does not hold as stated: "
                 + "; ".join(f"{s['name']} {'failed' if s['status'] == 'failed' else 'gate failed'}"
@@ -119,16 +131,58 @@ def _signing_view(signing) -> dict:
     return sig
 
 
-def _title(device: str, op, e2e, sov) -> str:
+def _title(accel: str, op, vendor, e2e, sov, finished: completeness.Completeness) -> str:
+    """The headline: every figure names its baseline, the device is the one that ran the kernel,
+    a level ratio is called level, and an end-to-end figure its Amdahl bound refutes is not
+    stated. A run that did not finish has "Incomplete run" in the figures' place."""
     lead = {"pass": "Sovereign flash attention", "fail": "Non-sovereign build: flash attention"}.get(
         sov or "", "Flash attention (sovereignty not checked)")
-    op_t = f"{num(op[1]['ratio']):.1f}x op" if op else "op speedup not measured"
-    e2e_t = f"{e2e['ratio']:.2f}x end-to-end" if e2e else "end-to-end not measured"
-    return f"{lead} on {device}: {op_t}, {e2e_t}"
+    if not finished.complete:
+        what = (", ".join(f"stage {s}" for s in finished.stages) + " left unfinished" if finished.stages
+                else "partial evidence")
+        return f"Incomplete run ({what}): {lead} on {accel}, no figure stated"
+    return f"{lead} on {accel}: {_op_headline(op, vendor)}, {_e2e_headline(e2e)}"
 
 
-def _abstract(ev, device, op, e2e, sov, never_run, failing) -> list[str]:
+def _op_headline(op, vendor) -> str:
+    if not op:
+        return "op speedup not measured"
+    sp = op[1]
+    r = num(sp.get("ratio"))
+    if is_level(sp.get("ci_low"), sp.get("ci_high")):
+        t = "op level with our naive path"
+    elif r >= 1.0:
+        t = f"{r:.1f}x op vs our naive path"
+    else:
+        t = f"op slower than our naive path ({r:.2f}x)"
+    if vendor:
+        vr, name = num(vendor.get("ratio")), baseline_name(vendor.get("baseline"))
+        t += (f" (level with {name})" if is_level(vendor.get("ci_low"), vendor.get("ci_high"))
+              else f" ({vr:.2f}x {name})")
+    return t
+
+
+def _e2e_headline(e2e) -> str:
+    if not e2e:
+        return "end-to-end not measured"
+    fig = e2e["figure"]
+    if fig is None:
+        return ("end-to-end not claimed (inconsistent with the Amdahl bound)" if e2e["inconsistent"]
+                else "end-to-end not claimed (no interval)")
+    base = baseline_name(e2e["reference"])
+    what = "end-to-end" if e2e["headline"] == "full" else "DiT loop"
+    if is_level(fig.low, fig.high):
+        return f"{what} level with {base}"
+    if fig.value < 1.0:
+        return f"{what} slower than {base} ({fig.value:.2f}x)"
+    return f"{fig.value:.2f}x {what} vs {base}"
+
+
+def _abstract(ev, device, op, e2e, sov, never_run, failing, finished) -> list[str]:
     paras = []
+    if not finished.complete:
+        paras.append("This run did not finish: " + "; ".join(finished.reasons) + ". What it left is "
+                     "kept in the bundle; nothing partial is read as a result below.")
     sov_t = {"pass": "passes the sovereignty policy (no vendor BLAS/DNN/attention library linked, "
                      "loaded or embedded)",
              "fail": "FAILS the sovereignty policy"}.get(sov or "", "was not checked for sovereignty")
@@ -144,10 +198,23 @@ def _abstract(ev, device, op, e2e, sov, never_run, failing) -> list[str]:
         s, sp = op
         bits.append(f"against our naive pre-flash path on {shape_label(s)} the flash forward is "
                     + speed_phrase(sp.get("ratio"), sp.get("ci_low"), sp.get("ci_high")))
+        vendor = vendor_beside(ev, s)
+        if vendor:
+            bits.append(f"against vendor {baseline_name(vendor.get('baseline'))} on the same shape it is "
+                        + speed_phrase(vendor.get("ratio"), vendor.get("ci_low"), vendor.get("ci_high")))
     if e2e:
-        bits.append(f"end to end ({e2e['what']}) the {plain(dig(ev, 'pipeline', 'preset'), '')} DiT pipeline with "
-                    f"flash is {speed_phrase(e2e['ratio'], None, None)} than with the naive path; its DiT loop "
-                    + speed_phrase(e2e.get("dit"), e2e.get("lo"), e2e.get("hi")))
+        preset = plain(dig(ev, "pipeline", "preset"), "")
+        base = baseline_name(e2e["reference"])
+        fig = e2e["figure"]
+        if fig is not None:
+            bits.append(f"end to end ({e2e['headline_what']}) the {preset} DiT pipeline with flash against "
+                        f"{base} is " + speed_phrase(fig.value, fig.low, fig.high)
+                        + ", consistent with the Amdahl bound from its measured attention share")
+        if e2e["inconsistent"]:
+            bits.append("the end-to-end " + " and ".join(k.what for k in e2e["inconsistent"])
+                        + " figure" + ("s are" if len(e2e["inconsistent"]) > 1 else " is")
+                        + " not claimed: inconsistent with the Amdahl bound (both figures and the likely "
+                          "cause under Results)")
     if bits:
         paras.append("Measured: " + "; ".join(bits) + ".")
     if never_run:

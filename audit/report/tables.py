@@ -9,8 +9,8 @@ from audit.report import plots
 from audit.report.readers import (bench_shapes, bundle_relative, dig, finding_count, headline_op,
                                   linkage_files, parity_passed, parity_worst, pipeline_speedup, primary_name,
                                   shape_label, target_records)
-from audit.report.wording import (NEVER_RUN_WHY, finding_text, fmt_cos, metrics_line, num, percent, plain,
-                                  sci, seconds, speed_phrase, times)
+from audit.report.wording import (NEVER_RUN_WHY, baseline_name, finding_text, fmt_cos, is_level, metrics_line,
+                                  num, percent, plain, sci, seconds, short_reason, speed_phrase, times)
 
 
 def cell(t: str, css: str = "") -> dict:
@@ -78,18 +78,23 @@ def results(ev, op, e2e, sov) -> list[dict]:
     rows = []
     if op:
         s, sp = op
-        rows.append({"what": "Op", "value": times(sp["ratio"]), "css": "",
-                     "detail": f"{primary_name(ev)} vs our naive path on {shape_label(s)}; 95% CI "
-                               f"{times(sp.get('ci_low'))} to {times(sp.get('ci_high'))}",
+        level = is_level(sp.get("ci_low"), sp.get("ci_high"))
+        rows.append({"what": "Op", "value": "level" if level else times(sp["ratio"]), "css": "warn" if level else "",
+                     "detail": f"{primary_name(ev)} vs our naive path on {shape_label(s)}: "
+                               + speed_phrase(sp.get("ratio"), sp.get("ci_low"), sp.get("ci_high")),
                      "evidence": "evidence/bench.json"})
     else:
         rows.append({"what": "Op", "value": "not measured", "css": "warn", "detail": "no bench evidence",
                      "evidence": ""})
     if e2e:
-        pred = f"; Amdahl predicted {times(e2e['predicted'])}" if e2e.get("predicted") else ""
-        share = f"; attention share {100 * e2e['share']:.1f}% of the naive run" if e2e.get("share") is not None else ""
-        rows.append({"what": "End to end", "value": times(e2e["ratio"]), "css": "",
-                     "detail": f"{plain(dig(ev, 'pipeline', 'preset'), '')} DiT pipeline, flash vs naive{pred}{share}",
+        fig = e2e["figure"]
+        share = (f"; attention share {100 * e2e['share']:.1f}% of the {plain(e2e['reference'])} run"
+                 if e2e.get("share") is not None else "")
+        value = ("not claimed" if fig is None else "level" if is_level(fig.low, fig.high) else times(fig.value))
+        rows.append({"what": "End to end", "value": value, "css": "warn" if e2e["inconsistent"] or fig is None else "",
+                     "detail": f"{plain(dig(ev, 'pipeline', 'preset'), '')} DiT pipeline, flash vs "
+                               f"{baseline_name(e2e['reference'])}{share}; "
+                               + "; ".join(k.sentence() for k in e2e["checks"].values()),
                      "evidence": "evidence/pipeline.json"})
     else:
         rows.append({"what": "End to end", "value": "not measured", "css": "warn",
@@ -140,10 +145,11 @@ def bench_table(ev) -> tuple[list[str], list[dict]]:
             t = b.get("timing") or {}
             name = str(b.get("name")) + (" (vendor)" if b.get("vendor") else "") + (" (ours)" if b.get("name") == prim else "")
             sp = sps.get(b.get("name"))
-            sp_t = (f"{times(sp.get('ratio'))} ({times(sp.get('ci_low'))} to {times(sp.get('ci_high'))})" if sp else "")
+            sp_t = (f"{times(sp.get('ratio'))} ({times(sp.get('ci_low'))} to {times(sp.get('ci_high'))})"
+                    + (", level" if is_level(sp.get("ci_low"), sp.get("ci_high")) else "") if sp else "")
             ok = b.get("status") == "ok"
             rows.append({"cells": [cell(shape_label(s)), cell(name),
-                                   cell(str(b.get("status")) + ("" if ok else f": {plain(b.get('reason'), '')}"),
+                                   cell(str(b.get("status")) + ("" if ok else f": {short_reason(b.get('reason'))}"),
                                         "ok" if ok else "skipped"),
                                    cell(f"{num(t.get('median')):.4g}" if num(t.get("median")) else "n/a"),
                                    cell(f"{num(t.get('iqr')):.3g}" if num(t.get("iqr")) is not None else "n/a"),
@@ -164,20 +170,28 @@ def pipeline_rows(ev) -> list[tuple[str, str]]:
             ("steps, guidance", f"{plain(cfg.get('steps'))} steps, {plain(cfg.get('cfg'))}, guidance {plain(cfg.get('guidance_scale'))}"),
             ("device, dtype", f"{plain(cfg.get('device'))}, {plain(cfg.get('dtype'))}"),
             ("attention cores", plain(cfg.get("attention"))),
-            ("complete", plain(p.get("complete")))]
+            ("finished", {True: "yes: every core ran to the end", False: "no"}.get(p.get("complete"), "not recorded"))]
     for r in p.get("runs") or []:
         if isinstance(r, dict):
             inst = r.get("instrumented_step") or {}
+            vae = [seconds(x) for x in r.get("vae_decode_samples_s") or [] if num(x) is not None]
             rows.append((f"run: {plain(r.get('attention'))}",
-                         f"{plain(r.get('status'))}{': ' + plain(r.get('reason')) if r.get('reason') else ''}; "
-                         f"DiT loop {seconds(r.get('dit_loop_s'))}, VAE decode {seconds(r.get('vae_decode_s'))}, "
-                         f"attention share {percent(inst.get('attention_share'))}"))
+                         f"{plain(r.get('status'))}{': ' + short_reason(r.get('reason')) if r.get('reason') else ''}; "
+                         f"DiT loop {seconds(r.get('dit_loop_s'))}, VAE decode {seconds(r.get('vae_decode_s'))}"
+                         + (f" (median of {', '.join(vae)})" if len(vae) > 1 else "")
+                         + f", attention share {percent(inst.get('attention_share'))}"))
     e2e = pipeline_speedup(ev)
     if e2e:
-        rows.append(("measured speedup, flash vs naive", f"{times(e2e['ratio'])} ({e2e['what']}); DiT loop "
-                     f"{times(e2e['dit'])} (95% CI {times(e2e['lo'])} to {times(e2e['hi'])})"))
-        rows.append(("Amdahl-predicted (DiT loop)", f"{times(e2e['predicted'])} = 1 / ((1 - p) + p / s_op), "
-                     f"p {percent(e2e['share'])}, s_op {times(e2e['op'])}"))
+        base = baseline_name(e2e["reference"])
+        rows.append((f"measured speedup, flash vs {base}",
+                     f"DiT loop {speed_phrase(e2e['dit'], e2e['lo'], e2e['hi'])}; DiT loop + VAE decode "
+                     f"{speed_phrase(e2e['full'], e2e['full_lo'], e2e['full_hi'])}"))
+        rows.append(("op speedup in the pipeline (s_op)", speed_phrase(e2e["op"], e2e["op_lo"], e2e["op_hi"])))
+        for key, k in e2e["checks"].items():
+            rows.append((f"Amdahl check ({k.what})",
+                         f"predicted {times(k.predicted.value)} = 1 / ((1 - p) + p / s_op), p "
+                         + (f"{percent(e2e['share'])} scaled by the unchanged decode time" if key == "full"
+                            else percent(e2e["share"])) + f"; {k.sentence()}"))
         for key in ("latents", "frames"):
             m = e2e.get(key)
             if isinstance(m, dict):

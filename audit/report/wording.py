@@ -37,15 +37,44 @@ def fmt_cos(c) -> str:
     return f"{v:.7f} (1-cos {1.0 - v:.1e})"
 
 
+def is_level(lo, hi) -> bool:
+    """A ratio whose 95% interval spans 1.0: no difference shown either way."""
+    lo, hi = num(lo), num(hi)
+    return lo is not None and hi is not None and lo <= 1.0 <= hi
+
+
 def speed_phrase(ratio, lo=None, hi=None) -> str:
-    """A ratio of times in words that never calls a slowdown or a tie a speedup."""
+    """A ratio of times in words that never calls a slowdown or a tie a speedup: an interval
+    spanning 1.0 is "level", never "1.0x faster"."""
     r, lo, hi = num(ratio), num(lo), num(hi)
     if r is None:
         return "not measured"
     ci = f" (95% CI {lo:.2f}x to {hi:.2f}x)" if lo is not None and hi is not None else ""
-    if lo is not None and hi is not None and lo <= 1.0 <= hi:
-        return f"{r:.2f}x{ci}: no significant difference"
-    return (f"{r:.2f}x faster" if r >= 1.0 else f"slower ({r:.2f}x)") + ci
+    if is_level(lo, hi):
+        return f"level: {r:.2f}x{ci}, no difference shown"
+    return (f"{r:.2f}x faster" if r >= 1.0 else f"slower: {r:.2f}x") + ci
+
+
+# What the title and sentences call each baseline a ratio is taken against.
+BASELINE_NAMES = {"naive": "our naive path", "eager": "torch eager", "sdpa": "SDPA (default dispatch)",
+                  "sdpa-flash": "SDPA-flash", "sdpa-cudnn": "SDPA-cuDNN", "sdpa-efficient": "SDPA-efficient",
+                  "sdpa-math": "SDPA-math", "flash": "our flash kernel"}
+
+
+def baseline_name(name) -> str:
+    return BASELINE_NAMES.get(str(name), plain(name, "an unnamed baseline"))
+
+
+# PyTorch's raw error when a forced SDPA backend has no kernel for the device or inputs.
+_NO_SDPA_KERNEL = "No viable backend for scaled_dot_product_attention"
+
+
+def short_reason(reason, limit: int = 160) -> str:
+    """A skip reason as a short clean line (evidence may carry a library's raw error text)."""
+    text = plain(reason, "")
+    if _NO_SDPA_KERNEL in text:
+        return "not available: this PyTorch has no kernel of this backend for these inputs"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def plain(x, default: str = "not recorded") -> str:

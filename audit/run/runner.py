@@ -214,7 +214,9 @@ class Runner:
             resolve_targets(list(cfg.targets))  # an unknown target is a usage error (exit 2)
         self.record.device = stages.resolve_device(cfg.device)
         self.record.artifacts = [stages.describe_artifact(Path(p)) for p in cfg.artifacts]
-        prepare_out(self.out)
+        replaced = prepare_out(self.out)
+        if replaced:
+            self.echo(replaced)
         for a in self.record.artifacts:
             stages.probe_abi(a)
         self.save_run()
