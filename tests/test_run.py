@@ -91,21 +91,38 @@ def _median_ratio(bench: dict, shape_index: int, baseline: str, subject: str = "
 
 @pytest.mark.slow
 def test_title_states_the_measured_headline():
+    """The title's figures, recomputed from the raw samples; an end-to-end figure it states cannot
+    beat the DiT loop's (the decode is the same work for both cores), and one it leaves out is
+    shown as inconsistent with its Amdahl bound or as level."""
     out = require_cpu_run()
     html = (out / "report.html").read_text()
     title = re.search(r"<h1 id=\"title\">(.*?)</h1>", html).group(1)
-    m = re.fullmatch(r"Sovereign flash attention on (.+): (\d+\.\d)x op, (\d+\.\d\d)x end-to-end", title)
+    m = re.fullmatch(r"Sovereign flash attention on CPU only \(no GPU\): (.+), (.+)", title)
     assert m, title
+    op_t, e2e_t = m.group(1), m.group(2)
     bench = load(out / "evidence" / "bench.json")
     flops = [s["shape"]["batch"] * s["shape"]["heads"] * s["shape"]["nq"] * s["shape"]["nk"] * s["shape"]["head_dim"]
              for s in bench["shapes"]]
     largest = flops.index(max(flops))
-    assert m.group(2) == f"{_median_ratio(bench, largest, 'naive'):.1f}"  # recomputed from raw samples
+    ratio = _median_ratio(bench, largest, "naive")  # recomputed from raw samples
+    sp = next(x for x in bench["shapes"][largest]["speedups"] if x["baseline"] == "naive")
+    if sp["ci_low"] <= 1.0 <= sp["ci_high"]:
+        assert op_t.startswith("op level with our naive path"), title
+    else:
+        assert op_t.startswith(f"{ratio:.1f}x op vs our naive path"), title
     pipe = load(out / "evidence" / "pipeline.json")
     runs = {r["attention"]: r for r in pipe["runs"]}
+    dit = runs["naive"]["dit_loop_s"] / runs["flash"]["dit_loop_s"]
     e2e = ((runs["naive"]["dit_loop_s"] + runs["naive"]["vae_decode_s"])
            / (runs["flash"]["dit_loop_s"] + runs["flash"]["vae_decode_s"]))
-    assert abs(float(m.group(3)) - e2e) <= 0.011  # the pipeline rounds its seconds to 4 places
+    stated = re.fullmatch(r"(\d+\.\d\d)x end-to-end vs our naive path", e2e_t)
+    if stated:
+        assert abs(float(stated.group(1)) - e2e) <= 0.011  # the pipeline rounds its seconds to 4 places
+        assert e2e <= max(1.0, dit) * 1.1  # the same decode for both cannot make the job gain more
+    elif "not claimed" in e2e_t:
+        assert "inconsistent with the Amdahl bound" in e2e_t and "inconsistent with the Amdahl bound" in html
+    else:
+        assert "level with our naive path" in e2e_t or re.fullmatch(r"\d+\.\d\dx DiT loop vs our naive path", e2e_t), title
 
 
 @pytest.mark.slow
