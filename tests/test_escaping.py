@@ -84,6 +84,10 @@ def poison(d):
     run["stages"][4]["notes"] = [HOSTILE_SCRIPT]
     run["command_line"] += " " + HOSTILE_IMG
     (d / "run.json").write_text(json.dumps(run))
+    # a CPU run names its CPU (the GPU name above is shown only when a GPU ran the kernel)
+    env = json.loads((d / "environment.json").read_text())
+    env["cpu"]["model"] = HOSTILE_DEVICE
+    (d / "environment.json").write_text(json.dumps(env))
 
 
 @pytest.mark.slow
