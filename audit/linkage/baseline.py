@@ -70,5 +70,5 @@ def apply_baseline(report: CheckReport, baseline: Baseline) -> None:
                 new += 1
         if fr.verdict == "fail" and not fr.failing:
             fr.verdict = "pass"
-    absent = [dict(zip(("rule", "kind", "subject", "path"), k)) for k in sorted(baseline.keys - seen)]
+    absent = [dict(zip(("rule", "kind", "subject", "path"), k, strict=True)) for k in sorted(baseline.keys - seen)]
     report.baseline = {"file": baseline.source, "new": new, "unchanged": unchanged, "absent": absent}

@@ -56,7 +56,8 @@ def extract_conda(path: str, dest: str) -> list[tuple[str, str, bool]]:
         """Create target's folder; refuse one that symlinks lead outside `dest`."""
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if not (os.path.realpath(os.path.dirname(target)) + os.sep).startswith(top + os.sep):
-            raise InputError(f"{path}: member {os.path.relpath(target, dest)} lies behind a symlink leaving the package")
+            where = os.path.relpath(target, dest)
+            raise InputError(f"{path}: member {where} lies behind a symlink leaving the package")
         return target
     try:
         with _package_tar(path) as tf:
