@@ -320,7 +320,7 @@ class Resolver:
             node, chain = queue.popleft()
             edges = [(n, "needed") for n in node.info.needed] + [(n, "dlopen") for n in dlopen_names(node.info)]
             for needed, edge in edges:
-                count += 1
+                count += edge == "needed"  # a dlopen string counts once it names a file (below)
                 if count > self.options.max_nodes:
                     raise TreeTooLarge(f"dependency tree has more than {self.options.max_nodes} edges")
                 if needed in loaded:
@@ -337,6 +337,7 @@ class Resolver:
                     child = self._resolve(needed, node, chain, ident, warnings, members, dlopen=True)
                     if child is None:
                         continue
+                    count += 1
                 else:
                     child = self._resolve(needed, node, chain, ident, warnings, members)
                 if child.realpath and child.realpath in by_real:
