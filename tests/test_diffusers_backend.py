@@ -1,0 +1,104 @@
+"""Our kernel as a diffusers attention backend (flash_kernel.diffusers_backend): a Wan DiT built
+from a small config runs every self- and cross-attention on the kernel through diffusers' own
+dispatcher, against diffusers' native (SDPA) backend; calls the kernel cannot serve are passed on
+to the previous backend unchanged and counted by reason."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+from diffusers.models import attention_dispatch as ad  # noqa: E402
+from diffusers.models.transformers.transformer_wan import WanTransformer3DModel  # noqa: E402
+
+import flash_kernel  # noqa: E402
+from audit.build.builder import ensure_built  # noqa: E402
+from flash_kernel.diffusers_backend import flash_attention_backend  # noqa: E402
+
+LAYERS = 2
+
+
+@pytest.fixture(scope="module")
+def lib(fixture_root):
+    out = fixture_root / "fk_build"  # the folder tests/test_binding.py builds into: built once
+    tb = ensure_built(["cpu"], out).get("cpu")
+    assert tb.status == "built", tb.reason
+    return flash_kernel.load(out / "cpu" / "libflash_kernel.so")
+
+
+def _wan(seed: int):
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=64,
+                                  in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
+                                  num_layers=LAYERS, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                  rope_max_seq_len=64)
+    return model.eval()
+
+
+def _forward(model, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    latents = torch.randn(1, 4, 3, 8, 10, generator=gen)  # 3 frames of 8x10: 60 tokens (ragged)
+    text = torch.randn(1, 7, 32, generator=gen)
+    with torch.no_grad():
+        return model(hidden_states=latents, timestep=torch.tensor([700]), encoder_hidden_states=text,
+                     return_dict=False)[0]
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_wan_runs_every_attention_on_the_kernel(lib):
+    seed = int.from_bytes(os.urandom(4), "little")
+    model = _wan(seed)
+    stock = _forward(model, seed)
+    with flash_attention_backend(lib) as counts:
+        ours = _forward(model, seed)
+    assert counts.served == 2 * LAYERS and not counts.passed_on, counts.summary()  # self + cross per block
+    assert _rel(ours, stock) <= 1e-5, f"seed {seed}"
+    assert ad._AttentionBackendRegistry.get_active_backend()[0] == ad.AttentionBackendName.NATIVE
+    assert not [k for k in ad._AttentionBackendRegistry._backends if str(k).startswith("sovereign_flash")]
+
+
+def _qkv(n=33, d=64, gen=None):
+    return tuple(torch.randn(2, n, 3, d, generator=gen) for _ in range(3))  # (B, N, H, D) as diffusers passes
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("mask", "attention mask"), ("causal", "causal"), ("dropout", "dropout"),
+    ("grad", "needs gradients (forward-only kernel)"), ("head dim", "head dim 40"),
+])
+def test_calls_it_cannot_serve_go_to_sdpa_unchanged(lib, case, reason):
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    q, k, v = _qkv(d=40 if case == "head dim" else 64, gen=gen)
+    kw = {}
+    if case == "mask":
+        kw["attn_mask"] = torch.rand(2, 1, 33, 33, generator=gen) > 0.3
+    elif case == "causal":
+        kw["is_causal"] = True
+    elif case == "grad":
+        q.requires_grad_(True)
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        native = ad.dispatch_attention_fn(q, k, v, dropout_p=0.5 if case == "dropout" else 0.0, **kw)
+    with flash_attention_backend(lib) as counts, torch.random.fork_rng():
+        torch.manual_seed(1)
+        got = ad.dispatch_attention_fn(q, k, v, dropout_p=0.5 if case == "dropout" else 0.0, **kw)
+    assert counts.served == 0 and counts.passed_on == {reason: 1}
+    assert torch.equal(got, native)
+
+
+def test_blocks_nest_and_restore(lib):
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    q, k, v = _qkv(gen=gen)
+    with flash_attention_backend(lib) as outer:
+        with flash_attention_backend(lib) as inner:
+            ad.dispatch_attention_fn(q, k, v, attn_mask=torch.ones(2, 1, 33, 33, dtype=torch.bool))
+        ad.dispatch_attention_fn(q, k, v)
+    assert inner.to_dict() == {"served": 0, "passed_on": {"attention mask": 1}}
+    assert outer.to_dict() == {"served": 1, "passed_on": {"attention mask": 1}}  # inner passed it on to outer
+    assert ad._AttentionBackendRegistry.get_active_backend()[0] == ad.AttentionBackendName.NATIVE
