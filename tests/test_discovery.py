@@ -166,6 +166,17 @@ def test_a_dlopen_resolved_among_the_wheel_members_is_walked(providers):
     assert by_path(report, "!/pkg/capi/libloader.so").verdict == "fail"
 
 
+def test_a_dlopen_string_naming_a_vendor_library_under_another_name_is_found(tmp_path):
+    # libhelper.so beside the caller is cuDNN by its SONAME: the name string alone says nothing
+    vendor_lib(tmp_path / "pkg", "libcudnn.so.9", ["cudnnCreate"]).rename(tmp_path / "pkg/libhelper.so")
+    loader = cc_shared(tmp_path / "pkg/libloader.so", LOADER.format(name="libhelper.so"), "-ldl")
+    res = only(audit(loader))
+    (f,) = [f for f in res.findings if f.rule == "nvidia.cudnn"]
+    assert (f.kind, f.subject, f.where, f.chain) == (
+        "dlopen-string", "libhelper.so", "dlopen string of libloader.so", ["libloader.so", "libhelper.so (dlopen)"])
+    assert "SONAME libcudnn.so.9" in f.detail and res.verdict == "fail"
+
+
 def test_a_dlopen_string_that_names_no_file_is_not_an_edge(providers):
     res = only(audit(providers["ghost"]))
     assert res.verdict == "pass" and res.tree.children and all(c.edge == "needed" for c in res.tree.children)

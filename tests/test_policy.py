@@ -137,6 +137,8 @@ def test_glob_translation():
     ('[[exceptions]]\nfile = "*"\nrule = "no.such"\nreason = "r"\n', "exceptions[0].rule"),
     ('[[exceptions]]\nfile = "*"\nrule = "nvidia.cublas"\nreason = "r"\nexpires = "soon"\n', "expires"),
     ('name = [\n', "invalid TOML"),
+    ('symbol-prefixes = ["scipy "]\n', "symbol-prefixes[0]"),
+    ('symbol-suffixes = "64_"\n', "symbol-suffixes"),
 ])
 def test_bad_policy_is_exit_2_naming_file_and_key(tmp_path, capsys, text, key):
     path = write(tmp_path, 'extends = "sovereign"\n' + text if "exceptions" in text else text)
@@ -194,6 +196,7 @@ def test_policy_show_round_trips(tmp_path, capsys):
     base = load_policy(None)
     assert [r.to_dict() | {"source": ""} for r in again.rules] == [r.to_dict() | {"source": ""} for r in base.rules]
     assert again.trusted == base.trusted and again.inspected == base.inspected and again.settings == base.settings
+    assert (again.symbol_prefixes, again.symbol_suffixes) == (base.symbol_prefixes, base.symbol_suffixes) == (("scipy_",), ("64_",))
     rc, out, _ = cli(capsys, "policy", "show", "--json")
     assert rc == 0 and '"nvidia.cublas"' in out
     rc, out, _ = cli(capsys, "policy", "list")
@@ -205,3 +208,15 @@ def test_to_toml_escapes_untrusted_text(tmp_path):
     pol = load_policy(path)
     again = load_policy(write(tmp_path, to_toml(pol), "again.toml"))
     assert again.rules[0].reason == 'quote " back \\ ctl \x07'
+
+
+def test_symbol_prefixes_and_suffixes_extend_and_rename_only_c_patterns(tmp_path):
+    path = write(tmp_path, 'extends = "sovereign"\nsymbol-prefixes = ["mkl_"]\n'
+                           '[[rules]]\nid = "x.y"\nreason = "r"\nsymbols = ["fkv_gemm_", "fkv_[a-z]*", "_ZN3fkv*"]\n')
+    pol = load_policy(path)
+    assert pol.symbol_prefixes == ("scipy_", "mkl_") and pol.symbol_suffixes == ("64_",)
+    assert pol.rule("x.y").match_symbols == (
+        "fkv_gemm_", "fkv_[a-z]*", "_ZN3fkv*", "fkv_gemm_64_", "scipy_fkv_gemm_", "scipy_fkv_gemm_64_",
+        "mkl_fkv_gemm_", "mkl_fkv_gemm_64_", "scipy_fkv_[a-z]*", "mkl_fkv_[a-z]*")
+    assert pol.rule_for_symbol("scipy_fkv_gemm_64_").id == "x.y"
+    assert pol.rule_for_symbol("scipy__ZN3fkv1fEv") is None  # C++ names are never renamed so
