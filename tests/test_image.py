@@ -216,3 +216,13 @@ def test_broken_or_hostile_image_is_an_input_error(elf, tmp_path, case, capsys):
     assert expect in err[0]
     assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
     assert not os.path.exists("/evil.so") and not Path(tmp_path.anchor, "tmp", "evil.so").exists()
+
+
+@pytest.mark.parametrize("how", [None, "gzip"])
+def test_workers_give_the_same_report(elf, tmp_path, how):
+    img = oci_layout(tmp_path / "oci.tar", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV, how=how, as_tar=True)
+    reports = [check_paths([str(img)], load_policy(None), jobs=jobs).to_dict() for jobs in (1, 2)]
+    for r in reports:
+        r.pop("elapsed_s")
+    assert reports[0] == reports[1]
+    assert reports[0]["exit_code"] == EXIT_VIOLATION

@@ -131,19 +131,20 @@ _PARALLEL_MIN_BYTES = 32 << 20  # below this much to read, starting workers cost
 
 
 def _check_all(items: list[Input], check_one: Callable[[Input], FileResult], jobs: int | None) -> list[FileResult]:
-    """check_one over every input, in input order. Files on this machine's file system are
-    independent and go to worker processes, the largest first; files inside an image are read
-    through the image's open archive and are checked here, one after another."""
+    """check_one over every input, in input order. Files are independent and go to worker
+    processes, the largest first: files on this machine's file system, and files in an image's
+    uncompressed layers (read in place through the archive a worker inherits); files of a
+    compressed layer are checked here, one after another (the layer is decompressed once)."""
     results: list[FileResult | None] = [None] * len(items)
-    host = [i for i, inp in enumerate(items)
-            if (inp.scope is None or inp.scope.fs is HOST) and inp.read_from is not None]
-    sizes = {i: _size(items[i].read_from) for i in host}
+    forkable = [i for i, inp in enumerate(items)
+                if inp.read_from is not None and (inp.scope is None or inp.scope.fs.shareable(inp.read_from))]
+    sizes = {i: (items[i].scope.fs if items[i].scope else HOST).size(items[i].read_from) for i in forkable}
     if jobs is None:
         jobs = cpu_count() if sum(sizes.values()) >= _PARALLEL_MIN_BYTES else 1
-    if jobs > 1 and len(host) > 1:
-        order = sorted(range(len(host)), key=lambda k: -sizes[host[k]])
-        done = map_ordered(_shipped(check_one), [items[i] for i in host], jobs, order)
-        for i, result in zip(host, done):
+    if jobs > 1 and len(forkable) > 1:
+        order = sorted(range(len(forkable)), key=lambda k: -sizes[forkable[k]])
+        done = map_ordered(_shipped(check_one), [items[i] for i in forkable], jobs, order)
+        for i, result in zip(forkable, done):
             results[i] = result
     for i, inp in enumerate(items):
         if results[i] is None:
@@ -161,13 +162,6 @@ def _shipped(check_one):
                 node.info = None
         return result
     return run
-
-
-def _size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
 
 
 def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,

@@ -33,6 +33,12 @@ class FileSystem(Protocol):
     def read_elf(self, path: str, symbol_pattern) -> ElfInfo:
         """Parse the ELF file at `path` (raises audit.errors.InputError)."""
 
+    def size(self, path: str) -> int:
+        """The size of a regular file (0 if unknown): the largest files are started first."""
+
+    def shareable(self, path: str) -> bool:
+        """Whether a forked worker process can read `path` as well as this process can."""
+
 
 class HostFS:
     """This machine's file system."""
@@ -75,6 +81,15 @@ class HostFS:
         from audit.elf.reader import read_elf
 
         return read_elf(path, symbol_pattern=symbol_pattern)
+
+    def size(self, path: str) -> int:
+        try:
+            return os.path.getsize(path)
+        except OSError:
+            return 0
+
+    def shareable(self, path: str) -> bool:
+        return True
 
 
 HOST = HostFS()

@@ -259,6 +259,16 @@ class ImageTree:
             return None
         return sorted(self.children.get(real, ()))
 
+    def size(self, path: str) -> int:
+        e = self._real_entry(path)
+        return e.size if e is not None and e.kind == "file" else 0
+
+    def shareable(self, path: str) -> bool:
+        # an uncompressed layer is read with pread on a file descriptor a forked worker inherits;
+        # a compressed one is decompressed once, in the process that holds the parsed results
+        e = self._real_entry(path)
+        return e is not None and self.compression[e.layer] is None
+
     def read_elf(self, path: str, symbol_pattern) -> ElfInfo:
         from audit.elf.reader import read_elf_buffer
 
