@@ -95,6 +95,14 @@ def test_level_means_the_interval_spans_one():
     assert not K.level(None, 1.2) and not K.level(float("nan"), 2.0)
 
 
+def test_an_end_to_end_figure_near_one_by_less_than_the_allowance_is_level():
+    assert K.level_within_noise(I(0.965, 0.939, 0.993))  # 0.993 * 1.1 > 1
+    assert K.level_within_noise(I(1.05, 1.02, 1.08))
+    assert not K.level_within_noise(I(1.3, 1.2, 1.4))  # 1.2 / 1.1 > 1: a speedup shown
+    assert not K.level_within_noise(I(0.87, 0.85, 0.9))  # 0.9 * 1.1 < 1: a slowdown shown
+    assert not K.level_within_noise(I(1.0, float("nan"), 1.1))
+
+
 def test_job_time_bootstrap_against_direct_computation():
     ref_steps, ref_vae = [1.0, 1.2, 1.1], [0.5, 0.7]
     core_steps, core_vae = [0.5, 0.6, 0.55], [0.6, 0.6]

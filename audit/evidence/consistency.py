@@ -148,6 +148,13 @@ def level(low: float | None, high: float | None) -> bool:
     return low is not None and high is not None and _finite(low) and _finite(high) and low <= 1.0 <= high
 
 
+def level_within_noise(measured: Interval, tolerance: float = TOLERANCE) -> bool:
+    """An end-to-end ratio is level when its interval, widened by the same allowance the gate
+    gives for what the intervals cannot carry, spans 1.0: a 4% difference the decode's timing
+    can make on its own (the same work for every core) is no difference shown."""
+    return measured.known and level(measured.low / (1.0 + tolerance), measured.high * (1.0 + tolerance))
+
+
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 

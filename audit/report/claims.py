@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from audit.report.readers import (bench_shapes, dig, linkage_files, parity_passed, parity_worst,
                                   pipeline_speedup, primary_name, shape_label, speedups, stage_records)
-from audit.report.wording import (NEVER_RUN_WHY, baseline_name, is_level, metrics_line, num, plain, sci,
+from audit.report.wording import (NEVER_RUN_WHY, baseline_name, e2e_phrase, is_level, metrics_line, num, plain, sci,
                                   short_reason, speed_phrase, times)
 
 
@@ -67,7 +67,7 @@ def claimed(ev, op, e2e, sov, device) -> list[Claim]:
                 f"{sp['baseline']} on {shape_label(s)} (95% CI from {times(lo)}).",
                 ["evidence/bench.json"], f"faster than {sp['baseline']} on {shape_label(s)}"))
     fig = e2e["figure"] if e2e is not None else None
-    if fig is not None and fig.low > 1.0:
+    if fig is not None and fig.low > 1.0 and not e2e["figure_level"]:
         preset = plain(dig(ev, "pipeline", "preset"), "the recorded")
         k = e2e["checks"][e2e["headline"]]
         out.append(Claim(
@@ -113,9 +113,8 @@ def not_claimed(ev, never_run, run) -> list[str]:
         for k in e2e["inconsistent"]:
             out.append(f"An end-to-end speedup from the {k.what}: {k.sentence()}.")
         fig = e2e["figure"]
-        if fig is not None and not fig.low > 1.0:
-            out.append(f"An end-to-end speedup ({e2e['headline_what']}): "
-                       f"{speed_phrase(fig.value, fig.low, fig.high)}.")
+        if fig is not None and (e2e["figure_level"] or not fig.low > 1.0):
+            out.append(f"An end-to-end speedup ({e2e['headline_what']}): {e2e_phrase(e2e)}.")
     out.append("Shapes, dtypes, head dims, masks (causal), or the backward pass not listed in the evidence.")
     out.append("Any binary other than the objects listed by sha256 below (a rebuild is a different object).")
     return out

@@ -15,7 +15,7 @@ from audit.report.claims import Claim, rendered_claims
 from audit.report.readers import (accelerator, device_name, dig, headline_op, linkage_files, linkage_verdict,
                                   parity_passed, pipeline_speedup, shape_label, stage_records, target_records,
                                   vendor_beside)
-from audit.report.wording import (baseline_name, is_level, num, plain, speed_phrase)
+from audit.report.wording import (baseline_name, e2e_phrase, is_level, num, plain, speed_phrase)
 
 
 @dataclass
@@ -171,7 +171,7 @@ def _e2e_headline(e2e) -> str:
                 else "end-to-end not claimed (no interval)")
     base = baseline_name(e2e["reference"])
     what = "end-to-end" if e2e["headline"] == "full" else "DiT loop"
-    if is_level(fig.low, fig.high):
+    if e2e["figure_level"]:
         return f"{what} level with {base}"
     if fig.value < 1.0:
         return f"{what} slower than {base} ({fig.value:.2f}x)"
@@ -208,7 +208,7 @@ def _abstract(ev, device, op, e2e, sov, never_run, failing, finished) -> list[st
         fig = e2e["figure"]
         if fig is not None:
             bits.append(f"end to end ({e2e['headline_what']}) the {preset} DiT pipeline with flash against "
-                        f"{base} is " + speed_phrase(fig.value, fig.low, fig.high)
+                        f"{base} is " + e2e_phrase(e2e)
                         + ", consistent with the Amdahl bound from its measured attention share")
         if e2e["inconsistent"]:
             bits.append("the end-to-end " + " and ".join(k.what for k in e2e["inconsistent"])

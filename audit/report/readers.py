@@ -182,6 +182,8 @@ def pipeline_speedup(ev: dict, attention: str = "flash") -> dict | None:
     headline = next((k for k in ("full", "dit") if k in checks and not checks[k].inconsistent
                      and checks[k].measured.known), None)
     figure = checks[headline].measured if headline else None
+    # Level when the figure's interval, widened by the gate's noise allowance, spans 1.0.
+    figure_level = figure is not None and K.level_within_noise(figure)
     return {"ratio": full.value if num(full.value) is not None else dit.value,
             "what": "DiT loop + VAE decode" if num(full.value) is not None else "DiT loop",
             "dit": dit.value, "lo": dit.low, "hi": dit.high,
@@ -189,7 +191,8 @@ def pipeline_speedup(ev: dict, attention: str = "flash") -> dict | None:
             "predicted": num(c.get("amdahl_predicted_dit")), "share": share,
             "op": op.value, "op_lo": op.low, "op_hi": op.high,
             "checks": checks, "inconsistent": [k for k in checks.values() if k.inconsistent],
-            "headline": headline, "figure": figure,
+            "headline": headline, "figure": figure, "figure_level": figure_level,
+            "tolerance": K.TOLERANCE,
             "headline_what": {"full": "DiT loop + VAE decode", "dit": "DiT loop"}.get(headline or "", ""),
             "reference": plain(c.get("reference")), "attention": attention,
             "latents": c.get("latents"), "frames": c.get("frames")}

@@ -90,7 +90,7 @@ def results(ev, op, e2e, sov) -> list[dict]:
         fig = e2e["figure"]
         share = (f"; attention share {100 * e2e['share']:.1f}% of the {plain(e2e['reference'])} run"
                  if e2e.get("share") is not None else "")
-        value = ("not claimed" if fig is None else "level" if is_level(fig.low, fig.high) else times(fig.value))
+        value = ("not claimed" if fig is None else "level" if e2e["figure_level"] else times(fig.value))
         rows.append({"what": "End to end", "value": value, "css": "warn" if e2e["inconsistent"] or fig is None else "",
                      "detail": f"{plain(dig(ev, 'pipeline', 'preset'), '')} DiT pipeline, flash vs "
                                f"{baseline_name(e2e['reference'])}{share}; "

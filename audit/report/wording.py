@@ -55,6 +55,16 @@ def speed_phrase(ratio, lo=None, hi=None) -> str:
     return (f"{r:.2f}x faster" if r >= 1.0 else f"slower: {r:.2f}x") + ci
 
 
+def e2e_phrase(e2e: dict) -> str:
+    """The end-to-end figure in words: speed_phrase, except that a figure within the gate's noise
+    allowance of 1.0 (readers.pipeline_speedup's "figure_level") is level too."""
+    fig = e2e["figure"]
+    if e2e["figure_level"] and not is_level(fig.low, fig.high):
+        return (f"level within the {100 * e2e['tolerance']:.0f}% noise allowance: {fig.value:.2f}x "
+                f"(95% CI {fig.low:.2f}x to {fig.high:.2f}x)")
+    return speed_phrase(fig.value, fig.low, fig.high)
+
+
 # What the title and sentences call each baseline a ratio is taken against.
 BASELINE_NAMES = {"naive": "our naive path", "eager": "torch eager", "sdpa": "SDPA (default dispatch)",
                   "sdpa-flash": "SDPA-flash", "sdpa-cudnn": "SDPA-cuDNN", "sdpa-efficient": "SDPA-efficient",
