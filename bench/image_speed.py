@@ -8,7 +8,10 @@ real image might hold: venvs, a second Python). The same final tree is written a
 Both are audited with the default policy; wall time, files, findings and the ratio are printed,
 and the image audit is checked to write no file (it reads the layers in place).
 
-    python3 bench/image_speed.py [--wheel PATH] [--work DIR] [--copies 3] [--compress gzip|zstd]
+    python3 bench/image_speed.py [--wheel PATH | --torch-dir DIR] [--work DIR] [--copies 3]
+                                 [--compress gzip|zstd] [--jobs N]
+
+--torch-dir takes an installed torch package (site-packages/torch) instead of the wheel.
 
 Exits 1 if the image audit takes more than --limit (2.0) times the folder's, or its verdicts
 differ from the folder's for the wheel's files.
@@ -81,17 +84,26 @@ def write_layer(path: Path, items, compress: str | None) -> str:
     return sha.hexdigest()
 
 
-def build(wheel: str, work: Path, copies: int, compress: str | None) -> tuple[Path, Path]:
-    tag = f"{Path(wheel).stem[:40]}-{copies}-{compress or 'none'}"
+def source_files(source: str) -> list[tuple[str, int, object]]:
+    """(name inside site-packages, size, opener) of a wheel's members or a torch folder's files."""
+    if os.path.isdir(source):
+        top = Path(source).resolve()
+        files = sorted(p for p in top.rglob("*") if p.is_file() and not p.is_symlink())
+        return [(f"torch/{p.relative_to(top)}", p.stat().st_size, lambda p=p: open(p, "rb")) for p in files]
+    zf = zipfile.ZipFile(source)
+    return [(m.filename, m.file_size, lambda m=m: zf.open(m)) for m in zf.infolist() if not m.is_dir()]
+
+
+def build(source: str, work: Path, copies: int, compress: str | None) -> tuple[Path, Path]:
+    tag = f"{Path(source).stem[:40]}-{copies}-{compress or 'none'}"
     image, folder = work / f"image-{tag}.tar", work / f"folder-{tag}"
     if image.exists() and folder.exists():
         return image, folder
     work.mkdir(parents=True, exist_ok=True)
-    zf = zipfile.ZipFile(wheel)
-    members = [m for m in zf.infolist() if not m.is_dir()]
+    members = source_files(source)
 
     def wheel_items(prefix):
-        return [(f"{prefix}/{m.filename}", m.file_size, lambda m=m: zf.open(m)) for m in members]
+        return [(f"{prefix}/{name}", size, opener) for name, size, opener in members]
 
     runtime = [(f"lib/x86_64-linux-gnu/{n}", os.path.getsize(os.path.join(HOST_LIB, n)),
                 lambda n=n: open(os.path.join(HOST_LIB, n), "rb")) for n in RUNTIME
@@ -127,7 +139,7 @@ def build(wheel: str, work: Path, copies: int, compress: str | None) -> tuple[Pa
     return image, folder
 
 
-def audit(path: Path):
+def audit(path: Path, jobs: int | None):
     from audit.linkage.check import check_paths
     from audit.linkage.policy import load_policy
 
@@ -135,7 +147,7 @@ def audit(path: Path):
     tempfile.tempdir = private  # where an audit would unpack anything (wheels do); must stay empty
     try:
         t0 = time.perf_counter()
-        report = check_paths([str(path)], load_policy(None))
+        report = check_paths([str(path)], load_policy(None), jobs=jobs)
         wall = time.perf_counter() - t0
     finally:
         tempfile.tempdir = saved
@@ -157,19 +169,23 @@ def summary(report, strip: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wheel", default=default_wheel())
+    ap.add_argument("--torch-dir", help="an installed torch package folder instead of the wheel")
+    ap.add_argument("--jobs", type=int, default=None, help="check's worker processes (default: one per core)")
     ap.add_argument("--work", default="/work/cache/bench-image")
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--compress", choices=["gzip", "zstd"], default=None)
     ap.add_argument("--limit", type=float, default=2.0)
     args = ap.parse_args()
-    if not args.wheel or not os.path.exists(args.wheel):
+    source = args.torch_dir or args.wheel
+    if not source or not os.path.exists(source):
         print("no torch CPU wheel: pip download torch==2.13.0 --no-deps -d /work/cache/wheels", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    image, folder = build(args.wheel, Path(args.work), args.copies, args.compress)
+    image, folder = build(source, Path(args.work), args.copies, args.compress)
     print(f"image {image} ({image.stat().st_size / 1e9:.2f} GB), built/cached in {time.perf_counter() - t0:.1f} s")
-    f_report, f_wall, _ = audit(folder)
-    i_report, i_wall, written = audit(image)
+    print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
+    f_report, f_wall, _ = audit(folder, args.jobs)
+    i_report, i_wall, written = audit(image, args.jobs)
     ratio = i_wall / f_wall
     for label, rep, wall in (("folder", f_report, f_wall), ("image", i_report, i_wall)):
         s = rep.summary
