@@ -16,7 +16,7 @@ import numpy as np
 
 from audit.elf.decompress import DecompressError, inflate
 from audit.elf.model import DeviceCode
-from audit.elf.parse import EM_AMDGPU, ElfImage, Malformed, decode, has_nonzero
+from audit.elf.parse import EM_AMDGPU, ElfImage, Malformed, decode, has_nonzero, release
 
 BUNDLE_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
 CCOB_MAGIC = b"CCOB"
@@ -227,6 +227,7 @@ def read_hip_fatbin(buf, start: int, end: int, section: str) -> list[DeviceCode]
         except Malformed as exc:
             entries, used = [_ccob_error(section, at, end - at, None, str(exc))], 0
         out.extend(entries)
+        release(buf, at, at + used)
         pos = at + max(used, 4)  # always moves on: the walk ends within end - start steps
     if not out and has_nonzero(buf, start, end):
         out.append(_ccob_error(section, start, end - start, None, "section holds data but no offload bundle"))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from audit.elf.model import StringHit
-from audit.elf.parse import SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode
+from audit.elf.parse import SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode, release
 from audit.elf.strings import library_names
 
 _NAME = rb"[A-Za-z0-9_.+\-]"
@@ -47,6 +47,26 @@ def _merge(name: bytes, piece: bytes) -> bytes:
     return name + piece
 
 
+_CHUNK = 32 << 20
+
+
+def _matches(buf, start: int, end: int):
+    """_FIRST.finditer(buf, start, end), read in 32 MiB steps whose pages are let go once
+    scanned (parse.release): all of a library's code is read, but only a step of it stays
+    resident. Each step resumes where the last match ended, so the matches are the same."""
+    pos = start
+    while pos < end:
+        stop = min(end, pos + _CHUNK)
+        resume = stop
+        for m in _FIRST.finditer(buf, pos, min(end, stop + 8)):  # a match may run past the step
+            if m.start() >= stop:
+                break
+            resume = max(resume, m.end())
+            yield m
+        release(buf, pos, stop)
+        pos = resume
+
+
 def assembled_names(img: ElfImage, warnings: list[str]) -> list[StringHit]:
     """Library names built from immediates in the executable sections (x86-64)."""
     if img.e_machine != EM_X86_64:
@@ -60,7 +80,7 @@ def assembled_names(img: ElfImage, warnings: list[str]) -> list[StringHit]:
             warnings.append(f"section {sec.name} lies outside the file: its code was not scanned")
             continue
         end = sec.offset + sec.size
-        for m in _FIRST.finditer(buf, sec.offset + 2, end):
+        for m in _matches(buf, sec.offset + 2, end):
             at = m.start() - 2
             if buf[at] not in (0x48, 0x49) or not 0xB8 <= buf[at + 1] <= 0xBF:
                 continue

@@ -16,7 +16,7 @@ import numpy as np
 
 from audit.elf.decompress import DecompressError, inflate
 from audit.elf.model import DeviceCode
-from audit.elf.parse import EM_CUDA, ElfImage, Malformed, decode, has_nonzero
+from audit.elf.parse import EM_CUDA, ElfImage, Malformed, decode, has_nonzero, release
 
 FATBIN_MAGIC = struct.pack("<I", 0xBA55ED50)
 KIND_PTX, KIND_CUBIN = 1, 2
@@ -115,6 +115,7 @@ def read_nv_fatbin(buf, start: int, end: int, section: str) -> list[DeviceCode]:
                 out.append(_error(section, epos, fend - epos, str(exc)))
                 break
             out.append(entry)
+            release(buf, epos, epos + used)  # one fatbin can be most of a 700 MB library
             epos += used  # used >= ENTRY_MIN: the walk ends
         pos = max(fend, at + 4)
     if not out and has_nonzero(buf, start, end):

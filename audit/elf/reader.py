@@ -28,7 +28,7 @@ from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, re
                                read_version_needs)
 from audit.elf.model import ElfInfo, StringHit, Symbol
 from audit.elf.nvidia import read_nv_fatbin
-from audit.elf.parse import SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed
+from audit.elf.parse import SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed, release
 from audit.elf.strings import identifier_strings, library_strings
 from audit.elf.symbols import load_tables, make_symbols, select
 from audit.errors import InputError
@@ -188,6 +188,9 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) 
         idx, ends = select(img, table, symbol_pattern, keep_imports, warnings)
         versym = _versym(img, table) if table.name == ".dynsym" else None
         symbols += make_symbols(img, table, idx, versions, versym, ends)
+        sec = img.sections[table.index]
+        release(img.buf, sec.offset, sec.offset + sec.size)  # read once: memory for the next table
+        release(img.buf, table.str_off, table.str_off + table.str_size)
     code_loading = sorted({s.name for s in symbols if not s.defined and CODE_LOADING_RE.match(s.name)})
     # names handed to dlsym: looked for only where dlsym is imported (the scan reads all data)
     resolves = api_prefixes and {"dlsym", "dlvsym"} & {n.split("@", 1)[0] for n in code_loading}

@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from audit.elf.model import StringHit
-from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode
+from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode, release
 
 # lib<name>.so with an optional version suffix: libcublas.so.12, libMIOpen.so, libnvrtc-builtins.so.13.0
 # A literal-prefixed run (re's fast path): each "lib" starts a run of name characters that the
@@ -60,13 +60,14 @@ def library_strings(img: ElfImage, warnings: list[str]) -> list[StringHit]:
                     warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
                     return hits
                 hits.append(StringHit(section=sec.name, offset=m.start() + rel, text=decode(name)))
+        release(img.buf, sec.offset, sec.offset + sec.size)
     return hits
 
 
 # ---------------------------------------------------------------- API names handed to dlsym
 
 _IDENT = re.compile(rb"[A-Za-z_][A-Za-z0-9_]{2,127}")
-_CHUNK = 64 << 20  # bytes of a section looked at per numpy pass (bounds the temporary arrays)
+_CHUNK = 4 << 20  # bytes of a section looked at per numpy pass (its temporary arrays are ~10x this)
 
 
 def _head_keys(prefixes) -> np.ndarray:
@@ -106,4 +107,5 @@ def identifier_strings(img: ElfImage, prefixes: tuple[bytes, ...], warnings: lis
                         warnings.append(f"more than {MAX_HITS} API-name strings: the rest are not listed")
                         return hits
                     hits.append(StringHit(section=sec.name, offset=at, text=decode(word)))
+            release(buf, lo, lo + _CHUNK)
     return hits

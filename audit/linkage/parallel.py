@@ -8,11 +8,8 @@ With one core, one piece of work, or no fork on the platform, the work runs here
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 
 from audit.errors import AuditError
 
@@ -40,7 +37,13 @@ def map_ordered(fn: Callable, items: Sequence, jobs: int, order: Sequence[int] |
     dies (killed for memory, say) is an AuditError (exit 4), never a hang."""
     global _work
     n = len(items)
-    if jobs <= 1 or n < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    if jobs <= 1 or n < 2:
+        return [fn(x) for x in items]
+    import multiprocessing  # here: a one-file audit never pays for importing them
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    if "fork" not in multiprocessing.get_all_start_methods():
         return [fn(x) for x in items]
     idx = list(order) if order is not None else list(range(n))
     out: list = [None] * n
