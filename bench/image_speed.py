@@ -193,8 +193,17 @@ def main() -> int:
               f"{s['error']} error), {s['findings']} findings")
     print(f"image / folder = {ratio:.2f} (limit {args.limit}); files the image audit wrote to its "
           f"temporary folder: {len(written)}")
-    same = summary(f_report, str(folder)) == summary(i_report, f"{image}!")
+    fs, is_ = summary(f_report, str(folder)), summary(i_report, f"{image}!")
+    same = fs == is_
     print(f"verdicts and findings of the wheel copies identical: {same}")
+    for name in sorted(set(fs) | set(is_)):
+        if fs.get(name) != is_.get(name):
+            a, b = fs.get(name, (None, [])), is_.get(name, (None, []))
+            print(f"  {name}: folder {a[0]}, image {b[0]}; folder only {sorted(set(a[1]) - set(b[1]))[:4]}, "
+                  f"image only {sorted(set(b[1]) - set(a[1]))[:4]}")
+    errors = sorted({f.error for f in i_report.files + f_report.files if f.error})
+    for e in errors[:5]:
+        print(f"  error: {e[:300]}")
     return 0 if ratio <= args.limit and same and not written else 1
 
 
