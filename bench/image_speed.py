@@ -12,6 +12,8 @@ and the image audit is checked to write no file (it reads the layers in place).
                                  [--compress gzip|zstd] [--jobs N]
 
 --torch-dir takes an installed torch package (site-packages/torch) instead of the wheel.
+--hermetic audits the folder with --root FOLDER, so both resolve inside the same files only
+(otherwise the folder also resolves against this machine's libraries, e.g. a CUDA install).
 
 Exits 1 if the image audit takes more than --limit (2.0) times the folder's, or its verdicts
 differ from the folder's for the wheel's files.
@@ -139,15 +141,16 @@ def build(source: str, work: Path, copies: int, compress: str | None) -> tuple[P
     return image, folder
 
 
-def audit(path: Path, jobs: int | None):
+def audit(path: Path, jobs: int | None, root: Path | None = None):
     from audit.linkage.check import check_paths
     from audit.linkage.policy import load_policy
+    from audit.linkage.resolve import ResolveOptions
 
     private, saved = tempfile.mkdtemp(prefix="image-speed-"), tempfile.tempdir
     tempfile.tempdir = private  # where an audit would unpack anything (wheels do); must stay empty
     try:
         t0 = time.perf_counter()
-        report = check_paths([str(path)], load_policy(None), jobs=jobs)
+        report = check_paths([str(path)], load_policy(None), ResolveOptions.from_cli(root=root), jobs=jobs)
         wall = time.perf_counter() - t0
     finally:
         tempfile.tempdir = saved
@@ -170,6 +173,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--wheel", default=default_wheel())
     ap.add_argument("--torch-dir", help="an installed torch package folder instead of the wheel")
+    ap.add_argument("--hermetic", action="store_true",
+                    help="audit the folder with --root FOLDER: resolved inside it only, as the image is")
     ap.add_argument("--jobs", type=int, default=None, help="check's worker processes (default: one per core)")
     ap.add_argument("--work", default="/work/cache/bench-image")
     ap.add_argument("--copies", type=int, default=3)
@@ -184,7 +189,7 @@ def main() -> int:
     image, folder = build(source, Path(args.work), args.copies, args.compress)
     print(f"image {image} ({image.stat().st_size / 1e9:.2f} GB), built/cached in {time.perf_counter() - t0:.1f} s")
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
-    f_report, f_wall, _ = audit(folder, args.jobs)
+    f_report, f_wall, _ = audit(folder, args.jobs, folder if args.hermetic else None)
     i_report, i_wall, written = audit(image, args.jobs)
     ratio = i_wall / f_wall
     for label, rep, wall in (("folder", f_report, f_wall), ("image", i_report, i_wall)):
