@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from elf_fixtures import KERNELS, hip_libs, host_libs  # noqa: F401 (pytest fixtures)
+from elf_fixtures import KERNELS, compressed_hip_libs, hip_libs, host_libs  # noqa: F401 (pytest fixtures)
 
 
 def inspect(*args: str):
@@ -71,6 +71,24 @@ def test_bad_inputs_exit_3_and_others_still_print(host_libs, tmp_path):
     assert len(lines) == 3 and all(line.startswith("error: ") for line in lines)
     assert "broken.so" in lines[0] and "empty.so" in lines[1] and "missing.so" in lines[2]
     assert "Traceback" not in r.stderr
+
+
+def test_unreadable_device_entry_exits_3_like_check(compressed_hip_libs, tmp_path):
+    # a real hipcc bundle in a zlib CCOB container, its compressed stream damaged: the file is
+    # read, one entry is not, so neither command may call the run clean
+    data = bytearray(compressed_hip_libs["v2-zlib"].read_bytes())
+    at = data.find(b"CCOB")
+    data[at + 40:at + 60] = b"\xff" * 20
+    bad = tmp_path / "libbadccob.so"
+    bad.write_bytes(bytes(data))
+    r = inspect(bad)
+    assert "ERROR: zlib" in r.stdout and "1 device-code entry unreadable" in r.stdout
+    assert r.returncode == 3, r.stdout
+    assert r.stderr.startswith("error: ") and "zlib" in r.stderr and "Traceback" not in r.stderr
+    j = inspect("--json", bad)
+    assert j.returncode == 3 and "zlib" in json.loads(j.stdout)["errors"][0]["error"]
+    c = subprocess.run([sys.executable, "-m", "audit", "check", str(bad)], capture_output=True, text=True, timeout=300)
+    assert c.returncode == 3 and "zlib" in c.stdout
 
 
 def test_untrusted_names_are_escaped(host_libs, tmp_path):

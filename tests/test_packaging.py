@@ -67,6 +67,12 @@ def test_wheel_contents_and_installed_policy_lookup(tmp_path):
     for d in _package_dirs():
         assert f"{d}/__init__.py" in names, f"package {d} is missing from the wheel (pyproject packages)"
     assert any(n.endswith("entry_points.txt") for n in names)
+    # a plain install reads lz4/zstd-compressed CUDA fatbins: both are unconditional requirements
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    requires = [line for line in zipfile.ZipFile(wheels[0]).read(meta).decode().splitlines()
+                if line.startswith("Requires-Dist:")]
+    for dist in ("lz4", "zstandard"):
+        assert any(line.split()[1].startswith(dist) and "extra ==" not in line for line in requires), requires
 
     # installed, not editable: the shipped policy is found as package data
     target = tmp_path / "site"

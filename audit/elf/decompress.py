@@ -1,7 +1,7 @@
 """Decompressors for embedded device code, bounded against decompression bombs.
 
-zstandard and lz4 are optional imports (the `test` extra installs them): without one, the
-entry is reported with an error naming the package, never a crash.
+zstandard and lz4 are regular dependencies, imported lazily: if one is missing all the same (a
+broken install), the entry is reported with an error naming the package, never a crash.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Directories are walked (symlinked directories are not followed, so loops cannot occur); files
 in them that are not ELF are counted and skipped. A path named on the command line that is not
-an ELF file is an error. Exit 0, or 3 if any input could not be read (the others still print;
-each error is one line on stderr). All strings from binaries and file names are escaped.
+an ELF file is an error. Exit 0, or 3 if any input or any embedded device-code entry could not
+be read (the others still print; each error is one line on stderr), as `check` does. All strings from binaries and file names are escaped.
 """
 
 from __future__ import annotations
@@ -34,8 +34,15 @@ class InspectResult:
     tree_warnings: dict[str, list[str]] = field(default_factory=dict)
 
     @property
+    def entry_errors(self) -> list[tuple[str, str]]:
+        """(path, message) for each embedded device-code entry that could not be read: the file
+        was read, but not all of it, so the run cannot say what it holds (exit 3, as `check`)."""
+        return [(f.path, f"device code at {d.section} @{d.offset:#x} {d.kind} {d.target}: {d.error}")
+                for f in self.files for d in f.device_code if d.error]
+
+    @property
     def exit_code(self) -> int:
-        return EXIT_INPUT if self.errors else EXIT_OK
+        return EXIT_INPUT if self.errors or self.entry_errors else EXIT_OK
 
     def to_dict(self) -> dict:
         files = []
@@ -46,7 +53,7 @@ class InspectResult:
                 d["dependency_warnings"] = self.tree_warnings.get(f.path, [])
             files.append(d)
         return {"schema": SCHEMA, "files": files,
-                "errors": [{"path": p, "error": e} for p, e in self.errors],
+                "errors": [{"path": p, "error": e} for p, e in self.errors + self.entry_errors],
                 "skipped_non_elf": self.skipped}
 
 
@@ -215,6 +222,8 @@ def render_text(result: InspectResult) -> str:
             text += "\n" + "\n".join(lines)
         parts.append(text)
     tail = f"{len(result.files)} ELF file(s) read, {len(result.errors)} unreadable, {result.skipped} non-ELF skipped"
+    if result.entry_errors:
+        tail += f"; {len(result.entry_errors)} device-code entr{'y' if len(result.entry_errors) == 1 else 'ies'} unreadable"
     return "\n\n".join(parts + [tail])
 
 
@@ -239,8 +248,8 @@ def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, l
     and the dependency tree resolved as ld.so would.
 
     \b
-    Exit codes: 0 every input read, 2 a bad policy, 3 some input could not be read
-    (the rest are still shown).
+    Exit codes: 0 every input read, 2 a bad policy, 3 some input or embedded device-code
+    entry could not be read (the rest are still shown).
     """
     pol = _load_policy(policy) if not (no_vendor_symbols and no_deps) else None
     options = None
@@ -250,7 +259,7 @@ def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, l
         options = ResolveOptions.from_cli(root=root, ldpath=ldpath)
     result = inspect_paths(list(paths), None if no_vendor_symbols else pol.symbol_pattern,
                            None if no_deps else pol, options)
-    for path, message in result.errors:
+    for path, message in result.errors + result.entry_errors:
         # InputError messages already name the file; walk errors are given their path here
         line = message if message.startswith(path) else f"{path}: {message}"
         click.echo(f"error: {esc(line)}", err=True)
