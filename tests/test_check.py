@@ -252,7 +252,14 @@ def test_unsafe_or_corrupt_wheels_are_errors(tmp_path, capsys):
 def test_nothing_to_audit_fails_closed(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("no binaries here\n")
     rc, doc, _ = check_json(capsys, tmp_path)
-    assert rc == EXIT_INPUT and doc["files"] == [] and "no ELF file found" in doc["warnings"][-1]
+    assert rc == EXIT_INPUT and doc["files"] == [] and doc["verdict"] == "error"
+    assert doc["errors"] == [f"no ELF file found in {tmp_path}: nothing was audited"] and doc["warnings"] == []
+    # the text says it once, as an error, and ends with the exit code it returns
+    rc, out, _ = cli(capsys, "check", str(tmp_path))
+    lines = out.splitlines()
+    assert rc == EXIT_INPUT and sum("no ELF file found" in line for line in lines) == 1
+    assert f"error: no ELF file found in {tmp_path}: nothing was audited" in lines
+    assert "warning" not in out and lines[-1] == "result: ERROR (exit 3)"
 
 
 def test_usage_errors_exit_2(linkage_libs, tmp_path, capsys):

@@ -155,8 +155,11 @@ def test_text_escapes_hostile_names_and_shows_why(mixed):
     assert "\x1b" not in text
     assert not any(line.startswith("PASS ok") for line in text.splitlines())
     assert "evil\\x1b[2J\\x0aPASS ok" in text
-    assert "why:" in text and "excepted: reviewed" in text
-    assert text.rstrip().splitlines()[-1].startswith("summary: 4 file(s): 2 pass, 1 fail, 1 error")
+    failing = [f for fr in report.files for f in fr.findings if f.failing][0]
+    assert f"  [{failing.rule}] {failing.reason}" in text.splitlines()  # why: once per rule and file
+    assert "excepted: reviewed" in text
+    assert text.splitlines()[-2].startswith("summary: 4 file(s): 2 pass, 1 fail, 1 error")
+    assert text.splitlines()[-1] == "result: ERROR (exit 3)"
     assert escape("a\u202eb") == "a\\u202eb"  # bidi override
 
 

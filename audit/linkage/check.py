@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from audit.elf.model import ElfInfo
 from audit.linkage.fs import HOST, FileSystem
+from audit.linkage.group import group_findings
 from audit.linkage.inputs import ArchiveLimits, Input, Inputs, Scope
 from audit.linkage.model import CheckReport, FileResult, Finding
 from audit.linkage.parallel import cpu_count, map_ordered
@@ -87,6 +88,30 @@ def _apply_exceptions(result: FileResult, policy: Policy, used: set[int], today:
 # ---------------------------------------------------------------- the stage API
 
 
+def _name_members(files: list[FileResult], hosts: dict[str, str], inputs: Inputs, in_image: set[int]) -> None:
+    """Report names, not host paths: a wheel's members as `WHEEL!/member` (never the temporary
+    folder they were read from), and a dependency that is itself audited in this run by the name
+    its own result has; its matches are listed there once, not again under every file that loads
+    it (libtorch_cpu's 85k vendor symbols would otherwise be copied into each torch extension)."""
+    for fr in files:
+        for f in fr.findings:
+            shown = hosts.get(os.path.realpath(f.in_file)) if f.in_file and id(fr) not in in_image else None
+            if shown:
+                f.in_file = f.matches_in = shown
+                f.matches = []
+            else:
+                f.in_file = inputs.relabel(f.in_file)
+            f.detail = inputs.relabel(f.detail)
+            for m in f.matches:
+                m.detail = inputs.relabel(m.detail)
+        if fr.tree is not None:
+            for node, _ in fr.tree.walk():
+                node.path, node.realpath = inputs.relabel(node.path), inputs.relabel(node.realpath)
+                node.note, node.via = inputs.relabel(node.note), inputs.relabel(node.via)
+        fr.warnings = [inputs.relabel(w) for w in fr.warnings]
+        fr.error = inputs.relabel(fr.error)
+
+
 def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[str], ElfInfo]) -> FileResult:
     if inp.read_from is None:
         return FileResult(path=inp.shown, verdict="error", error=inp.error)
@@ -121,7 +146,7 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
         errors += errs
     except TreeTooLarge as exc:
         errors.append(str(exc))
-    result.findings = findings
+    result.findings = group_findings(findings)
     if errors:
         result.verdict, result.error = "error", "; ".join(errors)
     return result
@@ -166,13 +191,14 @@ def _shipped(check_one):
 
 def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
                 read_elf: Callable | None = None, today: _dt.date | None = None,
-                jobs: int | None = None, limits: ArchiveLimits | None = None) -> CheckReport:
+                jobs: int | None = None, limits: ArchiveLimits | None = None, timing: bool = False) -> CheckReport:
     """Audit every ELF file under `paths` (files, directories, wheels, conda packages, container
     images) against `policy`.
 
     `jobs`: processes to audit files on this machine's file system with (None: one per core
     when there is enough to do); the report is the same for any number. `limits`: what an
-    archive member may unpack to (ArchiveLimits' defaults when None)."""
+    archive member may unpack to (ArchiveLimits' defaults when None). `timing`: the report
+    carries the elapsed time (then two runs no longer give the same bytes)."""
     start = time.perf_counter()
     options = options or ResolveOptions()
     today = today or _dt.datetime.now(_dt.timezone.utc).date()
@@ -198,22 +224,29 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
         for inp in items:  # made here, in input order, so forked workers share them
             context(inp.scope)
         results = _check_all(items, check_one, jobs)
-        for result in results:
+        hosts: dict[str, str] = {}  # real path read on this machine -> the audited file's reported name
+        in_image: set[int] = set()  # results whose paths are an image's own: not looked up here
+        for inp, result in zip(items, results):
             _apply_exceptions(result, policy, used, today)
             if result.verdict == "pass" and result.failing:
                 result.verdict = "fail"
             files.append(result)
+            if inp.read_from is not None and (inp.scope is None or inp.scope.fs is HOST):
+                hosts.setdefault(os.path.realpath(inp.read_from), inp.shown)
+            else:
+                in_image.add(id(result))
+        _name_members(files, hosts, inputs, in_image)
     finally:
         inputs.cleanup()
-    warnings = [w for resolver, _ in contexts.values() for w in resolver.warnings] + inputs.warnings
-    if not files:
-        warnings.append("no ELF file found in: " + ", ".join(str(p) for p in paths))
+    warnings = [inputs.relabel(w) for resolver, _ in contexts.values() for w in resolver.warnings]
+    warnings += [inputs.relabel(w) for w in inputs.warnings]
+    errors = [] if files else ["no ELF file found in " + ", ".join(str(p) for p in paths) + ": nothing was audited"]
     for i, exc in enumerate(policy.exceptions):
         if i not in used:
             state = " (and it has expired)" if exc.expired(today) else ""
             warnings.append(f"{exc.source}: exception for rule {exc.rule} on '{exc.file}' matches nothing{state}")
     return CheckReport(
         files=files, policy={"name": policy.name, "sources": policy.sources}, options=options.to_dict(),
-        inputs=[str(p) for p in paths], skipped=inputs.skipped, warnings=warnings,
-        elapsed_s=time.perf_counter() - start,
+        inputs=[str(p) for p in paths], skipped=inputs.skipped, warnings=warnings, errors=errors,
+        elapsed_s=time.perf_counter() - start, timing=timing,
     )

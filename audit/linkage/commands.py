@@ -34,9 +34,12 @@ from audit.errors import UsageError
               help="Refuse an archive member of 1 MiB or more compressed more than N:1.")
 @click.option("--max-archive-size", default="16G", show_default=True, metavar="SIZE",
               help="Refuse an archive whose ELF members unpack to more than SIZE in all.")
+@click.option("-v", "--verbose", is_flag=True, help="Text lists every match of every finding, not a few examples.")
+@click.option("--timing", is_flag=True,
+              help="Record the elapsed time (text, JSON, JUnit). Off by default: the same input gives the same bytes.")
 @click.pass_context
 def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_prefix, baseline_path, write_baseline,
-              jobs, max_member_size, max_member_ratio, max_archive_size):
+              jobs, max_member_size, max_member_ratio, max_archive_size, verbose, timing):
     """Fail if PATH... links, loads or embeds a denied vendor library.
 
     PATH is an ELF file, a directory (searched recursively; non-ELF files are skipped and
@@ -44,7 +47,10 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     / `podman save` tar, or an OCI image layout as a directory or tar: its final filesystem is
     audited, resolved inside the image; --root, --ldpath and --use-env do not apply to it).
     Exit codes: 0 clean, 1 violation, 2 usage or policy error, 3 an input that could not be
-    read or parsed (an archive member over a --max-* limit too).
+    read or parsed (an archive member over a --max-* limit too), or no ELF file found.
+
+    One finding per rule, evidence kind and object, with a count and examples; text
+    groups by file, then rule (-v lists every match; JSON always has them all).
 
     \b
     Output formats (--format, repeatable; each to stdout or =FILE):
@@ -80,12 +86,12 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     policy = load_policy(policy_path)
     baseline = load_baseline(baseline_path) if baseline_path is not None else None
     report = check_paths(list(paths), policy, ResolveOptions.from_cli(root, ldpath, use_env, conda_prefix),
-                         jobs=jobs, limits=limits)
+                         jobs=jobs, limits=limits, timing=timing)
     if baseline is not None:
         apply_baseline(report, baseline)
     if write_baseline is not None:
         specs = (specs or [OutputSpec("text")]) + [OutputSpec("json", write_baseline)]
-    write_outputs(report, policy, specs)
+    write_outputs(report, policy, specs, verbose)
     ctx.exit(report.exit_code)
 
 

@@ -7,6 +7,8 @@ Nothing here judges a file; a member that cannot be read becomes an Input with a
 from __future__ import annotations
 
 import os
+import posixpath
+import re
 import stat
 import tempfile
 import zipfile
@@ -86,6 +88,7 @@ class Inputs:
         self.seen: set[str] = set()
         self.tmpdirs: list[tempfile.TemporaryDirectory] = []
         self.images: list = []
+        self.labels: list[tuple[str, str]] = []  # (extraction folder, the wheel/package as reported)
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
@@ -194,6 +197,8 @@ class Inputs:
     def _wheel(self, report: str, host: str):
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-wheel-")
         self.tmpdirs.append(tmp)
+        for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
+            self.labels.append((folder, report))
         jobs = self.jobs if self.jobs is not None else cpu_count()
         errors: list[Input] = []  # reported first, in member order, as they are found
         try:
@@ -251,6 +256,8 @@ class Inputs:
     def _conda(self, report: str, host: str):
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-conda-")
         self.tmpdirs.append(tmp)
+        for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
+            self.labels.append((folder, report))
         try:
             extracted = extract_conda(host, tmp.name)
         except InputError as exc:
@@ -264,6 +271,18 @@ class Inputs:
                 continue
             self.seen.add(os.path.realpath(dest))
             yield Input(f"{report}{WHEEL_SEP}{name}", dest, True, members=members, scope=scope)
+
+    def relabel(self, text: str | None) -> str | None:
+        """`text` with every path inside a wheel's (or conda package's) extraction folder written
+        as `WHEEL!/member`: the folder is gone when the report is read, and its random name would
+        make two runs differ."""
+        if not text:
+            return text
+        for folder, wheel in self.labels:
+            if folder in text:
+                text = re.sub(re.escape(folder) + r"(/[^\s()\[\]'\",;]*)?",
+                              lambda m, wheel=wheel: _member(wheel, m.group(1)), text)
+        return text
 
     def cleanup(self) -> None:
         for tmp in self.tmpdirs:
@@ -338,3 +357,10 @@ def _is_tar(path: str) -> bool:
             return looks_like_tar(fh.read(512))
     except OSError:
         return False
+
+
+def _member(wheel: str, rest: str | None) -> str:
+    if not rest:
+        return wheel + WHEEL_SEP
+    inner = posixpath.normpath(rest.lstrip("/"))  # "pkg/_core/../../pkg.libs/x.so" -> "pkg.libs/x.so"
+    return wheel + WHEEL_SEP + inner

@@ -18,6 +18,25 @@ KINDS = ("soname", "needed", "transitive", "verneed", "static-symbol", "imported
 WHEEL_SEP = "!/"  # "x.whl!/pkg/lib.so": a member of an archive
 
 
+@dataclass(slots=True)
+class Match:
+    """One place where a rule matched and the names it matched there (a symbol table, a fatbin
+    entry, a DT_NEEDED edge). `names` may be long (thousands of symbols): it is shared, not copied."""
+
+    names: list[str]
+    where: str
+    offset: int | None = None
+    chain: list[str] | None = None  # set only where it differs from its finding's chain
+    detail: str | None = None
+
+    def to_dict(self) -> dict:
+        d: dict = {"where": self.where, "names": list(self.names)}
+        for k in ("offset", "chain", "detail"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+
 @dataclass
 class Finding:
     rule: str
@@ -30,9 +49,11 @@ class Finding:
     chain: list[str] = field(default_factory=list)  # audited file -> ... -> the library
     in_file: str | None = None  # the dependency it was found in (None: the audited file)
     offset: int | None = None  # file offset of the evidence, where it has one
-    count: int = 1  # how many names of this kind this rule matched here
-    examples: list[str] = field(default_factory=list)  # a few more of them
+    count: int = 1  # how many names of this kind this rule matched here (all places)
+    examples: list[str] = field(default_factory=list)  # a few more of them (distinct, after `subject`)
     detail: str | None = None
+    matches: list[Match] = field(default_factory=list)  # every place and name (group.py fills it)
+    matches_in: str | None = None  # matches left out: listed under that audited file's own result
     excepted: str | None = None  # the reason of the policy exception that waives it
     exception_expired: str | None = None  # the date an exception that would waive it expired
     baseline: str | None = None  # with --baseline: "new" or "unchanged" (known, kept out of the verdict)
@@ -59,14 +80,25 @@ class Finding:
             text += f" and {self.count - 1} more"
         return text
 
+    @property
+    def distinct(self) -> int:
+        """How many different names matched (a kernel built for two targets is one name)."""
+        if not self.matches:
+            return self.count
+        return len({n for m in self.matches for n in m.names})
+
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("rule", "kind", "subject", "where", "reason", "use_instead",
                                           "severity", "chain", "in_file", "offset", "count", "examples", "detail",
                                           "excepted", "exception_expired")}
         if self.baseline is not None:
             d["baseline"] = self.baseline
+        d["distinct"] = self.distinct
         d["failing"] = self.failing
         d["message"] = self.message
+        d["matches"] = [m.to_dict() for m in self.matches]
+        if self.matches_in:
+            d["matches_in"] = self.matches_in
         return d
 
 
@@ -114,7 +146,9 @@ class CheckReport:
     inputs: list[str]
     skipped: dict[str, int] = field(default_factory=dict)  # non_elf, broken_symlink, duplicate
     warnings: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # run-level: e.g. no ELF file found (exit 3)
     elapsed_s: float = 0.0
+    timing: bool = False  # report elapsed_s: off by default, so the same input gives the same bytes
     tool_version: str = __version__
     schema: str = SCHEMA
     baseline: dict | None = None  # with --baseline: {"file", "new", "unchanged", "absent": [{rule, kind, subject, path}]}
@@ -123,7 +157,7 @@ class CheckReport:
     def exit_code(self) -> int:
         """3 if any file could not be audited or none was found (fail closed), else 1 on a
         violation, else 0."""
-        if not self.files or any(f.verdict == "error" for f in self.files):
+        if self.errors or not self.files or any(f.verdict == "error" for f in self.files):
             return EXIT_INPUT
         if any(f.verdict == "fail" for f in self.files):
             return EXIT_VIOLATION
@@ -141,8 +175,13 @@ class CheckReport:
                 "findings": sum(len(f.failing) for f in self.files), "skipped": dict(self.skipped)}
 
     def to_dict(self) -> dict:
-        return {"schema": self.schema, "tool": {"name": "sovereign-audit", "version": self.tool_version},
-                "policy": self.policy, "options": self.options, "inputs": self.inputs,
-                "exit_code": self.exit_code, "verdict": self.verdict, "summary": self.summary, "warnings": self.warnings,
-                "elapsed_s": round(self.elapsed_s, 3), "files": [f.to_dict() for f in self.files],
-                **({"baseline": self.baseline} if self.baseline is not None else {})}
+        d = {"schema": self.schema, "tool": {"name": "sovereign-audit", "version": self.tool_version},
+             "policy": self.policy, "options": self.options, "inputs": self.inputs,
+             "exit_code": self.exit_code, "verdict": self.verdict, "summary": self.summary,
+             "errors": self.errors, "warnings": self.warnings}
+        if self.timing:
+            d["elapsed_s"] = round(self.elapsed_s, 3)
+        d["files"] = [f.to_dict() for f in self.files]
+        if self.baseline is not None:
+            d["baseline"] = self.baseline
+        return d

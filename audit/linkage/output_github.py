@@ -51,6 +51,8 @@ def render_github(report: CheckReport) -> str:
                 continue
             level = "error" if f.severity == "fail" else "warning"
             lines.append(_command(level, _text(f), fr.path, f"sovereign-audit {f.rule}"))
+    for e in report.errors:
+        lines.append(_command("error", e, title="sovereign-audit"))
     for w in report.warnings:
         lines.append(_command("warning", w, title="sovereign-audit"))
     return "\n".join(lines) + ("\n" if lines else "")

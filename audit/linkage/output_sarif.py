@@ -80,7 +80,8 @@ def render_sarif(report: CheckReport, policy: Policy) -> str:
                 "locations": [where],
                 "partialFingerprints": {"sovereignAudit/v1": _fingerprint(fr.path, f)},
                 "properties": {"evidence": f.kind, "subject": f.subject, "where": f.where, "chain": f.chain,
-                               "inFile": f.in_file, "count": f.count, "examples": f.examples},
+                               "inFile": f.in_file, "count": f.count, "distinct": f.distinct,
+                               "examples": f.examples},
             }
             if fr.layer:
                 res["properties"]["layer"] = fr.layer
@@ -97,6 +98,8 @@ def render_sarif(report: CheckReport, policy: Policy) -> str:
         if a["rule"] in index:
             res["ruleIndex"] = index[a["rule"]]
         results.append(res)
+    for e in report.errors:
+        notifications.append({"level": "error", "message": {"text": e}})
     for w in report.warnings:
         notifications.append({"level": "warning", "message": {"text": w}})
     run = {

@@ -27,37 +27,66 @@ def escape(text) -> str:
     return "".join(out)
 
 
-def _finding_lines(f: Finding) -> list[str]:
+_SHOWN = 5  # names shown per finding without --verbose
+
+
+def _policy_line(pol: dict) -> str:
+    """`policy sovereign (shipped)`, or `policy mine from ./mine.toml, extending sovereign (shipped)`."""
+    name = escape(pol.get("name"))
+    sources = [escape(s["path"]) for s in pol.get("sources", [])]
+    if sources == [f"{name} (shipped)"]:
+        return f"policy {sources[0]}"
+    if not sources:
+        return f"policy {name}"
+    return f"policy {name} from " + ", extending ".join(reversed(sources))
+
+
+def _finding_lines(f: Finding, verbose: bool) -> list[str]:
     mark = "x" if f.failing else ("~" if f.excepted else "=" if f.baseline == "unchanged" else "!")
     sev = "" if f.severity == "fail" else f" ({f.severity})"
     if f.baseline == "unchanged":
         sev += " (baseline)"
-    head = f"  {mark} [{escape(f.rule)}]{sev} {f.kind}: {escape(f.subject)}  ({escape(f.where)})"
-    if f.count > 1:
-        head += f"  +{f.count - 1} more"
-    lines = [head]
+    names = [f.subject] + list(f.examples)
+    shown = ", ".join(escape(n) for n in names[:_SHOWN])
+    distinct = f.distinct
+    more = distinct - min(len(names), _SHOWN)
+    many = "" if f.count == 1 else (f"{f.count}: " if distinct == f.count else f"{f.count} matches, {distinct} names: ")
+    head = f"    {mark} {f.kind}{sev}: {many}{shown}" + (f", +{more} more" if more > 0 else "")
+    lines = [head + f"  ({escape(f.where)})"]
     if len(f.chain) > 1:
-        lines.append("      chain: " + " -> ".join(escape(c) for c in f.chain))
+        lines.append("        chain: " + " -> ".join(escape(c) for c in f.chain))
     if f.in_file:
-        lines.append(f"      in:    {escape(f.in_file)}")
-    if f.examples:
-        lines.append("      also:  " + ", ".join(escape(e) for e in f.examples[:5]))
-    if f.detail:
-        lines.append(f"      note:  {escape(f.detail)}")
-    lines.append(f"      why:   {escape(f.reason)}")
-    if f.use_instead:
-        lines.append(f"      use instead: {escape(f.use_instead)}")
+        lines.append(f"        in:    {escape(f.in_file)}")
+    if f.detail and not (verbose and f.matches):
+        lines.append(f"        note:  {escape(f.detail)}")
     if f.excepted:
-        lines.append(f"      excepted: {escape(f.excepted)}")
+        lines.append(f"        excepted: {escape(f.excepted)}")
     if f.exception_expired:
-        lines.append(f"      exception EXPIRED on {escape(f.exception_expired)}: no longer waived")
+        lines.append(f"        exception EXPIRED on {escape(f.exception_expired)}: no longer waived")
+    if verbose:
+        if f.matches_in:
+            lines.append(f"        every match: listed under {escape(f.matches_in)}")
+        for m in f.matches:
+            extra = f"; chain {' -> '.join(escape(c) for c in m.chain)}" if m.chain else ""
+            extra += f"; {escape(m.detail)}" if m.detail else ""
+            lines.append(f"        at {escape(m.where)}{extra}:")
+            lines += [f"          {escape(n)}" for n in m.names]
     return lines
 
 
-def render_text(report: CheckReport) -> str:
-    pol = report.policy
-    lines = [f"sovereign-audit check {report.tool_version}: policy {escape(pol.get('name'))} "
-             f"({', '.join(escape(s['path']) for s in pol.get('sources', []))})"]
+def _rule_lines(findings: list[Finding], verbose: bool) -> list[str]:
+    first = findings[0]
+    lines = [f"  [{escape(first.rule)}] {escape(first.reason)}"]
+    if first.use_instead:
+        lines.append(f"    use instead: {escape(first.use_instead)}")
+    for f in findings:
+        lines += _finding_lines(f, verbose)
+    return lines
+
+
+def render_text(report: CheckReport, verbose: bool = False) -> str:
+    """Grouped by file, then rule; `verbose` lists every match of every finding."""
+    lines = [f"sovereign-audit check {report.tool_version}, {_policy_line(report.policy)}"]
     for fr in report.files:
         label = {"pass": "PASS ", "fail": "FAIL ", "error": "ERROR"}[fr.verdict]
         extra = f"  [{', '.join(escape(t) for t in fr.device_targets)}]" if fr.device_targets else ""
@@ -67,8 +96,11 @@ def render_text(report: CheckReport) -> str:
                          + (f": {escape(fr.layer['created_by'])}" if fr.layer.get("created_by") else ""))
         if fr.error:
             lines.append(f"  error: {escape(fr.error)}")
+        by_rule: dict[str, list[Finding]] = {}
         for f in fr.findings:
-            lines += _finding_lines(f)
+            by_rule.setdefault(f.rule, []).append(f)
+        for findings in by_rule.values():
+            lines += _rule_lines(findings, verbose)
         for w in fr.warnings:
             lines.append(f"  warning: {escape(w)}")
     for w in report.warnings:
@@ -80,8 +112,12 @@ def render_text(report: CheckReport) -> str:
         for a in b["absent"]:
             lines.append(f"  absent: [{escape(a['rule'])}] {escape(a['kind'])}: {escape(a['subject'])} "
                          f"in {escape(a['path'])}")
+    for e in report.errors:
+        lines.append(f"error: {escape(e)}")
     s = report.summary
     skipped = ", ".join(f"{n} {k.replace('_', '-')}" for k, n in sorted(s["skipped"].items()))
+    timing = f"; {report.elapsed_s:.2f} s" if report.timing else ""
     lines.append(f"summary: {s['files']} file(s): {s['pass']} pass, {s['fail']} fail, {s['error']} error; "
-                 f"{s['findings']} violation(s)" + (f"; skipped {skipped}" if skipped else ""))
+                 f"{s['findings']} violation(s)" + (f"; skipped {skipped}" if skipped else "") + timing)
+    lines.append(f"result: {report.verdict.upper()} (exit {report.exit_code})")
     return "\n".join(lines) + "\n"

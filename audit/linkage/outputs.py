@@ -29,10 +29,10 @@ def parse_format(spec: str) -> OutputSpec:
     return OutputSpec(fmt, file or None)
 
 
-def render(report: CheckReport, policy: Policy, fmt: str) -> str:
+def render(report: CheckReport, policy: Policy, fmt: str, verbose: bool = False) -> str:
     if fmt == "text":
         from audit.linkage.output_text import render_text
-        return render_text(report)
+        return render_text(report, verbose)
     if fmt == "json":
         from audit.linkage.output_json import render_json
         return render_json(report)
@@ -46,10 +46,11 @@ def render(report: CheckReport, policy: Policy, fmt: str) -> str:
     return render_github(report)
 
 
-def write_outputs(report: CheckReport, policy: Policy, specs: list[OutputSpec]) -> None:
-    """Write every requested rendering; the GitHub job summary goes to $GITHUB_STEP_SUMMARY too."""
+def write_outputs(report: CheckReport, policy: Policy, specs: list[OutputSpec], verbose: bool = False) -> None:
+    """Write every requested rendering; the GitHub job summary goes to $GITHUB_STEP_SUMMARY too.
+    `verbose`: the text lists every match (JSON always has them all)."""
     for spec in specs or [OutputSpec("text")]:
-        text = render(report, policy, spec.format)
+        text = render(report, policy, spec.format, verbose)
         if spec.file is None:
             click.echo(text, nl=False)
             continue

@@ -5,10 +5,9 @@ dependency tree (denied NEEDED, transitive libraries, RPATH directories that hol
 from __future__ import annotations
 
 import dataclasses
-import heapq
 
 from audit.elf.model import ElfInfo
-from audit.linkage.model import Finding
+from audit.linkage.model import Finding, Match
 from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
 from audit.linkage.resolve import DepNode, Resolver
 
@@ -28,11 +27,10 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
     for vn in info.version_needs:
         rule = policy.deny_rule_for_soname(vn.file)
         if rule:
-            add(rule, "verneed", vn.file, ".gnu.version_r", examples=list(vn.versions[:_MAX_EXAMPLES]))
+            add(rule, "verneed", vn.file, ".gnu.version_r", detail=_versions(vn.versions))
         if vn.file not in needed:
             add(policy.rule(RULE_MISMATCH), "mismatch", vn.file, ".gnu.version_r",
-                examples=list(vn.versions[:_MAX_EXAMPLES]),
-                detail="versioned imports name a file that DT_NEEDED does not list")
+                detail="versioned imports name a file that DT_NEEDED does not list; " + _versions(vn.versions))
 
     # Set operations, not a Python loop per symbol: libtorch_cpu brings ~85k vendor names.
     syms = info.symbols
@@ -51,8 +49,9 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
             tables = [t for t, members in sorted(in_table.items()) if not members.isdisjoint(names)]
             # .symtab spells versioned imports "name@VERSION": one name, not two
             base = {n.split("@", 1)[0] or n if "@" in n else n for n in names}
-            first = heapq.nsmallest(_MAX_EXAMPLES, base)  # not a full sort of ~30k long names
-            add(policy.rule(rid), kind, first[0], ", ".join(tables), count=len(base), examples=first[1:])
+            every = sorted(base)
+            add(policy.rule(rid), kind, every[0], ", ".join(tables), count=len(base),
+                matches=[Match(every, ", ".join(tables))])
 
     loader = ", ".join(info.code_loading_imports[:4])
     strings: dict[tuple, list] = {}
@@ -78,8 +77,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
                 kern.setdefault(rule.id, []).append(name)
         for rid, names in kern.items():
             add(policy.rule(rid), "device-kernel", names[0], where, count=len(names),
-                offset=dc.offset if in_file is None else None,
-                examples=names[1:_MAX_EXAMPLES])
+                offset=dc.offset if in_file is None else None, matches=[Match(names, where)])
     return findings, errors
 
 
@@ -139,8 +137,9 @@ def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add
     resolved = {rid: sorted(names) for rid, names in groups.items() if len(names) >= 2}
     for rid, names in resolved.items():
         hit = first[rid]
-        add(policy.rule(rid), "dlsym-string", names[0], f"{hit.section} @0x{hit.offset:x}", count=len(names),
-            examples=names[1:_MAX_EXAMPLES], detail=f"API names resolved at run time; imports {loader}")
+        where = f"{hit.section} @0x{hit.offset:x}"
+        add(policy.rule(rid), "dlsym-string", names[0], where, count=len(names), matches=[Match(names, where)],
+            detail=f"API names resolved at run time; imports {loader}")
     if not resolved or not {"dlopen", "dlmopen"} & set(info.code_loading_imports) or info.read_assembled_names is None:
         return
     built: dict[tuple, list] = {}
@@ -152,6 +151,11 @@ def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add
         also = f"; {len(resolved[rid])} of its API names are dlsym strings" if rid in resolved else ""
         add(policy.rule(rid), "assembled-name", text, f"{hits[0].section} @0x{hits[0].offset:x} (immediates)",
             count=len(hits), detail=f"built in code from instruction immediates; imports {loader}{also}")
+
+
+def _versions(versions) -> str:
+    shown = ", ".join(versions[:_MAX_EXAMPLES])
+    return f"versions {shown}" + (f" and {len(versions) - _MAX_EXAMPLES} more" if len(versions) > _MAX_EXAMPLES else "")
 
 
 def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: list[str]) -> list[Finding]:
