@@ -226,3 +226,17 @@ def test_workers_give_the_same_report(elf, tmp_path, how):
         r.pop("elapsed_s")
     assert reports[0] == reports[1]
     assert reports[0]["exit_code"] == EXIT_VIOLATION
+
+
+@pytest.mark.parametrize("how", [None, "zstd"])
+def test_runtime_loading_evidence_is_found_inside_an_image(elf, tmp_path, how):
+    """dlsym names and a library name built in code: the same evidence as for the file on disk."""
+    from test_discovery import CUDNN_API, runtime_loader
+
+    lib = runtime_loader(tmp_path / "build/libprovider.so", "libcudnn.so.9", CUDNN_API)
+    on_disk = {(f.rule, f.kind, f.subject) for f in audit(lib).files[0].findings}
+    assert ("nvidia.cudnn", "assembled-name", "libcudnn.so.9") in on_disk
+    img = oci_layout(tmp_path / "oci", [base_layer(elf), layer_tar([("file", "opt/libprovider.so", lib.read_bytes())])],
+                     how=how)
+    fr = by_path(audit(img))[f"{img}!/opt/libprovider.so"]
+    assert {(f.rule, f.kind, f.subject) for f in fr.findings} == on_disk

@@ -135,6 +135,14 @@ def read_assembled_names(path: str) -> list[StringHit]:
         os.close(fd)
 
 
+def assembled_names_in(buf) -> list[StringHit]:
+    """read_assembled_names for bytes in memory (an archive member read again)."""
+    try:
+        return assembled_names(ElfImage(buf), [])
+    except _MALFORMED:
+        return []
+
+
 def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = None, *,
                     hash_path: str | None = None, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
     """read_elf on bytes already in memory (an archive member); `name` labels it in messages.

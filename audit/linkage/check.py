@@ -45,8 +45,8 @@ class CachedReader:
     def __init__(self, policy: Policy, read_elf: Callable | None = None, fs: FileSystem = HOST):
         self._read_elf = read_elf or (_default_read_elf() if fs is HOST else fs.read_elf)
         self._pattern = policy.symbol_pattern
-        # vendor API names as strings (dlsym evidence): read from this machine's files
-        self._more = {"api_prefixes": policy.api_prefixes} if fs is HOST and read_elf is None else {}
+        # vendor API names as strings (dlsym evidence)
+        self._more = {"api_prefixes": policy.api_prefixes} if read_elf is None else {}
         self._real = os.path.realpath if fs is HOST else (lambda p, paths=Paths(None, fs): paths.real(p) or p)
         self._cache: dict[str, ElfInfo | Exception] = {}
 

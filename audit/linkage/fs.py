@@ -30,8 +30,8 @@ class FileSystem(Protocol):
     def listdir(self, path: str) -> list[str] | None:
         """Entry names of a directory (following symlinks); None if it is not one."""
 
-    def read_elf(self, path: str, symbol_pattern) -> ElfInfo:
-        """Parse the ELF file at `path` (raises audit.errors.InputError)."""
+    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
+        """Parse the ELF file at `path` as audit.elf.reader.read_elf does (raises InputError)."""
 
     def size(self, path: str) -> int:
         """The size of a regular file (0 if unknown): the largest files are started first."""
@@ -77,10 +77,10 @@ class HostFS:
         except (OSError, ValueError):
             return None
 
-    def read_elf(self, path: str, symbol_pattern) -> ElfInfo:
+    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
         from audit.elf.reader import read_elf
 
-        return read_elf(path, symbol_pattern=symbol_pattern)
+        return read_elf(path, symbol_pattern=symbol_pattern, api_prefixes=api_prefixes)
 
     def size(self, path: str) -> int:
         try:

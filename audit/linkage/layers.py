@@ -269,24 +269,41 @@ class ImageTree:
         e = self._real_entry(path)
         return e is not None and self.compression[e.layer] is None
 
-    def read_elf(self, path: str, symbol_pattern) -> ElfInfo:
-        from audit.elf.reader import read_elf_buffer
+    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
+        from audit.elf.reader import assembled_names_in, read_elf_buffer
 
         e = self._real_entry(path)
         name = f"{self.image.label}!{path}"
         if e is None or e.kind != "file":
             raise InputError(f"{name}: not a regular file in the image")
         if self.compression[e.layer] is None:
-            return read_elf_buffer(name, self.image.layers[e.layer].blob.pread(e.size, e.offset), symbol_pattern)
-        key = (e.layer, e.member)
-        if key not in self._parsed:
-            self._parse_layer(e.layer, symbol_pattern)
-        hit = self._parsed.get(key) or InputError(f"{name}: could not be read back from its layer")
-        if isinstance(hit, Exception):
-            raise hit
-        return hit
+            info = read_elf_buffer(name, self._bytes(e), symbol_pattern, api_prefixes=api_prefixes)
+        else:
+            key = (e.layer, e.member)
+            if key not in self._parsed:
+                self._parse_layer(e.layer, symbol_pattern, api_prefixes)
+            info = self._parsed.get(key) or InputError(f"{name}: could not be read back from its layer")
+            if isinstance(info, Exception):
+                raise info
+        # the code scan for assembled library names runs on demand (rarely): the bytes are read again
+        info.read_assembled_names = lambda: assembled_names_in(self._bytes(e))
+        return info
 
-    def _parse_layer(self, i: int, symbol_pattern) -> None:
+    def _bytes(self, e: Entry) -> bytes:
+        """A file's bytes: read in place, or found by decompressing its layer again."""
+        if self.compression[e.layer] is None:
+            return self.image.layers[e.layer].blob.pread(e.size, e.offset)
+        try:
+            with tarfile.open(fileobj=_decompressed(self.image.layers[e.layer], self.compression[e.layer]),
+                              mode="r|") as tf:
+                for n, m in enumerate(tf):
+                    if n == e.member:
+                        return tf.extractfile(m).read()
+        except Exception:  # noqa: BLE001  read once already; now unreadable: nothing more to find
+            pass
+        return b""
+
+    def _parse_layer(self, i: int, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> None:
         """Decompress layer i again; parse each of its ELF files that the final tree still shows."""
         from audit.elf.reader import read_elf_buffer
 
@@ -298,7 +315,8 @@ class ImageTree:
                     if n in wanted:
                         name = f"{self.image.label}!{wanted[n]}"
                         try:
-                            self._parsed[(i, n)] = read_elf_buffer(name, tf.extractfile(m).read(), symbol_pattern)
+                            self._parsed[(i, n)] = read_elf_buffer(name, tf.extractfile(m).read(), symbol_pattern,
+                                                                   api_prefixes=api_prefixes)
                         except InputError as exc:
                             self._parsed[(i, n)] = exc
         except Exception as exc:  # it was readable in the first pass: the file changed under us
