@@ -347,3 +347,17 @@ def test_api_strings_explained_by_imports_are_not_dlsym_evidence(tmp_path):
     user = cc_shared(tmp_path / "libdirect.so", src, f"-L{cudnn.parent}", "-l:libcudnn.so.9", "-ldl")
     res = only(audit(user))
     assert {f.kind for f in res.findings if f.rule == "nvidia.cudnn"} == {"needed", "imported-symbol"}
+
+
+def test_a_member_found_by_its_soname_when_the_versioned_file_has_no_symlink(tmp_path):
+    # a build folder copied without ldconfig's symlinks: lib/libcore.so.1.2.3, SONAME libcore.so.1
+    cublas = vendor_lib(tmp_path / "cuda", "libcublas.so.12", ["cublasCreate_v2"])
+    core = user_of(tmp_path / "pkg/lib/libcore.so.1", cublas, ["cublasCreate_v2"], "-Wl,-soname,libcore.so.1")
+    core = core.rename(tmp_path / "pkg/lib/libcore.so.1.2.3")
+    vendor_lib(tmp_path / "pkg/lib", "libcore.so.1.0", ["fk_other"])  # sorts first, another SONAME: not it
+    user = cc_shared(tmp_path / "pkg/bin/libapp.so", "extern int fk_user(void);\nint fk_app(void){return fk_user();}\n",
+                     f"-L{tmp_path / 'cuda'}", f"-Wl,{core}", "-Wl,--allow-shlib-undefined")
+    res = by_path(audit(tmp_path / "pkg"), "bin/libapp.so")
+    node = next(c for c in res.tree.children if c.name == "libcore.so.1")
+    assert (node.how, node.path) == ("member", str(core))
+    assert [f.chain for f in res.findings if f.kind == "transitive"] == [["libapp.so", "libcore.so.1", "libcublas.so.12"]]

@@ -150,6 +150,14 @@ class MemberSet:
         """Members whose file name is `name`, sorted by reported path (deterministic)."""
         return list(self._by_name.get(name, ())) if "/" not in name else []
 
+    def versions_of(self, name: str) -> list[Member]:
+        """Members whose file name is `name` plus a version (`libfoo.so.1` -> `libfoo.so.1.2.3`):
+        a library shipped without the symlink ldconfig would make, found by its SONAME."""
+        if "/" in name:
+            return []
+        return [m for base, ms in sorted(self._by_name.items()) if base.startswith(name + ".")
+                and base[len(name) + 1:].replace(".", "").isdigit() for m in ms]
+
 
 # ---------------------------------------------------------------- paths
 
@@ -415,8 +423,11 @@ class Resolver:
     def _member(self, name: str, requester: DepNode, ident, members: MemberSet, warnings: list[str],
                 dlopen: bool) -> Member | None:
         """The fallback: a member of the audited wheel/folder/image with this file name (of the
-        audited object's class and machine); the first by reported path if several."""
+        audited object's class and machine), else one whose file name is this name plus a version
+        and whose SONAME is this name; the first by reported path if several."""
         hits = [m for m in members.lookup(name) if self._candidate(m.path, ident)]
+        if not hits:
+            hits = [m for m in members.versions_of(name) if self._candidate(m.path, ident) and self._soname(m.path) == name]
         if not hits:
             return None
         m = hits[0]
@@ -425,6 +436,12 @@ class Resolver:
         _warn(warnings, f"{asked} {name} of {requester.name} is not on ld.so's search path; "
                         f"resolved to {members.label} member {m.shown}{more}")
         return m
+
+    def _soname(self, path: str) -> str | None:
+        try:
+            return self.read(path).soname
+        except Exception:  # noqa: BLE001 - unreadable: not the library asked for (it is audited on its own)
+            return None
 
     def _search(self, name: str, requester: DepNode, chain, ident, warnings) -> tuple[str, str, str, str | None] | None:
         bits, _endian, machine = ident
