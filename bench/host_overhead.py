@@ -54,6 +54,41 @@ def methods(torch, flash_kernel, lib):
     ]
 
 
+def breakdown(torch, flash_kernel, lib, shape, dtype, calls: int) -> list[tuple[str, float]]:
+    """Host time of each step of the public call, alone, in a loop (us per step): where it goes."""
+    import ctypes
+
+    from flash_kernel import _binding as B
+
+    q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
+    o = torch.empty_like(q)
+    args = B.fill_args(q, k, v, o, "bhnd", 0.0, None)
+    args.stream = B._current_stream(torch, q.device.index or 0)
+    fn = lib._dll.fk_flash_forward
+    steps = [
+        ("library_for(device)", lambda: flash_kernel.library_for(q.device)),
+        ("input key (shapes, strides, ...)", lambda: (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+                                                      q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)),
+        ("torch.empty (output)", lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device)),
+        ("args copy + 4 data_ptr", lambda: B.AttentionArgs.from_buffer_copy(args).__setattr__("q", q.data_ptr())
+         or (k.data_ptr(), v.data_ptr(), o.data_ptr())),
+        ("current stream + device", lambda: (B._current_stream(torch, 0), torch.cuda.current_device())),
+        ("full checks (first call of a kind)", lambda: B.check_inputs(q, k, v, "bhnd", lib.head_dims)),
+        ("C call (validate, encode, launch)", lambda: fn(ctypes.byref(args))),
+    ]
+    out = []
+    for name, step in steps:
+        for _ in range(50):
+            step()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            step()
+        out.append((name, (time.perf_counter() - t0) / calls))
+        torch.cuda.synchronize()
+    return out
+
+
 def wall_per_call(torch, fn, args, calls: int) -> float:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -130,6 +165,9 @@ def main(argv=None) -> int:
             dev = statistics.median(device_per_call(torch, g, args.calls) for _ in range(args.rounds))
             rows.append((shape, name, statistics.median(walls[name]), dev, ""))
         del graphs
+    print(f"\nsteps of the public call at {args.shapes[0]}, alone (us each):")
+    for name, t in breakdown(torch, flash_kernel, lib, args.shapes[0], dtype, args.calls):
+        print(f"  {name:<36} {t * 1e6:7.1f}")
     print(f"\n{'shape (B,H,N,D)':<18} {'method':<30} {'wall us':>9} {'device us':>10} {'host us':>8}")
     for shape, name, wall, dev, note in rows:
         s = ",".join(map(str, shape))
