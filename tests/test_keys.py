@@ -111,7 +111,11 @@ def test_key_sources(tmp_path, monkeypatch):
     assert load_signing_key(None).keyid == from_env.keyid
 
     monkeypatch.setenv(ENV_KEY, str(tmp_path / "a.key"))  # a path
-    assert load_signing_key(None).keyid == a.keyid
+    from_env_path = load_signing_key(None)
+    assert from_env_path.keyid == a.keyid
+    # the report says where the key came from, never where the private key lives
+    assert (a.source, from_env.source, from_env_path.source) == (
+        "the --key file", f"${ENV_KEY}", f"the file named by ${ENV_KEY}")
 
     monkeypatch.delenv(ENV_KEY)
     e1, e2 = load_signing_key(None), load_signing_key(None)
