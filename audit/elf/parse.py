@@ -178,9 +178,11 @@ class ElfImage:
             shstrndx = first[6]
         if shnum > (self.size - self.e_shoff) // self.e_shentsize:
             raise Malformed(f"section header table ({shnum} entries) runs past end of file")
-        raw = []
-        for i in range(shnum):
-            raw.append(struct.unpack_from(fmt, self.buf, self.e_shoff + i * self.e_shentsize))
+        if self.e_shentsize == entsize:  # the usual layout: one bulk unpack of the whole table
+            table = bytes(self.buf[self.e_shoff:self.e_shoff + shnum * entsize])
+            raw = list(struct.iter_unpack(fmt, table))
+        else:
+            raw = [struct.unpack_from(fmt, self.buf, self.e_shoff + i * self.e_shentsize) for i in range(shnum)]
         names_off = names_size = 0
         if 0 < shstrndx < shnum:
             s = raw[shstrndx]
@@ -190,10 +192,21 @@ class ElfImage:
                 names_off = names_size = 0
         elif shnum:
             self.warnings.append(f"section name table index {shstrndx} invalid: section names unavailable")
+        # Names from one copy of the (small) name table; Sections built without the frozen
+        # dataclass's per-field __setattr__: a cubin-heavy library has ~350k sections in all.
+        names = bytes(self.buf[names_off:names_off + names_size])
+        find, new, put = names.find, object.__new__, object.__setattr__
         for i, s in enumerate(raw):
-            name = self.cstring(names_off, names_size, s[0]) if names_size else None
-            self.sections.append(Section(i, decode(name) if name is not None else "", s[1], s[2],
-                                         s[3], s[4], s[5], s[6], s[7], s[9]))
+            at = s[0]
+            if at < names_size:
+                end = find(b"\0", at)
+                name = decode(names[at:end if end >= 0 else names_size])
+            else:
+                name = ""
+            sec = new(Section)
+            put(sec, "__dict__", {"index": i, "name": name, "type": s[1], "flags": s[2], "addr": s[3],
+                                  "offset": s[4], "size": s[5], "link": s[6], "info": s[7], "entsize": s[9]})
+            self.sections.append(sec)
 
     def _read_segments(self, phnum: int) -> None:
         if self.e_phoff == 0 or phnum == 0:
