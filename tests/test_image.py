@@ -171,6 +171,12 @@ def _tamper_blob(files, names):
     files[name] = bytes(data)
 
 
+def _damage_header(files, names):
+    data = bytearray(files[names[1]])
+    data[124] ^= 0x7F  # the first member's size field: the tar no longer parses
+    files[names[1]] = bytes(data)
+
+
 def _drop_blob(files, names):
     del files[names[1] if "/" in names[1] else f"blobs/sha256/{names[1]}"]
 
@@ -178,6 +184,8 @@ def _drop_blob(files, names):
 BROKEN = {
     "digest mismatch": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)],
                                                      tamper=_tamper_blob),
+    "damaged header": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)],
+                                                    tamper=_damage_header),
     "missing blob": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)], tamper=_drop_blob),
     "oci digest mismatch": lambda d, elf: oci_layout(d / "o", [base_layer(elf), bad_layer(elf)], how="gzip",
                                                      tamper=_tamper_blob),
@@ -209,7 +217,7 @@ def test_broken_or_hostile_image_is_an_input_error(elf, tmp_path, case, capsys):
     assert "Traceback" not in out + err_text
     err = [line for line in out.splitlines() if line.strip().startswith("error:")]
     assert len(err) == 1, out
-    expect = {"digest mismatch": "digest mismatch", "missing blob": "missing blob", "oci digest mismatch": "digest",
+    expect = {"digest mismatch": "digest mismatch", "damaged header": "digest mismatch", "missing blob": "missing blob", "oci digest mismatch": "digest",
               "oci missing blob": "missing blob", "dotdot member": "unsafe member path",
               "escaping symlink": "escapes the image root", "absolute escaping symlink": "escapes the image root",
               "not an image": "not a container image"}[case]

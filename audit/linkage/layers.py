@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import posixpath
 import tarfile
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from audit.elf.model import ElfInfo
@@ -89,38 +91,49 @@ class ImageTree:
         self.compression = [_compression(layer) for layer in image.layers]
         self._parsed: dict[tuple[int, int], ElfInfo | Exception] = {}
         self._pattern = None
-        for i, layer in enumerate(image.layers):
-            self._apply(i, self._scan(i, layer))
+        # every blob is hashed on its own thread (hashlib releases the GIL) while the layers'
+        # headers are read; nothing read is kept unless its blob's digest checks out
+        with ThreadPoolExecutor(max_workers=max(1, min(len(image.layers), os.cpu_count() or 1))) as pool:
+            digests = [pool.submit(verify_blob, image.label, layer) for layer in image.layers]
+            try:
+                for i, layer in enumerate(image.layers):
+                    self._apply(i, self._scan(i, layer, digests[i]))
+            finally:
+                for d in digests:
+                    d.cancel()
 
     # -- building ----------------------------------------------------------------------------
-    def _scan(self, i: int, layer: LayerRef) -> list[tuple[str, tarfile.TarInfo, Entry | None]]:
+    def _scan(self, i: int, layer: LayerRef, digest: Future) -> list[tuple[str, tarfile.TarInfo, Entry | None]]:
         label = f"{self.image.label}: layer {layer.index}"
         kind = self.compression[i]
         out = []
         try:
             if kind is None:
-                got = verify_blob(self.image.label, layer)
-                if layer.diff_id and got != layer.diff_id.removeprefix("sha256:"):
-                    raise InputError(f"{label}: digest mismatch: the config's diff_id does not match the layer")
                 with tarfile.open(fileobj=Region(layer.blob.fd, layer.blob.offset, layer.blob.size), mode="r:") as tf:
                     for n, m in enumerate(tf):
                         out.append(self._member(label, i, n, m, None))
+                got = digest.result()
+                if layer.diff_id and got != layer.diff_id.removeprefix("sha256:"):
+                    raise InputError(f"{label}: digest mismatch: the config's diff_id does not match the layer")
             else:
-                verify_blob(self.image.label, layer)
                 stream = _HashingReader(_decompressed(layer, kind))
                 with tarfile.open(fileobj=stream, mode="r|") as tf:
                     for n, m in enumerate(tf):
                         out.append(self._member(label, i, n, m, tf))
                 got = stream.drain()
+                digest.result()
                 if layer.diff_id and got != layer.diff_id.removeprefix("sha256:"):
                     raise InputError(f"{label}: digest mismatch: the config's diff_id does not match the "
                                      f"uncompressed layer")
         except InputError:
+            _digest_first(label, layer, digest, kind)
             raise
         except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError, MemoryError) as exc:
+            _digest_first(label, layer, digest, kind)
             raise InputError(f"{label}: not a readable {kind or 'tar'} layer ({_line(exc)})") from None
         except Exception as exc:  # zstandard.ZstdError and friends
             if type(exc).__module__.startswith("zstandard"):
+                _digest_first(label, layer, digest, kind)
                 raise InputError(f"{label}: not a readable zstd layer ({_line(exc)})") from None
             raise
         return out
@@ -322,6 +335,13 @@ class ImageTree:
         except Exception as exc:  # it was readable in the first pass: the file changed under us
             for n, path in wanted.items():
                 self._parsed.setdefault((i, n), InputError(f"{self.image.label}!{path}: cannot read: {_line(exc)}"))
+
+
+def _digest_first(label: str, layer: LayerRef, digest: Future, kind: str | None) -> None:
+    """A layer that fails to read may simply be damaged: say so when its digest shows it."""
+    got = digest.result()  # raises the mismatch against the blob's own descriptor
+    if kind is None and layer.diff_id and got != layer.diff_id.removeprefix("sha256:"):
+        raise InputError(f"{label}: digest mismatch: the config's diff_id does not match the layer")
 
 
 def _safe_path(label: str, name: str) -> str:
