@@ -45,6 +45,17 @@ class DeviceCode:
 
 
 @dataclass(frozen=True)
+class Forward:
+    """A defined function whose code only passes the call on (a thunk or trampoline), read from
+    its first instructions: the code it runs is elsewhere, not a copy inside this file."""
+
+    symbol: str  # the defined name, e.g. "dgemm_"
+    target: str  # what it forwards to: an imported name ("scipy_dgemm_"), or the name given to dlsym
+    via: str  # "plt" (a PLT entry), "got" (a GOT slot), "dlsym" (a slot the code fills by name at run time)
+    slot: int  # virtual address of the slot the jump goes through
+
+
+@dataclass(frozen=True)
 class StringHit:
     section: str
     offset: int
@@ -72,6 +83,8 @@ class ElfInfo:
     symbols: list[Symbol] = field(default_factory=list)
     symbol_counts: dict[str, int] = field(default_factory=dict)  # {".dynsym": n, ".symtab": m}
     code_loading_imports: list[str] = field(default_factory=list)  # dlopen, hipModuleLoad, nvrtc...
+    # Kept symbols that are defined but only forward (audit/elf/forward.py), sorted by name.
+    forwarders: list[Forward] = field(default_factory=list)
     library_strings: list[StringHit] = field(default_factory=list)
     # vendor API names as strings (what dlsym is given); read only for an object that imports
     # dlsym/dlvsym, when the caller names the API prefixes to look for

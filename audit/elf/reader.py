@@ -26,6 +26,7 @@ from audit.elf.amdgpu import read_hip_fatbin
 from audit.elf.immediates import assembled_names
 from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, read_version_defs,
                                read_version_needs)
+from audit.elf.forward import read_forwarders
 from audit.elf.model import ElfInfo, StringHit, Symbol
 from audit.elf.nvidia import read_nv_fatbin
 from audit.elf.parse import SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed, release
@@ -189,20 +190,29 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) 
     has_dynsym = any(t.name == ".dynsym" for t in tables)
     symbols: list[Symbol] = []
     counts: dict[str, int] = {}
+    picks = []
     for table in tables:
         counts[table.name] = counts.get(table.name, 0) + len(table)
         # imports: from .dynsym; from .symtab only when there is no .dynsym (relocatable objects)
         keep_imports = table.name == ".dynsym" or not has_dynsym
         idx, ends = select(img, table, symbol_pattern, keep_imports, warnings)
         versym = _versym(img, table) if table.name == ".dynsym" else None
-        symbols += make_symbols(img, table, idx, versions, versym, ends)
+        kept = make_symbols(img, table, idx, versions, versym, ends)
+        symbols += kept
+        picks.append((table.syms[idx], kept))  # a copy of the kept entries: the table's pages go now
         sec = img.sections[table.index]
         release(img.buf, sec.offset, sec.offset + sec.size)  # read once: memory for the next table
         release(img.buf, table.str_off, table.str_off + table.str_size)
     code_loading = sorted({s.name for s in symbols if not s.defined and CODE_LOADING_RE.match(s.name)})
+    imports_dlsym = bool({"dlsym", "dlvsym"} & {n.split("@", 1)[0] for n in code_loading})
     # names handed to dlsym: looked for only where dlsym is imported (the scan reads all data)
-    resolves = api_prefixes and {"dlsym", "dlvsym"} & {n.split("@", 1)[0] for n in code_loading}
-    api = identifier_strings(img, api_prefixes, warnings) if resolves else []
+    api = identifier_strings(img, api_prefixes, warnings) if api_prefixes and imports_dlsym else []
+    dynsym = next((t for t in tables if t.name == ".dynsym"), None)
+    try:  # a refinement of what the symbols say: if the code cannot be read, they stand as they are
+        forwarders = read_forwarders(img, dynsym, picks, imports_dlsym)
+    except _MALFORMED as exc:
+        forwarders = []
+        warnings.append(f"forwarding stubs not read: {exc or type(exc).__name__}")
 
     device = []
     for sec in img.sections:
@@ -216,7 +226,8 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) 
         machine=img.machine_name, endian=img.endian, elf_type=img.type_name, soname=dyn.soname,
         needed=dyn.needed, rpath=dyn.rpath, runpath=dyn.runpath, interpreter=read_interpreter(img),
         version_needs=needs, symbols=symbols, symbol_counts=counts,
-        code_loading_imports=code_loading, library_strings=library_strings(img, warnings), api_strings=api,
+        code_loading_imports=code_loading, forwarders=forwarders, library_strings=library_strings(img, warnings),
+        api_strings=api,
         device_code=device, warnings=warnings)
 
 

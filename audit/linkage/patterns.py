@@ -62,10 +62,11 @@ def glob_to_regex(pattern: str, any_char: str = _ANY) -> str:
         else:
             out.append(re.escape(ch))
     regex = "".join(out)
-    try:
-        re.compile(regex)
-    except re.error as exc:
-        raise PatternError(str(exc)) from None
+    if "[" in pattern:  # only a class can make an invalid regex; compiling costs (thousands of globs)
+        try:
+            re.compile(regex)
+        except re.error as exc:
+            raise PatternError(str(exc)) from None
     return regex
 
 
@@ -93,6 +94,13 @@ def combined_bytes_regex(patterns: list[str]) -> re.Pattern[bytes]:
     if not trie:
         return NEVER
     return re.compile(("^" + _emit(trie) + "$").encode("ascii"))
+
+
+def covering_globs(names) -> list[str]:
+    """A few globs that together match every one of `names` (and more): first three characters,
+    `*`, last character. Exact name lists join the reader's one regex this way (thousands of
+    names would make it slow to compile); the exact check follows on what the filter kept."""
+    return sorted({n if len(n) <= 5 else n[:3] + "*" + n[-1] for n in names})
 
 
 def literal_prefixes(pattern: str) -> list[tuple[str, str]]:

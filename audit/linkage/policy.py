@@ -24,6 +24,7 @@ from audit.linkage.patterns import (
     PatternError,
     combined_bytes_regex,
     compile_globs,
+    covering_globs,
     glob_to_regex,
     literal_prefixes,
     soname_matches,
@@ -56,7 +57,10 @@ _SETTINGS = {"unresolved": "warn", "needed-verneed-mismatch": "fail"}
 _TOP_KEYS = {"name", "description", "extends", "settings", "allow", "rules", "exceptions", "symbol-prefixes",
              "symbol-suffixes"}
 _AFFIX = re.compile(r"^[A-Za-z0-9_]{1,32}$")
-_RULE_KEYS = {"id", "family", "name", "reason", "use-instead", "sonames", "symbols", "strings", "kernels"}
+_RULE_KEYS = {"id", "family", "name", "reason", "use-instead", "sonames", "symbols", "symbol-lists", "strings", "kernels",
+              "shared-kernels"}
+_LIST_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")  # a C/Fortran/mangled symbol name
+_LIST_SUFFIX = ".names"
 _EXC_KEYS = {"file", "rule", "reason", "expires"}
 _ALLOW_KEYS = {"trusted", "inspected"}
 
@@ -72,14 +76,23 @@ class Rule:
     symbols: tuple[str, ...] = ()
     strings: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
+    # Kernel name families that several vendor libraries ship (NVIDIA's xmma GEMM kernels are in
+    # cuBLAS, cuDNN and TensorRT): attributed to the denied library that ships them, else to this rule.
+    shared_kernels: tuple[str, ...] = ()
+    # Closed lists of exact symbol names (CBLAS, LAPACKE, ...): where they came from (a shipped
+    # list's name, or a file's absolute path) and the names they hold.
+    symbol_lists: tuple[str, ...] = ()
+    names: frozenset[str] = frozenset()
     source: str = ""  # the policy file that defined it
     builtin: bool = False
     _re: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     match_symbols: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+    match_names: frozenset[str] = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def compile(self, prefixes: tuple[str, ...] = (), suffixes: tuple[str, ...] = ()) -> None:
         self.match_symbols = affixed(self.symbols, prefixes, suffixes)
-        self._re = {k: compile_globs(getattr(self, k)) for k in ("sonames", "strings", "kernels")}
+        self.match_names = frozenset(affixed(tuple(sorted(self.names)), prefixes, suffixes))
+        self._re = {k: compile_globs(getattr(self, k)) for k in ("sonames", "strings", "kernels", "shared_kernels")}
         self._re["symbols"] = compile_globs(self.match_symbols)
         # Device kernel names are mangled like host symbols: symbol patterns apply to them too.
         self._re["device"] = compile_globs(self.kernels + self.symbols)
@@ -89,7 +102,7 @@ class Rule:
 
     def matches_symbol(self, name: str) -> bool:
         r = self._re.get("symbols")
-        return bool(r and r.match(name))
+        return name in self.match_names or bool(r and r.match(name))
 
     def matches_string(self, text: str) -> bool:
         r = self._re.get("strings")
@@ -97,14 +110,15 @@ class Rule:
 
     def matches_kernel(self, name: str) -> bool:
         r = self._re.get("device")
-        return bool(r and r.match(name))
+        return name in self.match_names or bool(r and r.match(name))
 
     def to_dict(self) -> dict:
         return {
             "id": self.id, "family": self.family, "name": self.name, "reason": self.reason,
             "use_instead": self.use_instead, "sonames": list(self.sonames), "symbols": list(self.symbols),
-            "strings": list(self.strings), "kernels": list(self.kernels), "source": self.source,
-            "builtin": self.builtin,
+            "symbol_lists": list(self.symbol_lists), "symbol_list_names": len(self.names),
+            "strings": list(self.strings), "kernels": list(self.kernels), "shared_kernels": list(self.shared_kernels),
+            "source": self.source, "builtin": self.builtin,
         }
 
 
@@ -162,11 +176,20 @@ class Policy:
         for rule in self.rules:
             rule.compile(self.symbol_prefixes, self.symbol_suffixes)
         self._re = {"trusted": compile_globs(self.trusted), "inspected": compile_globs(self.inspected)}
-        self._re["symbols"] = combined_bytes_regex([p for r in self.rules for p in r.match_symbols])
+        # The reader's bulk filter: the patterns, and for the name lists a few covering globs
+        # (first three characters, last one): a superset, checked exactly afterwards.
+        self._re["symbols"] = combined_bytes_regex([p for r in self.rules for p in r.match_symbols]
+                                                   + covering_globs(n for r in self.rules for n in r.match_names))
         self._by_id = {r.id: r for r in self.all_rules()}
+        # Exact names: the first rule (policy order) that lists each one.
+        self._name_owner: dict[str, int] = {}
+        for i, r in enumerate(self.rules):
+            for n in r.match_names:
+                self._name_owner.setdefault(n, i)
         # Single lookups (strings, kernels): one regex per evidence type, a named group per
         # rule in policy order, so the first rule that matches wins.
-        for kind, attrs in (("symbols", ("match_symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",))):
+        for kind, attrs in (("symbols", ("match_symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",)),
+                            ("shared", ("shared_kernels",))):
             alts = []
             for i, r in enumerate(self.rules):
                 pats = [p for a in attrs for p in getattr(r, a)]
@@ -187,7 +210,12 @@ class Policy:
     def _classify(self, kind: str, name: str) -> Rule | None:
         rx = self._re.get("by_" + kind)
         m = rx.match(name) if rx else None
-        return self.rules[int(m.lastgroup[1:])] if m else None
+        at = int(m.lastgroup[1:]) if m else None
+        if kind in ("symbols", "kernels"):
+            listed = self._name_owner.get(name)
+            if listed is not None and (at is None or listed < at):
+                at = listed
+        return None if at is None else self.rules[at]
 
     def classify_symbols(self, names) -> dict[str, Rule]:
         """name -> the first rule (policy order) whose symbol patterns match it, for many names.
@@ -195,9 +223,12 @@ class Policy:
         Names are sorted once; each rule then looks only at the contiguous range of names that
         start with one of its literal prefixes, so 85k vendor names cost ~one regex match each.
         """
-        ordered = sorted(set(names))
+        unique = set(names)
+        ordered = sorted(unique)
         out: dict[str, Rule] = {}
         for rule, prefixes in zip(self.rules, self._prefixes):
+            if rule.match_names:
+                out.update((n, rule) for n in sorted(rule.match_names.intersection(unique)) if n not in out)
             rx = rule._re.get("symbols")
             if rx is None:
                 continue
@@ -214,9 +245,16 @@ class Policy:
         """The first rule whose symbol patterns match the whole name."""
         return self._classify("symbols", name)
 
-    def rule_for_kernel(self, name: str) -> Rule | None:
-        """The first rule whose kernel (or symbol) patterns match the device kernel name."""
-        return self._classify("kernels", name)
+    def rule_for_kernel(self, name: str, shipper: Rule | None = None) -> Rule | None:
+        """The rule a device kernel belongs to: the first whose kernel (or symbol) patterns, the
+        name's own markers, match it; else, for a kernel of a family several libraries ship
+        (`shared-kernels`), `shipper` (the denied library the kernel is inside), else the
+        first rule that lists the family."""
+        rule = self._classify("kernels", name)
+        if rule is not None:
+            return rule
+        family = self._classify("shared", name)
+        return shipper if family is not None and shipper is not None else family
 
     def rule_for_string(self, text: str) -> Rule | None:
         """The first rule whose string patterns, or soname globs, match a library-name string."""
@@ -362,7 +400,7 @@ def _load(ref: str, base_dir: Path | None, chain: list[str]) -> Policy:
         attr = key.replace("-", "_")
         setattr(policy, attr, tuple(dict.fromkeys(getattr(policy, attr) + _affixes(label, key, doc.get(key, [])))))
     for i, raw in enumerate(_array(label, "rules", doc.get("rules", []))):
-        rule = _rule(label, i, raw)
+        rule = _rule(label, i, raw, here)
         for j, old in enumerate(policy.rules):
             if old.id == rule.id:
                 if old.source == label:
@@ -376,7 +414,7 @@ def _load(ref: str, base_dir: Path | None, chain: list[str]) -> Policy:
     return policy
 
 
-def _rule(label: str, i: int, raw) -> Rule:
+def _rule(label: str, i: int, raw, base_dir: Path | None) -> Rule:
     where = f"rules[{i}]"
     if not isinstance(raw, dict):
         raise PolicyError(f"{label}: {where}: must be a table")
@@ -399,11 +437,55 @@ def _rule(label: str, i: int, raw) -> Rule:
         sonames=_globs(label, f"{where}.sonames", raw.get("sonames", [])),
         symbols=_globs(label, f"{where}.symbols", raw.get("symbols", [])),
         strings=_globs(label, f"{where}.strings", raw.get("strings", [])),
-        kernels=_globs(label, f"{where}.kernels", raw.get("kernels", [])), source=label,
+        kernels=_globs(label, f"{where}.kernels", raw.get("kernels", [])),
+        shared_kernels=_globs(label, f"{where}.shared-kernels", raw.get("shared-kernels", [])), source=label,
     )
-    if not (rule.sonames or rule.symbols or rule.strings or rule.kernels):
-        raise PolicyError(f"{label}: {where}: needs at least one of sonames, symbols, strings, kernels")
+    refs = raw.get("symbol-lists", [])
+    if not isinstance(refs, list) or not all(isinstance(r, str) and r for r in refs):
+        raise PolicyError(f"{label}: {where}.symbol-lists: must be an array of list names or paths")
+    lists = [_read_names(label, f"{where}.symbol-lists[{j}]", ref, base_dir) for j, ref in enumerate(refs)]
+    rule.symbol_lists = tuple(ref for ref, _ in lists)
+    rule.names = frozenset().union(*(names for _, names in lists))
+    if not (rule.sonames or rule.symbols or rule.names or rule.strings or rule.kernels or rule.shared_kernels):
+        raise PolicyError(f"{label}: {where}: needs at least one of sonames, symbols, symbol-lists, strings, "
+                          "kernels, shared-kernels")
     return rule
+
+
+def shipped_name_lists() -> list[str]:
+    """Names of the symbol lists installed with the package (`audit.policies/*.names`)."""
+    root = data_root("policies")
+    return sorted(p.name[:-len(_LIST_SUFFIX)] for p in root.iterdir() if p.name.endswith(_LIST_SUFFIX))
+
+
+def _read_names(label: str, key: str, ref: str, base_dir: Path | None) -> tuple[str, frozenset[str]]:
+    """(reference to write back, the names) of a symbol list: a shipped list's name (`cblas`)
+    or a file path, relative to the policy file. One name per line; `#` starts a comment."""
+    local = Path(ref) if base_dir is None or Path(ref).is_absolute() else base_dir / ref
+    if _NAME.match(ref) and not local.is_file():
+        res = data_root("policies").joinpath(ref + _LIST_SUFFIX)
+        if not res.is_file():
+            raise PolicyError(f"{label}: {key}: no shipped symbol list named '{ref}' "
+                              f"(shipped: {', '.join(shipped_name_lists())})")
+        shown, data = ref, res.read_bytes()
+    else:
+        try:
+            shown, data = str(local.resolve()), local.read_bytes()
+        except OSError as exc:
+            raise PolicyError(f"{label}: {key}: cannot read {local}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PolicyError(f"{label}: {key}: {shown}: not UTF-8 text") from None
+    names = set()
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if not _LIST_NAME.match(line):
+            raise PolicyError(f"{label}: {key}: {shown} line {n}: not a symbol name (letters, digits, '_')")
+        names.add(line)
+    return shown, frozenset(names)
 
 
 def _exception(label: str, i: int, raw) -> PolicyException:
@@ -524,9 +606,9 @@ def to_toml(policy: Policy) -> str:
                   f"name = {_toml_str(r.name)}", f"reason = {_toml_str(r.reason)}"]
         if r.use_instead is not None:
             lines.append(f"use-instead = {_toml_str(r.use_instead)}")
-        for key in ("sonames", "symbols", "strings", "kernels"):
+        for key in ("sonames", "symbols", "symbol_lists", "strings", "kernels", "shared_kernels"):
             if getattr(r, key):
-                lines.append(f"{key} = {_toml_list(getattr(r, key))}")
+                lines.append(f"{key.replace('_', '-')} = {_toml_list(getattr(r, key))}")
     for e in policy.exceptions:
         lines += ["", "[[exceptions]]", f"file = {_toml_str(e.file)}", f"rule = {_toml_str(e.rule)}",
                   f"reason = {_toml_str(e.reason)}"]

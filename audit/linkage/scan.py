@@ -5,13 +5,15 @@ dependency tree (denied NEEDED, transitive libraries, RPATH directories that hol
 from __future__ import annotations
 
 import dataclasses
+import os
 
-from audit.elf.model import ElfInfo
+from audit.elf.model import ElfInfo, Forward
 from audit.linkage.model import Finding, Match
 from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
 from audit.linkage.resolve import DepNode, Resolver
 
 _MAX_EXAMPLES = 10
+_NOT_CODE = ("FILE", "SECTION")  # symbol-table entries that name a source file or a section, not code
 _MAX_DIR_LIST = 20000  # entries looked at per RPATH/RUNPATH directory
 
 
@@ -32,33 +34,48 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
             add(policy.rule(RULE_MISMATCH), "mismatch", vn.file, ".gnu.version_r",
                 detail="versioned imports name a file that DT_NEEDED does not list; " + _versions(vn.versions))
 
-    # Set operations, not a Python loop per symbol: libtorch_cpu brings ~85k vendor names.
-    syms = info.symbols
-    by_name = policy.classify_symbols(s.name for s in syms)
-    if by_name:
-        defined = {s.name for s in syms if s.defined}
-        imported = {s.name for s in syms if not s.defined}
-        in_table = {t: {s.name for s in syms if s.table == t} for t in {s.table for s in syms}}
-        groups: dict[tuple, list[str]] = {}
-        for name, rule in by_name.items():
-            if name in defined:
-                groups.setdefault((rule.id, "static-symbol"), []).append(name)
-            if name in imported:
-                groups.setdefault((rule.id, "imported-symbol"), []).append(name)
-        for (rid, kind), names in groups.items():
-            tables = [t for t, members in sorted(in_table.items()) if not members.isdisjoint(names)]
-            # .symtab spells versioned imports "name@VERSION": one name, not two
-            base = {n.split("@", 1)[0] or n if "@" in n else n for n in names}
-            every = sorted(base)
-            add(policy.rule(rid), kind, every[0], ", ".join(tables), count=len(base),
-                matches=[Match(every, ", ".join(tables))])
-
     loader = ", ".join(info.code_loading_imports[:4])
     strings: dict[tuple, list] = {}
     for hit in info.library_strings:
         rule = policy.rule_for_string(hit.text)
         if rule:
             strings.setdefault((rule.id, hit.text), []).append(hit)
+
+    # Set operations, not a Python loop per symbol: libtorch_cpu brings ~85k vendor names.
+    syms = [s for s in info.symbols if s.kind not in _NOT_CODE]
+    by_name = policy.classify_symbols(s.name for s in syms)
+    if by_name:
+        defined = {s.name for s in syms if s.defined}
+        imported = {s.name for s in syms if not s.defined}
+        in_table = {t: {s.name for s in syms if s.table == t} for t in {s.table for s in syms}}
+        forwards = {f.symbol: f for f in info.forwarders}
+        groups: dict[tuple, list[str]] = {}
+        for name, rule in by_name.items():
+            if name in defined:
+                how = _defined_as(policy, name, forwards.get(name))
+                parent = name.split(".", 1)[0]  # GCC's split-off parts: X.cold, X.part.0
+                if how[1] is None and parent != name and _defined_as(policy, parent, forwards.get(parent))[1]:
+                    continue  # a part of a forwarding stub is not a function of its own
+                groups.setdefault((rule.id, *how), []).append(name)
+            if name in imported:
+                groups.setdefault((rule.id, "imported-symbol", None), []).append(name)
+        sources = _source_files(policy, info) if any(k[1] == "static-symbol" for k in groups) else {}
+        # stubs before plain names of the same kind: grouped into one finding, its detail says so
+        for (rid, kind, via), names in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2] is None)):
+            tables = ", ".join(t for t, members in sorted(in_table.items()) if not members.isdisjoint(names))
+            # .symtab spells versioned imports "name@VERSION": one name, not two
+            base = {n.split("@", 1)[0] or n if "@" in n else n for n in names}
+            every = sorted(base)
+            if via is None:
+                files = sources.get(rid, [])
+                detail = (f"{len(files)} source-file name(s) in .symtab match too (STT_FILE, not counted): "
+                          + ", ".join(files[:3])) if kind == "static-symbol" and files else None
+            else:
+                libs = sorted(text for (r, text) in strings if r == rid)
+                detail = _stub_detail(via, [forwards[n] for n in every[:3]], len(base), libs)
+            add(policy.rule(rid), kind, every[0], tables, count=len(base), detail=detail,
+                matches=[Match(every, tables, detail=detail)])
+
     for (rid, text), hits in strings.items():
         add(policy.rule(rid), "dlopen-string", text, f"{hits[0].section} @0x{hits[0].offset:x}", count=len(hits),
             offset=hits[0].offset if in_file is None else None,
@@ -66,13 +83,15 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
 
     runtime_findings(info, policy, findings, add, loader)
 
+    # A kernel without its own marker belongs to the denied library that ships it, if this is one.
+    shipper = policy.deny_rule_for_soname(info.soname or "") or policy.deny_rule_for_soname(os.path.basename(info.path))
     for dc in info.device_code:
         where = f"{dc.section} @0x{dc.offset:x} {dc.kind} {dc.target}"
         if dc.error:
             errors.append(f"device code at {where}: {dc.error}")
         kern: dict[str, list[str]] = {}
         for name in dc.kernels:
-            rule = policy.rule_for_kernel(name)
+            rule = policy.rule_for_kernel(name, shipper)
             if rule:
                 kern.setdefault(rule.id, []).append(name)
         for rid, names in kern.items():
@@ -151,6 +170,46 @@ def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add
         also = f"; {len(resolved[rid])} of its API names are dlsym strings" if rid in resolved else ""
         add(policy.rule(rid), "assembled-name", text, f"{hits[0].section} @0x{hits[0].offset:x} (immediates)",
             count=len(hits), detail=f"built in code from instruction immediates; imports {loader}{also}")
+
+
+def _defined_as(policy: Policy, name: str, fw: Forward | None) -> tuple[str, str | None]:
+    """(kind, how) of a defined vendor name: a static copy, or a stub that forwards the call.
+
+    A stub counts as forwarding the vendor API when it jumps to a name of the same or another
+    rule, or to one that contains its own name (scipy's dgemm_ -> scipy_dgemm_@plt), or through a
+    pointer dlsym fills with its own name. A destructor whose only code is a tail call to free()
+    forwards too, but its code is the vendor's: it stays a static symbol.
+    """
+    if fw is None:
+        return "static-symbol", None
+    if fw.via == "dlsym":
+        return "dlopen-string", "dlsym"
+    if policy.rule_for_symbol(fw.target) is not None or name.rstrip("_") in fw.target:
+        return "imported-symbol", "stub"
+    return "static-symbol", None
+
+
+def _stub_detail(via: str, stubs: list[Forward], count: int, libs: list[str]) -> str:
+    """What the forwarding stubs do, with the first few targets named."""
+    if via == "dlsym":
+        text = ", ".join(f'{f.symbol} -> dlsym("{f.target}") slot @0x{f.slot:x}' for f in stubs)
+        where = f"; the library is loaded by name ({', '.join(libs[:3])})" if libs else ""
+        return (f"{count} defined function(s) are stubs that jump through a pointer filled at run time by "
+                f"dlsym of their own name, not copies: {text}{where}")
+    text = ", ".join(f"{f.symbol} -> {f.target}{'@plt' if f.via == 'plt' else ' (GOT)'}" for f in stubs)
+    return f"{count} defined function(s) are forwarding stubs to imports, not copies: {text}"
+
+
+def _source_files(policy: Policy, info: ElfInfo) -> dict[str, list[str]]:
+    """rule id -> source-file names (STT_FILE) whose stem is a name of that rule (cblas_daxpy.c)."""
+    files = sorted({s.name for s in info.symbols if s.kind == "FILE"})
+    stems = {f: f.rsplit(".", 1)[0] for f in files if "." in f}
+    by_stem = policy.classify_symbols(stems.values())
+    out: dict[str, list[str]] = {}
+    for f, stem in stems.items():
+        if stem in by_stem:
+            out.setdefault(by_stem[stem].id, []).append(f)
+    return out
 
 
 def _versions(versions) -> str:

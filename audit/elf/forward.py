@@ -1,0 +1,514 @@
+"""Forwarding stubs: defined functions whose code only passes the call on.
+
+A file can define a vendor API name without containing the vendor's code: scipy defines
+`dgemm_` as one `jmp scipy_dgemm_@plt`, and a lazy loader defines `cublasCreate_v2` as a stub
+that asks dlsym for "cublasCreate_v2" once and jumps through the pointer it kept. Such a
+definition is an import (or a run-time load), not a static copy. This module reads the first
+instructions of the defined symbols the policy kept (x86-64 and AArch64) and says where each
+one forwards to:
+
+- "plt": a (tail) jump or call to a PLT entry, whose GOT slot's relocation names the import;
+- "got": a jump or call through a GOT slot whose relocation names an undefined symbol;
+- "dlsym": a jump or call through a writable slot no relocation binds to a symbol, in a body that
+  loads the address of a string equal to the function's own name (the name handed to dlsym),
+  in a file that imports dlsym or dlvsym.
+
+A jump to code defined in this file is followed (two hops at most); if it ends in real code,
+the symbol is not a forwarder. Only short, fixed instruction shapes are recognised: a body that
+does anything else (moves arguments, computes) is left as what the symbol table says.
+Candidates are screened in bulk with numpy on their first bytes; only those whose first
+instruction can forward are decoded one by one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+
+import numpy as np
+
+from audit.elf.model import Forward, Symbol
+from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHF_WRITE, SHN_LORESERVE, SHN_UNDEF, SHT_NOBITS, ElfImage
+from audit.elf.symbols import SymbolTable, names_at
+
+EM_X86_64, EM_AARCH64 = 62, 183
+ET_EXEC, ET_DYN = 2, 3
+SHT_RELA = 4
+_STT_CODE = {0, 2, 10}  # NOTYPE (hand-written assembly), FUNC, GNU_IFUNC
+_HEAD = 32  # bytes read per candidate: the longest shape below fits
+_THUNK_MAX = 24  # a jump thunk's st_size is at most this (0: unsized, hand-written assembly)
+_CALL_STUB_MAX = 32  # a call-and-return stub has a body this small (st_size)
+_DLSYM_BODY_MAX = 1024  # bodies searched for the lazy dlsym shape (whole, up to this size)
+_HOPS = 2  # jumps to code in this file that are followed
+
+# x86-64 encodings
+_ENDBR64 = b"\xf3\x0f\x1e\xfa"
+# AArch64 encodings (little-endian words)
+_A64_SKIP = {0xD503245F, 0xD503233F, 0xD503201F}  # bti c, paciasp, nop
+_A64_FRAME_PUSH = 0xA9BF7BFD  # stp x29, x30, [sp, #-16]!
+_A64_FRAME_SET = 0x910003FD  # mov x29, sp
+_A64_FRAME_POP = 0xA8C17BFD  # ldp x29, x30, [sp], #16
+_A64_RET = 0xD65F03C0
+_A64_AUTIASP = 0xD50323BF
+
+
+def read_forwarders(img: ElfImage, dynsym: SymbolTable | None,
+                    picks: list[tuple[np.ndarray, list[Symbol]]], imports_dlsym: bool) -> list[Forward]:
+    """Forwarders among the defined symbols in `picks` ((symbol-table entries, their Symbols));
+    `dynsym` is the table the dynamic relocations index."""
+    if img.e_machine not in (EM_X86_64, EM_AARCH64) or img.e_type not in (ET_EXEC, ET_DYN) or img.bits != 64 \
+            or img.endian != "little" or not img.sections:
+        return []
+    ctx = _Context(img, dynsym)
+    names: list[str] = []
+    parts = []
+    for sub, syms in picks:
+        if len(sub) == 0:
+            continue
+        code = ((sub["st_shndx"] != SHN_UNDEF) & (sub["st_shndx"] < SHN_LORESERVE)
+                & np.isin(sub["st_info"] & 0xF, list(_STT_CODE)) & (sub["st_value"] != 0))
+        keep = np.flatnonzero(code)
+        parts.append(sub[keep])
+        names += [syms[i].name for i in keep.tolist()]
+    if not names:
+        return []
+    sub = np.concatenate([p[["st_shndx", "st_value", "st_size"]].astype(
+        [("st_shndx", "<i8"), ("st_value", "<i8"), ("st_size", "<i8")]) for p in parts])
+    # one decode per address: .dynsym and .symtab (and aliases) name the same code
+    value, first, where = np.unique(sub["st_value"], return_index=True, return_inverse=True)
+    size = np.zeros(len(value), dtype=np.int64)
+    np.maximum.at(size, where, sub["st_size"])
+    offs = ctx.file_offsets(sub["st_shndx"][first], value)
+    jumps = ctx.screen_jumps(offs, size)
+    lazy = ctx.screen_lazy(offs, value, size) if imports_dlsym else np.zeros(len(value), dtype=bool)
+    fwd = {u: ctx.forward(int(value[u]), 0) for u in np.flatnonzero(jumps).tolist()}
+    fwd = {u: fw for u, fw in fwd.items() if fw is not None}
+    hit = np.zeros(len(value), dtype=bool)
+    hit[list(fwd)] = True
+    hit |= lazy
+    per_name = hit[where]
+    # a name defined more than once counts as a forwarder only if every definition is one
+    plain = {names[i] for i in np.flatnonzero(~per_name).tolist()}
+    found: dict[str, Forward] = {}
+    for i in np.flatnonzero(per_name).tolist():
+        name, u = names[i], int(where[i])
+        if name in plain:
+            continue
+        fw = fwd.get(u)
+        if fw is None and lazy[u]:  # the dlsym shape depends on the name
+            fw = ctx.dlsym_stub(int(value[u]), int(size[u]), name)
+        if fw is None:
+            plain.add(name)
+            found.pop(name, None)
+        elif name not in found:
+            found[name] = Forward(name, *fw)
+    return sorted(found.values(), key=lambda f: f.symbol)
+
+
+class _Context:
+    """Per-file lookups: sections by address, and the dynamic relocations (read on first use)."""
+
+    def __init__(self, img: ElfImage, dynsym: SymbolTable | None):
+        self.img = img
+        self.x86 = img.e_machine == EM_X86_64
+        self._dynsym = dynsym
+        secs = sorted((s for s in img.sections if s.flags & SHF_ALLOC and s.size and s.addr), key=lambda s: s.addr)
+        self.secs = secs
+        self.starts = [s.addr for s in secs]
+        self._relocs: tuple[np.ndarray, np.ndarray] | None = None
+        self.u8 = np.frombuffer(img.buf, dtype=np.uint8)
+
+    # -- screening, in bulk --------------------------------------------------------------
+    def file_offsets(self, shndx: np.ndarray, value: np.ndarray) -> np.ndarray:
+        """File offset of each address's code (-1 where it is not inside an executable section)."""
+        secs = self.img.sections
+        addr = np.array([s.addr for s in secs], dtype=np.int64)
+        off = np.array([s.offset for s in secs], dtype=np.int64)
+        size = np.array([s.size for s in secs], dtype=np.int64)
+        code = np.array([bool(s.flags & SHF_EXECINSTR) and s.type != SHT_NOBITS
+                         and s.offset + s.size <= self.img.size for s in secs])
+        ok = (shndx >= 0) & (shndx < len(secs))
+        k = np.where(ok, shndx, 0)
+        inside = ok & code[k] & (value >= addr[k]) & (value < addr[k] + size[k])
+        return np.where(inside, off[k] + value - addr[k], -1)
+
+    def screen_jumps(self, offs: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Addresses whose first instruction can forward: a jump, or (a tiny body that ends in
+        ret and holds a call opcode) a call."""
+        mask = np.zeros(len(offs), dtype=bool)
+        # a thunk is one jump (after endbr64/bti): a few bytes, or no size at all (assembly)
+        r = np.flatnonzero((offs >= 0) & (offs + _HEAD <= self.img.size) & (size <= _THUNK_MAX))
+        if not len(r):
+            return mask
+        head = self.u8[offs[r][:, None] + np.arange(8)]
+        if self.x86:
+            i = np.arange(len(r))
+            skip = np.where((head[:, 0] == 0xF3) & (head[:, 1] == 0x0F) & (head[:, 2] == 0x1E)
+                            & (head[:, 3] == 0xFA), 4, 0)
+            b0 = head[i, skip]
+            op = np.where(b0 == 0xF2, head[i, skip + 1], b0)  # bnd prefix
+            modrm = np.where(b0 == 0xF2, head[i, skip + 2], head[i, skip + 1])
+            tail = (op == 0xE9) | (op == 0xEB) | ((op == 0xFF) & (modrm == 0x25))
+        else:
+            words = np.ascontiguousarray(head).view("<u4")
+            w = np.where(np.isin(words[:, 0], list(_A64_SKIP)), words[:, 1], words[:, 0])
+            tail = ((w & 0xFC000000) == 0x14000000) | ((w & 0x9F000000) == 0x90000000)
+        small = np.flatnonzero((offs >= 0) & (offs + _HEAD <= self.img.size) & (size >= 8) & (size <= _CALL_STUB_MAX))
+        if len(small):  # the call form: look at the whole (tiny) body
+            body = self.u8[offs[small][:, None] + np.arange(_CALL_STUB_MAX)]
+            valid = np.arange(_CALL_STUB_MAX)[None, :] < size[small][:, None]
+            last = body[np.arange(len(small)), size[small] - 1]
+            if self.x86:
+                call = ((body == 0xE8) | ((body == 0xFF) & (np.roll(body, -1, axis=1) == 0x15))) & valid
+                ok = (last == 0xC3) & call.any(axis=1)
+            else:
+                words = np.ascontiguousarray(body).view("<u4")
+                lastw = words[np.arange(len(small)), size[small] // 4 - 1]
+                ok = (lastw == _A64_RET) & ((words & 0xFC000000) == 0x94000000).any(axis=1)
+            mask[small[ok]] = True
+        mask[r] |= tail
+        return mask
+
+    def screen_lazy(self, offs: np.ndarray, value: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Addresses whose (small) body jumps or calls through a register or a writable data slot
+        that is not a GOT entry: the shape of a stub that calls a pointer it filled in itself."""
+        mask = np.zeros(len(offs), dtype=bool)
+        r = np.flatnonzero((offs >= 0) & (size > 0) & (size <= _DLSYM_BODY_MAX) & (offs + size <= self.img.size))
+        if not len(r):
+            return mask
+        n = size[r] if self.x86 else size[r] // 4 * 4
+        start = np.concatenate(([0], np.cumsum(n)[:-1]))
+        u8 = self.u8
+        blob = np.concatenate([u8[o:o + k] for o, k in zip(offs[r].tolist(), n.tolist())])
+        if self.x86:
+            ends, disps = [], []  # where each slot-naming instruction ends, and its displacement
+            # jmp / call *disp32(%rip): ff 25 / ff 15 disp32
+            pos = np.flatnonzero((blob[:-5] == 0xFF) & ((blob[1:-4] == 0x25) | (blob[1:-4] == 0x15)))
+            ends.append(pos + 6)
+            disps.append(_disp32(blob, pos + 2))
+            # mov reg, disp32(%rip) (REX.W 8b, mod 00 rm 101), in a body that jumps or calls a register
+            reg = (blob[:-1] == 0xFF) & (((blob[1:] & 0xF8) == 0xE0) | ((blob[1:] & 0xF8) == 0xD0))
+            by_reg = np.zeros(len(r), dtype=bool)
+            by_reg[_row(start, np.flatnonzero(reg))] = True
+            pos = np.flatnonzero(((blob[:-6] == 0x48) | (blob[:-6] == 0x4C)) & (blob[1:-5] == 0x8B)
+                                 & ((blob[2:-4] & 0xC7) == 0x05))
+            pos = pos[by_reg[_row(start, pos)]]
+            ends.append(pos + 7)
+            disps.append(_disp32(blob, pos + 3))
+            end, disp = np.concatenate(ends), np.concatenate(disps)
+            row = _row(start, end - 1)
+            inside = end <= start[row] + n[row]  # the instruction lies inside one body
+            row, slot = row[inside], (value[r][row] + end - start[row] + disp)[inside]
+            data = [(s.addr, s.addr + s.size) for s in self.secs
+                    if s.flags & SHF_WRITE and not s.flags & SHF_EXECINSTR and not s.name.startswith(".got")]
+            if not data or not len(row):
+                return mask
+            lo = np.array([a for a, _ in data], dtype=np.int64)
+            hi = np.array([b for _, b in data], dtype=np.int64)
+            k = np.clip(np.searchsorted(lo, slot, side="right") - 1, 0, None)
+            mask[r[row[(slot >= lo[k]) & (slot < hi[k])]]] = True
+        else:  # br / blr Xn somewhere in the body (the slot is checked when decoding)
+            w = blob.view("<u4") & 0xFFFFFC1F
+            pos = np.flatnonzero((w == 0xD61F0000) | (w == 0xD63F0000)) * 4
+            mask[r[np.searchsorted(start, pos, side="right") - 1]] = True
+        return mask
+
+    # -- bytes ---------------------------------------------------------------------------
+    def section_at(self, addr: int):
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i >= 0:
+            s = self.secs[i]
+            if addr < s.addr + s.size:
+                return s
+        return None
+
+    def code(self, addr: int, size: int) -> bytes | None:
+        s = self.section_at(addr)
+        if s is None or not s.flags & SHF_EXECINSTR or s.type == SHT_NOBITS:
+            return None
+        size = min(size, s.addr + s.size - addr)
+        off = s.offset + addr - s.addr
+        if size <= 0 or off + size > self.img.size:
+            return None
+        return bytes(self.img.buf[off:off + size])
+
+    # -- the forwarding shapes -----------------------------------------------------------
+    def forward(self, addr: int, hops: int) -> tuple[str, str, int] | None:
+        """(target, via, slot) if the code at `addr` only forwards to an import."""
+        sec = self.section_at(addr)
+        plt = sec is not None and (sec.name.startswith(".plt") or sec.name == ".iplt")
+        head = self.code(addr, _HEAD)
+        if head is None:
+            return None
+        step = (_x86_step if self.x86 else _a64_step)(head, addr)
+        if step is None:
+            return None
+        kind, where = step
+        if kind == "slot":
+            return self.through_slot(where, "plt" if plt else "got")
+        if hops >= _HOPS:
+            return None
+        return self.forward(where, hops + 1)  # a jump to a PLT entry or to another stub
+
+    def through_slot(self, slot: int, via: str) -> tuple[str, str, int] | None:
+        sym = self.reloc_symbol(slot)
+        if sym is None:
+            return None
+        name, defined = sym
+        return None if defined else (name, via, slot)
+
+    def dlsym_stub(self, addr: int, size: int, name: str) -> tuple[str, str, int] | None:
+        body = self.code(addr, size)
+        if body is None:
+            return None
+        refs = _x86_refs(body, addr) if self.x86 else _a64_refs(body, addr)
+        if refs is None:
+            return None
+        strings, slots = refs
+        want = name.encode("utf-8", "surrogateescape") + b"\0"
+        if not any(self.data(a, len(want)) == want for a in strings):
+            return None
+        for slot in slots:
+            s = self.section_at(slot)
+            if s is not None and s.flags & SHF_WRITE and not s.flags & SHF_EXECINSTR \
+                    and not s.name.startswith(".got") and self.reloc_symbol(slot) is None:
+                return name, "dlsym", slot
+        return None
+
+    def data(self, addr: int, size: int) -> bytes | None:
+        s = self.section_at(addr)
+        if s is None or s.type == SHT_NOBITS or addr + size > s.addr + s.size:
+            return None
+        off = s.offset + addr - s.addr
+        return bytes(self.img.buf[off:off + size]) if off + size <= self.img.size else None
+
+    # -- relocations ---------------------------------------------------------------------
+    def reloc_symbol(self, slot: int):
+        """(name, defined) of the symbol a dynamic relocation at `slot` names; None if none does
+        (no relocation, or one without a symbol such as R_*_RELATIVE)."""
+        if self._relocs is None:
+            self._load_relocs()
+        offs, syms = self._relocs
+        i = int(np.searchsorted(offs, slot))
+        if i >= len(offs) or int(offs[i]) != slot:
+            return None
+        table = self._dynsym
+        symidx = int(syms[i])
+        if table is None or symidx >= len(table.syms):
+            return None
+        entry = table.syms[symidx]
+        name = names_at(self.img, table, [int(entry["st_name"])], [-1])[0]
+        return name, int(entry["st_shndx"]) != SHN_UNDEF
+
+    def _load_relocs(self) -> None:
+        """The dynamic relocations that name a symbol, sorted by the address they fill (the
+        many R_*_RELATIVE ones are dropped first: a library can have millions)."""
+        img = self.img
+        dt = np.dtype([("r_offset", "<u8"), ("r_info", "<u8"), ("r_addend", "<i8")])
+        offs, syms = [], []
+        for sec in img.sections:
+            if sec.type != SHT_RELA or not sec.size or sec.offset + sec.size > img.size:
+                continue
+            if self._dynsym is None or sec.link != self._dynsym.index:
+                continue  # static relocations (.rela.text of an object file) are not run-time slots
+            arr = np.frombuffer(img.buf, dtype=dt, count=sec.size // dt.itemsize, offset=sec.offset)
+            sym = arr["r_info"] >> np.uint64(32)
+            named = sym != 0
+            offs.append(arr["r_offset"][named])
+            syms.append(sym[named])
+        o = np.concatenate(offs) if offs else np.zeros(0, dtype=np.uint64)
+        f = np.concatenate(syms) if syms else np.zeros(0, dtype=np.uint64)
+        order = np.argsort(o, kind="stable")
+        self._relocs = (o[order], f[order])
+
+
+def _row(start: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Which body (by its start offset in the joined bytes) each position lies in."""
+    return np.searchsorted(start, pos, side="right") - 1
+
+
+def _disp32(blob: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The little-endian signed 32-bit values at positions `at` of a byte array."""
+    v = (blob[at].astype(np.int64) | blob[at + 1].astype(np.int64) << 8
+         | blob[at + 2].astype(np.int64) << 16 | blob[at + 3].astype(np.int64) << 24)
+    return np.where(v >= 1 << 31, v - (1 << 32), v)
+
+
+# ---------------------------------------------------------------- x86-64
+
+
+def _x86_step(code: bytes, addr: int) -> tuple[str, int] | None:
+    """("jump", target) or ("slot", address) if the code is a tail jump, or a call followed by
+    nothing but stack clean-up and ret; None otherwise."""
+    i = 4 if code.startswith(_ENDBR64) else 0
+    jump = _x86_branch(code, i, addr, tail=True)
+    if jump is not None:
+        return jump[0]
+    # call form: frame set-up, the call, frame tear-down, ret
+    for _ in range(4):
+        n = _x86_frame(code, i, push=True)
+        if not n:
+            break
+        i += n
+    call = _x86_branch(code, i, addr, tail=False)
+    if call is None:
+        return None
+    step, i = call
+    for _ in range(4):
+        n = _x86_frame(code, i, push=False)
+        if not n:
+            break
+        i += n
+    if code[i:i + 1] == b"\xc3" or code[i:i + 2] == b"\xf2\xc3":
+        return step
+    return None
+
+
+def _x86_branch(code: bytes, i: int, addr: int, tail: bool):
+    """A jmp (tail) or call at code[i]: ((kind, where), index after it) or None."""
+    if code[i:i + 1] == b"\xf2":  # bnd prefix (MPX-era PLT entries)
+        i += 1
+    op = code[i:i + 1]
+    rel, mem = (b"\xe9", 0x25) if tail else (b"\xe8", 0x15)
+    if op == rel and len(code) >= i + 5:
+        return ("jump", addr + i + 5 + struct.unpack_from("<i", code, i + 1)[0]), i + 5
+    if tail and op == b"\xeb" and len(code) >= i + 2:
+        return ("jump", addr + i + 2 + struct.unpack_from("<b", code, i + 1)[0]), i + 2
+    if op == b"\xff" and len(code) >= i + 6 and code[i + 1] == mem:
+        return ("slot", addr + i + 6 + struct.unpack_from("<i", code, i + 2)[0]), i + 6
+    return None
+
+
+def _x86_frame(code: bytes, i: int, push: bool) -> int:
+    """Length of one frame set-up (push) or tear-down (pop) instruction at code[i], else 0."""
+    b = code[i:i + 4]
+    if not b:
+        return 0
+    lo, hi = (0x50, 0x57) if push else (0x58, 0x5F)
+    if lo <= b[0] <= hi:
+        return 1  # push/pop rax..rdi
+    if len(b) >= 2 and b[0] == 0x41 and lo <= b[1] <= hi:
+        return 2  # push/pop r8..r15
+    if push and b[:3] == b"\x48\x89\xe5":
+        return 3  # mov rbp, rsp
+    if not push and b[0] == 0xC9:
+        return 1  # leave
+    if len(b) >= 4 and b[:3] == (b"\x48\x83\xec" if push else b"\x48\x83\xc4"):
+        return 4  # sub/add rsp, imm8
+    return 0
+
+
+def _x86_refs(body: bytes, addr: int) -> tuple[list[int], list[int]] | None:
+    """(addresses loaded with lea [rip+d], slots jumped or called through) in a body, or None
+    without such a slot. A slot is the operand of jmp/call *[rip+d] (ff 25 / ff 15), or of a
+    mov reg, [rip+d] in a body that jumps or calls a register. Byte patterns, not a full
+    decode: a pattern at a misaligned offset cannot pass the exact checks the caller makes on
+    what it points at (a writable slot no relocation fills, a string equal to the name)."""
+    slots = []
+    for op in (b"\xff\x25", b"\xff\x15"):
+        i = body.find(op)
+        while 0 <= i <= len(body) - 6:
+            slots.append(addr + i + 6 + struct.unpack_from("<i", body, i + 2)[0])
+            i = body.find(op, i + 1)
+    strings = []
+    by_reg = any(bytes([0xFF, m]) in body for m in (*range(0xD0, 0xD8), *range(0xE0, 0xE8)))
+    for rex in (0x48, 0x4C):
+        for op, out in ((0x8D, strings), (0x8B, slots if by_reg else None)):
+            if out is None:
+                continue
+            pat = bytes([rex, op])
+            i = body.find(pat)
+            while 0 <= i <= len(body) - 7:
+                if body[i + 2] & 0xC7 == 0x05:  # [rip + disp32]
+                    out.append(addr + i + 7 + struct.unpack_from("<i", body, i + 3)[0])
+                i = body.find(pat, i + 1)
+    return (strings, slots) if slots else None
+
+
+# ---------------------------------------------------------------- AArch64
+
+
+def _a64_words(code: bytes) -> list[int]:
+    n = len(code) // 4
+    return list(struct.unpack_from(f"<{n}I", code, 0))
+
+
+def _a64_branch_target(word: int, pc: int) -> int:
+    imm = word & 0x03FFFFFF
+    if imm & 0x02000000:
+        imm -= 0x04000000
+    return pc + imm * 4
+
+
+def _adrp(word: int, pc: int) -> tuple[int, int] | None:
+    """(register, page address) of an ADRP, else None."""
+    if word & 0x9F000000 != 0x90000000:
+        return None
+    imm = (((word >> 5) & 0x7FFFF) << 2) | ((word >> 29) & 3)
+    if imm & (1 << 20):
+        imm -= 1 << 21
+    return word & 0x1F, (pc & ~0xFFF) + (imm << 12)
+
+
+def _a64_use(word: int, reg: int) -> tuple[str, int, int] | None:
+    """("ldr", dest, offset) for ldr Xt, [reg, #imm]; ("add", dest, imm) for add Xd, reg, #imm."""
+    if (word >> 5) & 0x1F != reg:
+        return None
+    if word & 0xFFC00000 == 0xF9400000:  # LDR (unsigned immediate), 64-bit
+        return "ldr", word & 0x1F, ((word >> 10) & 0xFFF) * 8
+    if word & 0xFF800000 == 0x91000000:  # ADD (immediate), 64-bit
+        imm = (word >> 10) & 0xFFF
+        return "add", word & 0x1F, imm << 12 if word & (1 << 22) else imm
+    return None
+
+
+def _a64_step(code: bytes, addr: int) -> tuple[str, int] | None:
+    words = _a64_words(code)
+    i = 0
+    while i < len(words) and words[i] in _A64_SKIP:
+        i += 1
+    if i >= len(words):
+        return None
+    w = words[i]
+    if w & 0xFC000000 == 0x14000000:  # b target
+        return "jump", _a64_branch_target(w, addr + 4 * i)
+    page = _adrp(w, addr + 4 * i)
+    if page is not None:  # adrp xN; ldr xM, [xN, #off]; (add xN, xN, #off;) br xM: a PLT entry's shape
+        reg, base = page
+        use = _a64_use(words[i + 1], reg) if i + 1 < len(words) else None
+        if use is None or use[0] != "ldr":
+            return None
+        slot, dest = base + use[2], use[1]
+        for w2 in words[i + 2:i + 4]:
+            if w2 & 0xFFFFFC1F == 0xD61F0000:  # br
+                return ("slot", slot) if (w2 >> 5) & 0x1F == dest else None
+            if _a64_use(w2, reg) is None or _a64_use(w2, reg)[0] != "add":
+                return None
+        return None
+    # call form: stp x29, x30, [sp, #-16]!; mov x29, sp; bl target; ldp x29, x30, [sp], #16; ret
+    if words[i:i + 2] == [_A64_FRAME_PUSH, _A64_FRAME_SET] and i + 5 <= len(words):
+        bl = words[i + 2]
+        rest = [x for x in words[i + 3:i + 6] if x != _A64_AUTIASP]
+        if bl & 0xFC000000 == 0x94000000 and rest[:2] == [_A64_FRAME_POP, _A64_RET]:
+            return "jump", _a64_branch_target(bl, addr + 4 * (i + 2))
+    return None
+
+
+def _a64_refs(body: bytes, addr: int) -> tuple[list[int], list[int]] | None:
+    """(addresses formed by adrp+add, slots loaded by adrp+ldr) in a body that branches through
+    a register (br/blr), else None."""
+    words = _a64_words(body)
+    if not any(w & 0xFFFFFC1F in (0xD61F0000, 0xD63F0000) for w in words):
+        return None
+    strings, slots = [], []
+    for i, w in enumerate(words):
+        page = _adrp(w, addr + 4 * i)
+        if page is None:
+            continue
+        reg, base = page
+        for w2 in words[i + 1:i + 8]:
+            use = _a64_use(w2, reg)
+            if use is not None:
+                (slots if use[0] == "ldr" else strings).append(base + use[2])
+                break
+    return (strings, slots) if slots else None
