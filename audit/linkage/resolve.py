@@ -434,7 +434,7 @@ class Resolver:
         asked = "dlopen string" if dlopen else "DT_NEEDED"
         more = f" ({len(hits) - 1} other member(s) of that name not taken)" if len(hits) > 1 else ""
         _warn(warnings, f"{asked} {name} of {requester.name} is not on ld.so's search path; "
-                        f"resolved to {members.label} member {m.shown}{more}")
+                        f"resolved to member {m.shown}{more}")
         return m
 
     def _soname(self, path: str) -> str | None:
