@@ -3,6 +3,7 @@ libraries in them are real gcc-built ELF files, resolved inside the image."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -198,7 +199,15 @@ BROKEN = {
     "absolute escaping symlink": lambda d, elf: docker_archive(d / "i.tar", [layer_tar([
         ("symlink", "usr/lib/root", "/../../etc")])]),
     "not an image": lambda d, elf: _plain_tar(d / "plain.tar"),
+    "gzipped archive": lambda d, elf: _gzipped(docker_archive(d / "i.tar", [base_layer(elf)])),
 }
+
+
+def _gzipped(path: Path) -> Path:
+    out = path.with_name(path.name + ".gz")
+    out.write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+    return out
 
 
 def _plain_tar(out: Path) -> Path:
@@ -220,7 +229,7 @@ def test_broken_or_hostile_image_is_an_input_error(elf, tmp_path, case, capsys):
     expect = {"digest mismatch": "digest mismatch", "damaged header": "digest mismatch", "missing blob": "missing blob", "oci digest mismatch": "digest",
               "oci missing blob": "missing blob", "dotdot member": "unsafe member path",
               "escaping symlink": "escapes the image root", "absolute escaping symlink": "escapes the image root",
-              "not an image": "not a container image"}[case]
+              "not an image": "not a container image", "gzipped archive": "decompress it first"}[case]
     assert expect in err[0]
     assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written
     assert not os.path.exists("/evil.so") and not Path(tmp_path.anchor, "tmp", "evil.so").exists()

@@ -109,6 +109,9 @@ class Inputs:
             yield from self._wheel(arg, arg)
         elif is_conda(arg):
             yield from self._conda(arg, arg)
+        elif arg.endswith((".tar.gz", ".tgz", ".tar.zst", ".tar.xz")):
+            yield Input(arg, None, True, "a compressed archive: decompress it first "
+                                         "(an image tar is read in place, so it must be uncompressed)")
         elif _is_tar(arg):
             yield from self._image(arg)
         else:
