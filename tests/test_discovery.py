@@ -329,6 +329,20 @@ def test_cudnn_found_by_dlsym_names_and_its_name_built_from_immediates(tmp_path,
     assert res.verdict == "fail"
 
 
+def test_on_aarch64_the_same_name_is_a_string_in_rodata(tmp_path):
+    # aarch64 compilers load a short literal from .rodata (adrp/ldr) instead of building it from
+    # immediates: the library-name scan finds it there
+    gcc = require_tool("aarch64-linux-gnu-gcc")
+    src = tmp_path / "provider.c"
+    src.write_text(RUNTIME_LOADER % {"lib": "libcudnn.so.9", "api": ", ".join(f'"{a}"' for a in CUDNN_API)})
+    lib = tmp_path / "libprovider_a64.so"
+    run(gcc, "-shared", "-fPIC", "-O2", "-o", lib, src)
+    res = only(audit(lib))
+    kinds = {(f.rule, f.kind) for f in res.findings}
+    assert ("nvidia.cudnn", "dlopen-string") in kinds and ("nvidia.cudnn", "assembled-name") not in kinds
+    assert res.verdict == "fail"
+
+
 def test_one_api_string_alone_is_not_evidence(tmp_path):
     res = only(audit(runtime_loader(tmp_path / "libone.so", "libfkplugin.so.1", ["cudnnCreate"])))
     assert res.verdict == "pass" and res.findings == []

@@ -12,7 +12,8 @@ characters, then the printable immediates of the next few stores (movabs imm64, 
 imm16 / imm8 to memory) within a short window, merged where one piece's start repeats the end of
 the name so far (an overlapping store writes the same bytes) and appended otherwise, up to the
 first NUL. The result is kept only if it holds a library file name (`lib<name>.so[.N]`), so
-unrelated immediates never make a finding. x86-64 only; other machines yield nothing.
+unrelated immediates never make a finding. x86-64 only; other machines yield nothing (aarch64
+compilers load such a literal from .rodata with adrp/ldr, where the library-name scan finds it).
 """
 
 from __future__ import annotations
