@@ -1,6 +1,7 @@
 # sovereign-audit: every target does its own set-up on a fresh Debian machine.
 #   make demo   build our kernel, audit it, gather evidence and write the signed report
 #   make test   install everything the tests need, then run them
+#   make corpus audit real wheels from the package index against hand-written expectations
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # hipcc/libamdhip64/rocm-device-libs: build gfx* objects here; llvm-15: AMDGPU disassembly and the
@@ -9,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := hipcc libamdhip64-dev rocm-device-libs libopenblas-dev patchelf llvm-15 chromium g++ openssl jq gcc-aarch64-linux-gnu
 STAMP := .make
 
-.PHONY: all setup apt pip demo test bench clean
+.PHONY: all setup apt pip demo test bench corpus clean
 
 all: test
 
@@ -38,6 +39,12 @@ test: setup
 
 bench: setup
 	$(PYTHON) bench/audit_speed.py
+
+# the real-world corpus: ~2.6 GB of wheels from the package index (kept in CORPUS_CACHE), each audited
+# and compared with bench/corpus_expectations.toml; the tables go to docs/corpus.md
+CORPUS_CACHE ?= $(HOME)/.cache/sovereign-audit/corpus
+corpus: setup
+	$(PYTHON) bench/corpus.py --cache $(CORPUS_CACHE) --write docs/corpus.md
 
 clean:
 	rm -rf build out $(STAMP) tests/_fixtures_build

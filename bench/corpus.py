@@ -1,0 +1,336 @@
+"""The real-world corpus: download named wheels from the package index, audit each with
+`sovereign-audit check`, and compare what it reports with bench/corpus_expectations.toml, a
+file written by hand from independent evidence (readelf, nm, objdump, cuobjdump, strings).
+
+    python3 bench/corpus.py                       # every wheel, a table on stdout
+    python3 bench/corpus.py --only numpy,orjson   # a subset
+    python3 bench/corpus.py --write docs/corpus.md
+
+A finding is scored when it is the file's own evidence (the audited file itself: soname, needed,
+verneed, symbols, strings, device kernels); findings reached through the tree (transitive, rpath,
+a library's content under the file that loads it) are consequences of a member's own evidence,
+which is scored where that member is audited, unless an expectation names them. Per (component,
+mechanism): TP an expected (file, component, mechanism) reported; FN expected and not reported;
+FP reported and not expected ("wrong mechanism" when the file does hold that component, but by
+another mechanism). An expectation marked `gap` and a `[[wheels.tolerate]]` entry are known
+misses and known wrong findings: they are still counted and shown, marked known.
+
+This is a benchmark (downloads of ~2.6 GB, minutes of auditing), not a test; tests/test_corpus.py
+runs two small wheels of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import fnmatch
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXPECTATIONS = REPO / "bench" / "corpus_expectations.toml"
+DEFAULT_CACHE = Path(os.environ.get("SOVEREIGN_AUDIT_CORPUS", "/work/cache/wheels"))
+# The audited file's own evidence. transitive / rpath / unresolved / mismatch are judged where the
+# library itself is audited (it is a member of the same wheel) or are not a component's presence.
+SCORED = {"soname", "needed", "verneed", "static-symbol", "imported-symbol", "dlopen-string", "dlsym-string",
+          "assembled-name", "device-kernel"}
+
+
+@dataclass
+class Expect:
+    component: str  # a policy rule id
+    mechanism: str  # a finding kind
+    files: list[str]  # members (globs) of the wheel
+    evidence: str
+    gap: str | None = None  # a known miss: why the tool does not report it yet
+
+
+@dataclass
+class Tolerate:
+    component: str
+    mechanism: str
+    files: list[str]
+    reason: str
+
+
+@dataclass
+class Wheel:
+    name: str
+    requirement: str
+    file: str
+    clean: bool
+    note: str
+    expects: list[Expect] = field(default_factory=list)
+    tolerate: list[Tolerate] = field(default_factory=list)
+    index_url: str | None = None
+
+
+def load_expectations(path: Path = EXPECTATIONS) -> list[Wheel]:
+    doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    wheels = []
+    for w in doc["wheels"]:
+        wheels.append(Wheel(
+            name=w["name"], requirement=w["requirement"], file=w["file"], clean=w.get("clean", False),
+            note=w.get("note", ""), index_url=w.get("index-url"),
+            expects=[Expect(e["component"], e["mechanism"], list(e["files"]), e["evidence"], e.get("gap"))
+                     for e in w.get("expect", [])],
+            tolerate=[Tolerate(t["component"], t["mechanism"], list(t["files"]), t["reason"])
+                      for t in w.get("tolerate", [])]))
+    return wheels
+
+
+# ---------------------------------------------------------------- download
+
+
+def fetch(wheel: Wheel, cache: Path, find_links: list[str]) -> Path:
+    """The wheel's file in `cache`, downloaded with pip if it is not there yet."""
+    target = cache / wheel.file
+    if target.exists():
+        return target
+    for d in find_links:  # a local copy (e.g. a wheel from another index kept on disk)
+        if (Path(d) / wheel.file).exists():
+            return Path(d) / wheel.file
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(cache),
+           *_target_flags(wheel.file), wheel.requirement]
+    if wheel.index_url:
+        cmd += ["--index-url", wheel.index_url]
+    for d in find_links:
+        cmd += ["--find-links", d]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not target.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"{wheel.requirement}: pip download did not give {wheel.file}: {tail[0]}")
+    return target
+
+
+def _target_flags(filename: str) -> list[str]:
+    """pip's --python-version/--abi/--platform from the wheel's own tags, so every machine
+    downloads the very file the expectations describe (not the build for its own Python)."""
+    _name, _ver, py, abi, plat = filename[:-len(".whl")].rsplit("-", 4)
+    flags = ["--abi", abi] + [x for p in plat.split(".") for x in ("--platform", p)]
+    if py.startswith("cp") and py[2:].isdigit():
+        flags += ["--python-version", f"{py[2]}.{py[3:]}", "--implementation", "cp"]
+    return flags
+
+
+# ---------------------------------------------------------------- audit and score
+
+
+@dataclass
+class Audit:
+    wheel: Wheel
+    exit_code: int
+    seconds: float
+    max_rss_mb: float
+    files: list[dict]  # the JSON report's files
+    error: str | None = None
+
+
+def audit(wheel: Wheel, path: Path, workdir: Path) -> Audit:
+    """`sovereign-audit check WHEEL --format json=...` as a user runs it; wall time and peak RSS of
+    that process."""
+    out = workdir / f"{wheel.name}.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "audit", "check", str(path), "--format", f"json={out}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=str(workdir))
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    err = proc.stderr.read().decode("utf-8", "replace").strip() if proc.stderr else ""
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.stderr:
+        proc.stderr.close()
+    try:
+        files = json.loads(out.read_text())["files"]
+    except (OSError, ValueError, KeyError):
+        return Audit(wheel, proc.returncode, seconds, usage.ru_maxrss / 1024, [], err or "no JSON report written")
+    return Audit(wheel, proc.returncode, seconds, usage.ru_maxrss / 1024, files)
+
+
+def _member(path: str) -> str:
+    return path.split("!/", 1)[1] if "!/" in path else path
+
+
+def _matches(member: str, globs: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(member, g) for g in globs)
+
+
+@dataclass
+class Row:
+    wheel: str
+    member: str
+    component: str
+    mechanism: str
+    outcome: str  # TP | FN | FP
+    known: str | None = None  # the gap or tolerate reason
+    why: str = ""  # FP: "wrong mechanism" or "not present"
+
+
+def score(a: Audit) -> list[Row]:
+    w = a.wheel
+    members = [_member(f["path"]) for f in a.files]
+    expected: dict[tuple[str, str, str], Expect] = {}
+    for e in w.expects:
+        for m in members:
+            if _matches(m, e.files):
+                expected[(m, e.component, e.mechanism)] = e
+        for g in e.files:  # an expected file that is not in the report at all is a miss too
+            if not any(ch in g for ch in "*?[") and g not in members:
+                expected[(g, e.component, e.mechanism)] = e
+    found: set[tuple[str, str, str]] = set()
+    for f in a.files:
+        m = _member(f["path"])
+        for x in f.get("findings") or []:
+            key = (m, x["rule"], x["kind"])
+            own = x["kind"] in SCORED and not x.get("in_file")
+            if own or key in expected:
+                found.add(key)
+    present = {(m, c) for (m, c, _) in expected}
+    rows = []
+    for key, e in sorted(expected.items()):
+        rows.append(Row(w.name, key[0], key[1], key[2], "TP" if key in found else "FN",
+                        known=None if key in found else e.gap))
+    for key in sorted(found - set(expected)):
+        m, c, k = key
+        tol = next((t for t in w.tolerate if t.component == c and t.mechanism == k and _matches(m, t.files)), None)
+        rows.append(Row(w.name, m, c, k, "FP", known=tol.reason if tol else None,
+                        why="wrong mechanism" if (m, c) in present else "not present"))
+    return rows
+
+
+# ---------------------------------------------------------------- tables
+
+
+def component_table(rows: list[Row]) -> list[str]:
+    agg: dict[tuple[str, str], dict[str, int]] = {}
+    for r in rows:
+        slot = agg.setdefault((r.component, r.mechanism), {"TP": 0, "FN": 0, "FP": 0})
+        slot[r.outcome] += 1
+    lines = ["| component | mechanism | TP | FN | FP |", "|---|---|---:|---:|---:|"]
+    for (c, k), n in sorted(agg.items()):
+        lines.append(f"| {c} | {k} | {n['TP']} | {n['FN']} | {n['FP']} |")
+    return lines
+
+
+def wheel_table(audits: list[Audit], rows: list[Row]) -> list[str]:
+    lines = ["| wheel | ELF files | exit | expected | TP | FN | FP | time (s) | peak RSS (MB) |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for a in audits:
+        mine = [r for r in rows if r.wheel == a.wheel.name]
+        n = {o: sum(r.outcome == o for r in mine) for o in ("TP", "FN", "FP")}
+        want = "pass (clean control)" if a.wheel.clean else "fail"
+        lines.append(f"| {a.wheel.file} | {len(a.files)} | {a.exit_code} | {want} | {n['TP']} | {n['FN']} | "
+                     f"{n['FP']} | {a.seconds:.1f} | {a.max_rss_mb:.0f} |")
+    return lines
+
+
+def misses(rows: list[Row]) -> list[str]:
+    lines = []
+    for r in rows:
+        if r.outcome == "TP":
+            continue
+        what = "missed" if r.outcome == "FN" else f"reported, {r.why}"
+        known = f" (known: {r.known})" if r.known else ""
+        lines.append(f"- {r.outcome} {r.wheel} `{r.member}`: {r.component} by {r.mechanism}, {what}{known}")
+    return lines
+
+
+def unexplained(audits: list[Audit], rows: list[Row]) -> list[str]:
+    """What the expectations do not account for: FN/FP not marked known, a clean control that
+    does not pass, an audit that could not run."""
+    bad = [f"{r.outcome} {r.wheel} {r.member}: {r.component} by {r.mechanism}"
+           for r in rows if r.outcome != "TP" and not r.known]
+    for a in audits:
+        if a.error:
+            bad.append(f"{a.wheel.name}: {a.error}")
+        elif a.wheel.clean and a.exit_code != 0:
+            bad.append(f"{a.wheel.name}: clean control exited {a.exit_code}")
+    return bad
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def report(audits: list[Audit], rows: list[Row], command: str) -> str:
+    out = [f"Run {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC at commit {_commit()}, "
+           f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}.",
+           f"Command: `{command}`", "", "### Per wheel", "", *wheel_table(audits, rows), "",
+           "### Per component and mechanism", "", *component_table(rows), "",
+           "### Every false negative and false positive", "", *(misses(rows) or ["none"]), ""]
+    return "\n".join(out)
+
+
+DOC_HEAD = """# The real-world corpus
+
+`make corpus` (bench/corpus.py) downloads these wheels from the package index, audits each with
+`sovereign-audit check`, and compares the findings with bench/corpus_expectations.toml. That
+file is written by hand from evidence gathered without this tool (readelf, nm, objdump,
+cuobjdump, strings); each expectation carries its evidence. A row is scored on the audited
+file's own evidence (soname, needed, verneed, symbols, strings, device kernels); what a file
+reaches through its tree is scored where the library itself is audited, unless an expectation
+names it (onnxruntime's dlopen of its CUDA provider). TP: expected and reported by that
+mechanism; FN: expected, not reported; FP: reported, not expected ("wrong mechanism" when the
+file does hold that component, by another mechanism). Known misses and known wrong findings are
+marked in the expectations file and listed below with the reason. The machine was shared with
+other jobs while timing; time and peak RSS are those of the whole `check` process.
+
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="comma-separated wheel names from the expectations file")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where wheels are downloaded (kept)")
+    ap.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                    help="a folder that may already hold a wheel (e.g. torch's CPU build); repeatable")
+    ap.add_argument("--expectations", type=Path, default=EXPECTATIONS)
+    ap.add_argument("--work", type=Path, default=None, help="folder for the JSON reports (default: CACHE/reports)")
+    ap.add_argument("--write", type=Path, metavar="MD", help="also write the tables to this markdown file")
+    args = ap.parse_args(argv)
+    wheels = load_expectations(args.expectations)
+    if args.only:
+        names = set(args.only.split(","))
+        unknown = names - {w.name for w in wheels}
+        if unknown:
+            print(f"error: not in {args.expectations}: {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 2
+        wheels = [w for w in wheels if w.name in names]
+    work = args.work or args.cache / "reports"
+    work.mkdir(parents=True, exist_ok=True)
+    audits, rows = [], []
+    for w in wheels:
+        try:
+            path = fetch(w, args.cache, args.find_links)
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 3
+        a = audit(w, path, work)
+        print(f"{w.name}: exit {a.exit_code}, {len(a.files)} ELF files, {a.seconds:.1f} s", file=sys.stderr)
+        audits.append(a)
+        rows += score(a)
+    command = "python3 bench/corpus.py" + (f" --only {args.only}" if args.only else "")
+    text = report(audits, rows, command)
+    print(text)
+    if args.write:
+        args.write.write_text(DOC_HEAD + "## Last run\n\n" + text)
+    bad = unexplained(audits, rows)
+    for line in bad:
+        print(f"unexplained: {line}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

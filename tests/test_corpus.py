@@ -1,0 +1,85 @@
+"""A small real subset of the corpus (bench/corpus.py): two wheels from the package index,
+downloaded with pip at test time, audited and compared with the hand-written expectations.
+orjson is a clean control; numpy bundles OpenBLAS (renamed by auditwheel) and links it.
+Skipped only when the package index cannot be reached."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import corpus  # noqa: E402
+
+CACHE = REPO / "tests" / "_fixtures_build" / "corpus-wheels"
+SUBSET = ("orjson", "numpy")
+
+
+def _index_reachable() -> bool:
+    try:
+        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def audits(tmp_path_factory) -> dict[str, corpus.Audit]:
+    wheels = {w.name: w for w in corpus.load_expectations() if w.name in SUBSET}
+    assert set(wheels) == set(SUBSET)
+    # a folder that already holds the wheels (SOVEREIGN_AUDIT_CORPUS) saves the download
+    links = [os.environ["SOVEREIGN_AUDIT_CORPUS"]] if os.environ.get("SOVEREIGN_AUDIT_CORPUS") else []
+    paths = {}
+    for name, w in wheels.items():
+        try:
+            paths[name] = corpus.fetch(w, CACHE, links)
+        except RuntimeError as exc:
+            if not _index_reachable():
+                pytest.skip(f"the package index (pypi.org) cannot be reached to download {w.requirement}")
+            raise AssertionError(str(exc)) from None
+    work = tmp_path_factory.mktemp("corpus")
+    return {name: corpus.audit(wheels[name], paths[name], work) for name in SUBSET}
+
+
+def test_clean_control_passes_with_no_finding(audits):
+    a = audits["orjson"]
+    assert a.error is None and a.exit_code == 0 and a.files
+    assert all(f["verdict"] == "pass" and not f["findings"] for f in a.files)
+    assert corpus.score(a) == []
+
+
+def test_numpy_every_component_found_by_the_right_mechanism(audits):
+    a = audits["numpy"]
+    assert a.error is None and a.exit_code == 1
+    rows = corpus.score(a)
+    missed = [r for r in rows if r.outcome == "FN"]
+    assert missed == [], missed
+    tp = {(r.component, r.mechanism) for r in rows if r.outcome == "TP"}
+    assert {("blas.openblas", "soname"), ("blas.openblas", "needed"), ("blas.cblas", "imported-symbol"),
+            ("blas.reference", "imported-symbol")} <= tp
+    wrong = [r for r in rows if r.outcome == "FP" and not r.known]
+    assert wrong == [], wrong  # a wrong-reason finding not yet known is a regression
+    assert corpus.unexplained([a], rows) == []
+
+
+def test_scoring_counts_misses_and_unexpected_findings(audits):
+    """The comparison on the same real report: dropping an expectation turns its findings into
+    false positives, and expecting something absent is a false negative."""
+    a = audits["numpy"]
+    drop = next(e for e in a.wheel.expects if e.mechanism == "needed")
+    bogus = corpus.Expect("nvidia.cudnn", "needed", ["numpy/fft/_pocketfft_umath.*.so"], "none")
+    changed = dataclasses.replace(a, wheel=dataclasses.replace(
+        a.wheel, expects=[e for e in a.wheel.expects if e is not drop] + [bogus]))
+    rows = corpus.score(changed)
+    fp = [r for r in rows if r.outcome == "FP" and r.component == drop.component and r.mechanism == "needed"]
+    assert len(fp) == 3 and all(r.why == "not present" for r in fp)
+    fn = [r for r in rows if r.outcome == "FN"]
+    assert [(r.member.split("/")[-1].split(".")[0], r.component) for r in fn] == [("_pocketfft_umath", "nvidia.cudnn")]
+    table = "\n".join(corpus.component_table(rows))
+    assert "| blas.openblas | needed | 0 | 0 | 3 |" in table and "| nvidia.cudnn | needed | 0 | 1 | 0 |" in table
