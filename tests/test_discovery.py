@@ -220,8 +220,7 @@ def test_inside_a_folder_or_wheel_the_members_resolve_it(shim, kind):
     shown = f"{shim['wheel']}!/pkg/lib/libcore_cpu.so" if kind == "wheel" else str(shim["folder"] / "lib/libcore_cpu.so")
     assert (core.how, core.status) == ("member", "unlisted")
     assert core.note == f"not on ld.so's search path; resolved to member {shown}"
-    assert res.warnings == [f"DT_NEEDED libcore_cpu.so of test_app is not on ld.so's search path; "
-                            f"resolved to member {shown}"]
+    assert res.warnings == [f"DT_NEEDED libcore_cpu.so of test_app is not on ld.so's search path; resolved to member {shown}"]
     assert not [f for f in res.findings if f.kind == "unresolved"]
     trans = [f for f in res.findings if f.kind == "transitive"]
     assert [(f.rule, f.chain) for f in trans] == [("nvidia.cublas", ["test_app", "libcore_cpu.so", "libcublas.so.12"])]
@@ -369,7 +368,7 @@ def test_a_member_found_by_its_soname_when_the_versioned_file_has_no_symlink(tmp
     core = user_of(tmp_path / "pkg/lib/libcore.so.1", cublas, ["cublasCreate_v2"], "-Wl,-soname,libcore.so.1")
     core = core.rename(tmp_path / "pkg/lib/libcore.so.1.2.3")
     vendor_lib(tmp_path / "pkg/lib", "libcore.so.1.0", ["fk_other"])  # sorts first, another SONAME: not it
-    user = cc_shared(tmp_path / "pkg/bin/libapp.so", "extern int fk_user(void);\nint fk_app(void){return fk_user();}\n",
+    cc_shared(tmp_path / "pkg/bin/libapp.so", "extern int fk_user(void);\nint fk_app(void){return fk_user();}\n",
                      f"-L{tmp_path / 'cuda'}", f"-Wl,{core}", "-Wl,--allow-shlib-undefined")
     res = by_path(audit(tmp_path / "pkg"), "bin/libapp.so")
     node = next(c for c in res.tree.children if c.name == "libcore.so.1")

@@ -33,7 +33,7 @@ _PIECE = re.compile(
     rb"|\x66\x41?\xc7" + _MEM + rb"(?P<w>" + _NAME + rb"[\x00A-Za-z0-9_.+\-])"  # movw $imm16, mem
     rb"|\x41?\xc7" + _MEM + rb"(?P<d>" + _NAME + rb"[\x00A-Za-z0-9_.+\-]{3})"  # movl $imm32, mem
     rb"|\x41?\xc6" + _MEM + rb"(?P<b>" + _NAME + rb"|\x00)",  # movb $imm8, mem
-    re.S)
+    re.DOTALL)
 _WINDOW = 64  # bytes of code after a piece in which the next piece is looked for
 _MAX_PIECES = 6
 EM_X86_64 = 62

@@ -23,10 +23,10 @@ import zlib
 import numpy as np
 
 from audit.elf.amdgpu import read_hip_fatbin
-from audit.elf.immediates import assembled_names
 from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, read_version_defs,
                                read_version_needs)
 from audit.elf.forward import read_forwarders
+from audit.elf.immediates import assembled_names
 from audit.elf.model import ElfInfo, StringHit, Symbol
 from audit.elf.nvidia import read_nv_fatbin
 from audit.elf.parse import SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed, release
