@@ -34,9 +34,10 @@ def _vendor_wheel(tmp_path: Path) -> Path:
     b = tmp_path / "build"
     libs = b / "pkg.libs"
     cc_shared(libs / "libcublas.so.12", "int cublasCreate_v2(void){return 0;}\n", "-Wl,-soname,libcublas.so.12")
-    cc_shared(libs / "libhelper.so", "extern int cublasCreate_v2(void);\n"
-              "int cublasSgemm_v2(void){return cublasCreate_v2();}\nint cublasDgemm_v2(void){return 1;}\n"
-              "int cublasHgemm(void){return 2;}\n",
+    # real bodies (a body that only jumps to cublasCreate_v2 would be a forwarding stub, not a copy)
+    cc_shared(libs / "libhelper.so", "extern int cublasCreate_v2(void);\nvolatile int acc;\n"
+              "int cublasSgemm_v2(void){acc += 7; return acc * cublasCreate_v2();}\n"
+              "int cublasDgemm_v2(void){acc += 1; return acc;}\nint cublasHgemm(void){acc += 2; return acc;}\n",
               f"-L{libs}", "-l:libcublas.so.12", "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags")
     cc_shared(b / "pkg/_ext.so", "extern int cublasSgemm_v2(void);\nint ext(void){return cublasSgemm_v2();}\n",
               f"-L{libs}", "-l:libhelper.so", "-Wl,-rpath,$ORIGIN/../pkg.libs", "-Wl,--enable-new-dtags")
