@@ -150,7 +150,7 @@ def test_oci_layout_directory_and_tar_compressed_layers(elf, tmp_path, how, as_t
 def test_cli_output_names_image_members_and_layers(elf, tmp_path, capsys):
     img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV)
     rc, out, _ = cli(capsys, "check", img, "--format", "text", "--format", f"json={tmp_path / 'r.json'}",
-                     "--format", f"sarif={tmp_path / 'r.sarif'}")
+                     "--format", f"sarif={tmp_path / 'r.sarif'}", "--format", f"github={tmp_path / 'gh.txt'}")
     assert rc == EXIT_VIOLATION, out
     assert f"FAIL  {img}!/usr/lib/libbad.so" in out
     assert "layer 2 sha256:" in out and "COPY libbad.so /usr/lib/" in out
@@ -160,6 +160,8 @@ def test_cli_output_names_image_members_and_layers(elf, tmp_path, capsys):
     sarif = json.loads((tmp_path / "r.sarif").read_text())
     res0 = next(r for r in sarif["runs"][0]["results"] if r["properties"]["evidence"] == "needed")
     assert res0["properties"]["layer"]["index"] == 2
+    annotation = next(line for line in (tmp_path / "gh.txt").read_text().splitlines() if "libcudnn.so.9" in line)
+    assert "Added by layer 2 sha256:" in annotation and "COPY libbad.so /usr/lib/" in annotation
 
 
 # ---------------------------------------------------------------- hostile or broken images

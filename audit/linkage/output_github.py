@@ -41,6 +41,12 @@ def _text(f: Finding) -> str:
     return text
 
 
+def layer_text(layer: dict) -> str:
+    """The image layer that added a file: "layer 2 sha256:... (COPY ...)" (unescaped)."""
+    text = f"layer {layer['index']} {layer.get('digest') or '?'}"
+    return text + (f" ({layer['created_by']})" if layer.get("created_by") else "")
+
+
 def render_github(report: CheckReport) -> str:
     lines = []
     for fr in report.files:
@@ -50,7 +56,8 @@ def render_github(report: CheckReport) -> str:
             if f.excepted or f.baseline == "unchanged":
                 continue
             level = "error" if f.severity == "fail" else "warning"
-            lines.append(_command(level, _text(f), fr.path, f"sovereign-audit {f.rule}"))
+            layer = f" Added by {layer_text(fr.layer)}." if fr.layer else ""
+            lines.append(_command(level, _text(f) + layer, fr.path, f"sovereign-audit {f.rule}"))
     for e in report.errors:
         lines.append(_command("error", e, title="sovereign-audit"))
     for w in report.warnings:
