@@ -41,7 +41,8 @@ def shared(cc: str, out: Path, src: str, *flags: str) -> Path:
 
 def _build(cc: str, out: Path) -> dict[str, Path]:
     """One toolchain's fixtures in `out`: the renamed vendor library, thunks linked against it
-    (one per THUNK_FLAGS variant), real copies, the lazy dlsym stub and the registered pointer."""
+    (one per THUNK_FLAGS variant), real copies, the lazy dlsym stub, the registered pointer and
+    a function that logs its own name."""
     link = [f"-L{out}", "-lvendorapi", "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags"]
     p = {"vendor": shared(cc, out / "libvendorapi.so", "vendorapi.c")}
     for variant, extra in THUNK_FLAGS.items():
@@ -49,6 +50,7 @@ def _build(cc: str, out: Path) -> dict[str, Path]:
     p["copies"] = shared(cc, out / "libcopies.so", "copies.c")
     p["lazy_c"] = shared(cc, out / "liblazy_c.so", "lazy_stub.c", "-ldl")
     p["registered"] = shared(cc, out / "libregistered.so", "registered.c")
+    p["logs_own_name"] = shared(cc, out / "liblogs_own_name.so", "logs_own_name.c", "-ldl")
     return p
 
 
@@ -177,3 +179,11 @@ def test_a_pointer_not_filled_by_name_is_no_evidence_of_loading(request, arch):
     assert read_elf(libs["registered"], policy().symbol_pattern).forwarders == []
     (cublas,) = own(audit(libs["registered"]), "nvidia.cublas")
     assert cublas.kind == "static-symbol" and cublas.subject == "cublasCreate_v2"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_a_call_through_a_filled_pointer_that_goes_on_is_real_code(request, arch):
+    libs = request.getfixturevalue(arch)
+    assert read_elf(libs["logs_own_name"], policy().symbol_pattern).forwarders == []
+    (cudnn,) = own(audit(libs["logs_own_name"]), "nvidia.cudnn")
+    assert cudnn.kind == "static-symbol" and cudnn.subject == "cudnnConvolutionForward"

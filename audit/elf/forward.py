@@ -9,9 +9,10 @@ one forwards to:
 
 - "plt": a (tail) jump or call to a PLT entry, whose GOT slot's relocation names the import;
 - "got": a jump or call through a GOT slot whose relocation names an undefined symbol;
-- "dlsym": a jump or call through a writable slot no relocation binds to a symbol, in a body that
-  loads the address of a string equal to the function's own name (the name handed to dlsym),
-  in a file that imports dlsym or dlvsym.
+- "dlsym": a tail jump through a writable slot (no relocation binds it to a symbol) that the
+  same body also stores to, in a body of at most 1 KiB that loads the address of a string equal
+  to the function's own name (the name handed to dlsym), in a file that imports dlsym or dlvsym.
+  A function that calls through a pointer and goes on (logging its own name, say) is not one.
 
 A jump to code defined in this file is followed (two hops at most); if it ends in real code,
 the symbol is not a forwarder. Only short, fixed instruction shapes are recognised: a body that
@@ -170,8 +171,9 @@ class _Context:
         return mask
 
     def screen_lazy(self, offs: np.ndarray, value: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """Addresses whose (small) body jumps or calls through a register or a writable data slot
-        that is not a GOT entry: the shape of a stub that calls a pointer it filled in itself."""
+        """Addresses whose (small) body jumps through a writable data slot that is not a GOT
+        entry, or loads one and jumps to a register: the shape of a stub that leaves through a
+        pointer it filled in itself (the fill and the name are checked when decoding)."""
         mask = np.zeros(len(offs), dtype=bool)
         r = np.flatnonzero((offs >= 0) & (size > 0) & (size <= _DLSYM_BODY_MAX) & (offs + size <= self.img.size))
         if not len(r):
@@ -182,12 +184,12 @@ class _Context:
         blob = np.concatenate([u8[o:o + k] for o, k in zip(offs[r].tolist(), n.tolist())])
         if self.x86:
             ends, disps = [], []  # where each slot-naming instruction ends, and its displacement
-            # jmp / call *disp32(%rip): ff 25 / ff 15 disp32
-            pos = np.flatnonzero((blob[:-5] == 0xFF) & ((blob[1:-4] == 0x25) | (blob[1:-4] == 0x15)))
+            # jmp *disp32(%rip): ff 25 disp32
+            pos = np.flatnonzero((blob[:-5] == 0xFF) & (blob[1:-4] == 0x25))
             ends.append(pos + 6)
             disps.append(_disp32(blob, pos + 2))
-            # mov reg, disp32(%rip) (REX.W 8b, mod 00 rm 101), in a body that jumps or calls a register
-            reg = (blob[:-1] == 0xFF) & (((blob[1:] & 0xF8) == 0xE0) | ((blob[1:] & 0xF8) == 0xD0))
+            # mov reg, disp32(%rip) (REX.W 8b, mod 00 rm 101), in a body that jumps to a register
+            reg = (blob[:-1] == 0xFF) & ((blob[1:] & 0xF8) == 0xE0)
             by_reg = np.zeros(len(r), dtype=bool)
             by_reg[_row(start, np.flatnonzero(reg))] = True
             pos = np.flatnonzero(((blob[:-6] == 0x48) | (blob[:-6] == 0x4C)) & (blob[1:-5] == 0x8B)
@@ -207,9 +209,9 @@ class _Context:
             hi = np.array([b for _, b in data], dtype=np.int64)
             k = np.clip(np.searchsorted(lo, slot, side="right") - 1, 0, None)
             mask[r[row[(slot >= lo[k]) & (slot < hi[k])]]] = True
-        else:  # br / blr Xn somewhere in the body (the slot is checked when decoding)
+        else:  # br Xn somewhere in the body (the slot is checked when decoding)
             w = blob.view("<u4") & 0xFFFFFC1F
-            pos = np.flatnonzero((w == 0xD61F0000) | (w == 0xD63F0000)) * 4
+            pos = np.flatnonzero(w == 0xD61F0000) * 4
             mask[r[np.searchsorted(start, pos, side="right") - 1]] = True
         return mask
 
@@ -268,7 +270,7 @@ class _Context:
         want = name.encode("utf-8", "surrogateescape") + b"\0"
         if not any(self.data(a, len(want)) == want for a in strings):
             return None
-        for slot in slots:
+        for slot in sorted(slots):
             s = self.section_at(slot)
             if s is not None and s.flags & SHF_WRITE and not s.flags & SHF_EXECINSTR \
                     and not s.name.startswith(".got") and self.reloc_symbol(slot) is None:
@@ -398,31 +400,39 @@ def _x86_frame(code: bytes, i: int, push: bool) -> int:
     return 0
 
 
-def _x86_refs(body: bytes, addr: int) -> tuple[list[int], list[int]] | None:
-    """(addresses loaded with lea [rip+d], slots jumped or called through) in a body, or None
-    without such a slot. A slot is the operand of jmp/call *[rip+d] (ff 25 / ff 15), or of a
-    mov reg, [rip+d] in a body that jumps or calls a register. Byte patterns, not a full
-    decode: a pattern at a misaligned offset cannot pass the exact checks the caller makes on
-    what it points at (a writable slot no relocation fills, a string equal to the name)."""
-    slots = []
-    for op in (b"\xff\x25", b"\xff\x15"):
-        i = body.find(op)
-        while 0 <= i <= len(body) - 6:
-            slots.append(addr + i + 6 + struct.unpack_from("<i", body, i + 2)[0])
-            i = body.find(op, i + 1)
-    strings = []
-    by_reg = any(bytes([0xFF, m]) in body for m in (*range(0xD0, 0xD8), *range(0xE0, 0xE8)))
-    for rex in (0x48, 0x4C):
-        for op, out in ((0x8D, strings), (0x8B, slots if by_reg else None)):
-            if out is None:
-                continue
-            pat = bytes([rex, op])
-            i = body.find(pat)
-            while 0 <= i <= len(body) - 7:
-                if body[i + 2] & 0xC7 == 0x05:  # [rip + disp32]
-                    out.append(addr + i + 7 + struct.unpack_from("<i", body, i + 3)[0])
-                i = body.find(pat, i + 1)
-    return (strings, slots) if slots else None
+def _rip_operands(body: bytes, addr: int, prefixes: tuple[bytes, ...]) -> set[int]:
+    """Addresses of the [rip + disp32] operands of the instructions that start with one of
+    `prefixes` (REX + opcode) and have mod 00, rm 101 in their ModRM byte."""
+    out = set()
+    for pat in prefixes:
+        i = body.find(pat)
+        while 0 <= i <= len(body) - 7:
+            if body[i + 2] & 0xC7 == 0x05:
+                out.add(addr + i + 7 + struct.unpack_from("<i", body, i + 3)[0])
+            i = body.find(pat, i + 1)
+    return out
+
+
+def _x86_refs(body: bytes, addr: int) -> tuple[set[int], set[int]] | None:
+    """(addresses loaded with lea [rip+d], lazy slots) in a body, or None without a lazy slot.
+
+    A lazy slot is a [rip+d] pointer the body both stores to (mov [rip+d], reg: the fill) and
+    leaves through: a tail jmp *[rip+d] (ff 25), or a load (mov reg, [rip+d]) in a body that
+    tail-jumps to a register (ff e0-e7). A call through it instead means the body goes on after
+    the call: not a stub. Byte patterns, not a full decode: a pattern at a misaligned offset
+    cannot pass the exact checks the caller makes on what it points at."""
+    stored = _rip_operands(body, addr, (b"\x48\x89", b"\x4c\x89"))
+    if not stored:
+        return None
+    tail = set()
+    i = body.find(b"\xff\x25")
+    while 0 <= i <= len(body) - 6:
+        tail.add(addr + i + 6 + struct.unpack_from("<i", body, i + 2)[0])
+        i = body.find(b"\xff\x25", i + 1)
+    if any(bytes([0xFF, m]) in body for m in range(0xE0, 0xE8)):
+        tail |= _rip_operands(body, addr, (b"\x48\x8b", b"\x4c\x8b"))
+    slots = stored & tail
+    return (_rip_operands(body, addr, (b"\x48\x8d", b"\x4c\x8d")), slots) if slots else None
 
 
 # ---------------------------------------------------------------- AArch64
@@ -451,11 +461,14 @@ def _adrp(word: int, pc: int) -> tuple[int, int] | None:
 
 
 def _a64_use(word: int, reg: int) -> tuple[str, int, int] | None:
-    """("ldr", dest, offset) for ldr Xt, [reg, #imm]; ("add", dest, imm) for add Xd, reg, #imm."""
+    """("ldr", dest, offset) for ldr Xt, [reg, #imm]; ("str", source, offset) for str Xt, [reg,
+    #imm]; ("add", dest, imm) for add Xd, reg, #imm."""
     if (word >> 5) & 0x1F != reg:
         return None
     if word & 0xFFC00000 == 0xF9400000:  # LDR (unsigned immediate), 64-bit
         return "ldr", word & 0x1F, ((word >> 10) & 0xFFF) * 8
+    if word & 0xFFC00000 == 0xF9000000:  # STR (unsigned immediate), 64-bit
+        return "str", word & 0x1F, ((word >> 10) & 0xFFF) * 8
     if word & 0xFF800000 == 0x91000000:  # ADD (immediate), 64-bit
         imm = (word >> 10) & 0xFFF
         return "add", word & 0x1F, imm << 12 if word & (1 << 22) else imm
@@ -494,21 +507,25 @@ def _a64_step(code: bytes, addr: int) -> tuple[str, int] | None:
     return None
 
 
-def _a64_refs(body: bytes, addr: int) -> tuple[list[int], list[int]] | None:
-    """(addresses formed by adrp+add, slots loaded by adrp+ldr) in a body that branches through
-    a register (br/blr), else None."""
+def _a64_refs(body: bytes, addr: int) -> tuple[set[int], set[int]] | None:
+    """(addresses formed by adrp+add, lazy slots) in a body that ends in a register branch
+    (br), else None. A lazy slot is an adrp-based address the body both loads (ldr) and stores
+    (str): the pointer it fills and leaves through. Each adrp's register is followed to its
+    uses until another adrp sets it; the caller's exact checks weed out stale pairings."""
     words = _a64_words(body)
-    if not any(w & 0xFFFFFC1F in (0xD61F0000, 0xD63F0000) for w in words):
+    if not any(w & 0xFFFFFC1F == 0xD61F0000 for w in words):
         return None
-    strings, slots = [], []
+    strings, loaded, stored = set(), set(), set()
     for i, w in enumerate(words):
         page = _adrp(w, addr + 4 * i)
         if page is None:
             continue
         reg, base = page
-        for w2 in words[i + 1:i + 8]:
+        for w2 in words[i + 1:]:
+            if _adrp(w2, 0) is not None and w2 & 0x1F == reg:
+                break
             use = _a64_use(w2, reg)
             if use is not None:
-                (slots if use[0] == "ldr" else strings).append(base + use[2])
-                break
+                {"ldr": loaded, "str": stored, "add": strings}[use[0]].add(base + use[2])
+    slots = loaded & stored
     return (strings, slots) if slots else None
