@@ -6,6 +6,7 @@ shows. The H200 research object's real evidence is one of the inputs."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import html
 import json
@@ -190,9 +191,11 @@ def _killed_in_pipeline(d: Path) -> None:
 
 def test_a_run_killed_in_its_pipeline_stage_is_incomplete_and_report_exits_1():
     ev_dir = tmpdir("killed") / "evidence"
-    if ev_dir.exists():
-        shutil.rmtree(ev_dir)
+    for d in (ev_dir, ev_dir.parent / "artifacts"):
+        if d.exists():
+            shutil.rmtree(d)
     shutil.copytree(H200, ev_dir)
+    shutil.copytree(H200.parent / "artifacts", ev_dir.parent / "artifacts")  # the objects it audited
     _killed_in_pipeline(ev_dir)
     out = tmpdir("killed-report") / "b"
     if out.exists():
@@ -207,6 +210,11 @@ def test_a_run_killed_in_its_pipeline_stage_is_incomplete_and_report_exits_1():
     assert re.search(r'class="verdict fail">incomplete: stage pipeline was left running', page)
     assert 'id="pipeline"' not in page  # the partial pipeline.json is not read as a result
     assert (out / "evidence" / "pipeline.json").read_bytes() == (ev_dir / "pipeline.json").read_bytes()  # kept
+    # ... but not attested as a result: the performance statement names bench.json only
+    envelope = json.loads((out / "attestations" / "performance.dsse.json").read_text())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert "pipeline" not in json.dumps(statement["predicate"]), "partial pipeline evidence was attested"
+    assert "evidence/bench.json" in [s["name"] for s in statement["subject"]]
     # a re-run of report into the same folder says what it replaces
     again = cli("report", str(ev_dir), "--out", str(out), timeout=120)
     assert again.returncode == 1

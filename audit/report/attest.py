@@ -360,10 +360,13 @@ def _write(bundle_dir: Path, name: str, st: dict, key) -> Path:
     return path
 
 
-def write_attestations(bundle_dir: Path, key) -> list[Path]:
-    """Write the bundle's attestations (those whose evidence exists); returns their paths."""
+def write_attestations(bundle_dir: Path, key, set_aside=()) -> list[Path]:
+    """Write the bundle's attestations (those whose evidence exists); returns their paths.
+
+    `set_aside`: evidence stems of a run that did not finish (report.completeness): partial
+    evidence is kept in the bundle but never attested as a result."""
     bundle_dir = Path(bundle_dir)
-    ev = {s: _load_evidence(bundle_dir, s) for s in EVIDENCE}
+    ev = {s: (None, None) if s in set_aside else _load_evidence(bundle_dir, s) for s in EVIDENCE}
     artifacts = _artifacts(bundle_dir)
     art_subjects = _subjects(bundle_dir, [n for names in artifacts.values() for n in names])
     env_conf = ([subject("evidence/environment.json", ev["environment"][1])]

@@ -251,7 +251,7 @@ def load_key(key) -> tuple[Any, SigningInfo]:
     return k, SigningInfo(True, bool(k.ephemeral), k.keyid, getattr(k, "source", None), line)
 
 
-def sign(out: Path, key, info: SigningInfo, warnings: list[str]) -> tuple[list[str], bool]:
+def sign(out: Path, key, info: SigningInfo, warnings: list[str], set_aside=()) -> tuple[list[str], bool]:
     if key is None:
         return [], False
     try:
@@ -260,7 +260,7 @@ def sign(out: Path, key, info: SigningInfo, warnings: list[str]) -> tuple[list[s
     except ImportError as exc:
         warnings.append(f"attestations not written: signing module missing ({exc})")
         return [], False
-    paths = write_attestations(out, key)
+    paths = write_attestations(out, key, set_aside)
     write_public_key(out, key)  # before the RO-Crate, which describes it
     return [p.resolve().relative_to(out.resolve()).as_posix() for p in paths], True
 
@@ -317,7 +317,7 @@ def write_bundle(evidence_dir: Path, out: Path, key=None,
         on_rendered()
         evidence, _ = load_evidence(out / "evidence")  # run.json was just finalised
 
-    attestations, signed = sign(out, key_obj, signing, warnings)
+    attestations, signed = sign(out, key_obj, signing, warnings, set_aside=finished.partial)
     crate = rocrate.write_crate(out, evidence, copies, attestations=attestations, signing=signing,
                                 manifest_names=("manifest.json", "manifest.dsse.json", "public.pem")
                                 if signed else ())
