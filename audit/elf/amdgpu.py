@@ -1,6 +1,6 @@
 """Clang offload bundles in `.hip_fatbin` and the AMDGPU code objects inside them.
 
-Layout (shared/reference.md section 3): a bundle is `__CLANG_OFFLOAD_BUNDLE__`, u64 entry count,
+Layout (LLVM clang-offload-bundler format): a bundle is `__CLANG_OFFLOAD_BUNDLE__`, u64 entry count,
 then per entry u64 offset (from the bundle start), u64 size, u64 id length, id bytes. A compressed
 bundle starts `CCOB` (v1/v2/v3, zlib or zstd) and holds one such bundle. A section holds one bundle
 per translation unit, so the whole section is walked. A bundle that cannot be read becomes a

@@ -1,6 +1,6 @@
 """NVIDIA fatbins in `.nv_fatbin`: every PTX and cubin entry, and the kernels each defines.
 
-Layout (shared/reference.md section 3): fatbin header u32 magic 0xBA55ED50, u16 version, u16
+Layout (CUDA fatbin, as cuobjdump reads it): fatbin header u32 magic 0xBA55ED50, u16 version, u16
 header size, u64 payload size; then entries: u16 kind @0 (1 PTX, 2 cubin), u32 entry-header size
 @4, u64 payload size @8, u32 compressed size @0x10, u16 minor @0x18, u16 major @0x1a, u32 SM
 @0x1c, u64 flags @0x28 (0x2000 LZ4, 0x8000 zstd, 0x100000 an "a" target), u64 uncompressed size

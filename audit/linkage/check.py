@@ -33,7 +33,7 @@ __all__ = ["CachedReader", "CheckReport", "FileResult", "Finding", "ResolveOptio
 
 
 def _default_read_elf():
-    from audit.elf.reader import read_elf  # the ELF engineer's reader (imported lazily)
+    from audit.elf.reader import read_elf  # imported lazily, when a file is first read
 
     return read_elf
 
