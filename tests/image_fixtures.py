@@ -73,19 +73,20 @@ def _write_tar(out: Path, files: dict[str, bytes], links: dict[str, str] | None 
 
 
 def docker_archive(out: Path, layers: list[bytes], created_by=None, env=(), *,
-                   tamper=None) -> Path:
-    """A legacy `docker save` tar: manifest.json, <config sha>.json, <id>/layer.tar."""
+                   tamper=None, blobs: bool = False) -> Path:
+    """A legacy `docker save` tar: manifest.json, <config sha>.json, <id>/layer.tar; with
+    `blobs`, the layout of newer docker save: every file under blobs/sha256/ by its digest."""
     created_by = created_by or [None] * len(layers)
     config = _config(layers, created_by, list(env))
     files = {}
     names = []
     for i, layer in enumerate(layers):
         lid = _sha(f"layer{i}".encode() + layer[:64])
-        names.append(f"{lid}/layer.tar")
-        files[f"{lid}/layer.tar"] = layer
-    files[f"{_sha(config)}.json"] = config
-    files["manifest.json"] = json.dumps([{"Config": f"{_sha(config)}.json", "RepoTags": ["app:1"],
-                                          "Layers": names}]).encode()
+        names.append(f"blobs/sha256/{_sha(layer)}" if blobs else f"{lid}/layer.tar")
+        files[names[-1]] = layer
+    cname = f"blobs/sha256/{_sha(config)}" if blobs else f"{_sha(config)}.json"
+    files[cname] = config
+    files["manifest.json"] = json.dumps([{"Config": cname, "RepoTags": ["app:1"], "Layers": names}]).encode()
     if tamper:
         tamper(files, names)
     return _write_tar(out, files)

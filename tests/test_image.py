@@ -55,6 +55,7 @@ def base_layer(elf) -> bytes:
         ("file", "opt/helper/libhelper.so", elf["helper"]),
         ("file", "app/libapp.so", elf["app"]),
         ("file", "etc/hostname", b"box\n"),
+        ("symlink", "usr/lib/loop1", "loop2"), ("symlink", "usr/lib/loop2", "/usr/lib/loop1"),  # never followed for ever
     ])
 
 
@@ -82,8 +83,9 @@ def by_path(report):
     return {f.path: f for f in report.files}
 
 
-def test_docker_archive_finds_the_layer_that_added_a_denied_needed(elf, tmp_path):
-    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV)
+@pytest.mark.parametrize("blobs", [False, True], ids=["legacy", "blobs"])
+def test_docker_archive_finds_the_layer_that_added_a_denied_needed(elf, tmp_path, blobs):
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV, blobs=blobs)
     report = audit(img)
     files = by_path(report)
     assert report.exit_code == EXIT_VIOLATION
@@ -189,6 +191,8 @@ BROKEN = {
                                                      tamper=_tamper_blob),
     "damaged header": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)],
                                                     tamper=_damage_header),
+    "blobs digest mismatch": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)],
+                                                           blobs=True, tamper=_tamper_blob),
     "missing blob": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)], tamper=_drop_blob),
     "oci digest mismatch": lambda d, elf: oci_layout(d / "o", [base_layer(elf), bad_layer(elf)], how="gzip",
                                                      tamper=_tamper_blob),
@@ -228,7 +232,7 @@ def test_broken_or_hostile_image_is_an_input_error(elf, tmp_path, case, capsys):
     assert "Traceback" not in out + err_text
     err = [line for line in out.splitlines() if line.strip().startswith("error:")]
     assert len(err) == 1, out
-    expect = {"digest mismatch": "digest mismatch", "damaged header": "digest mismatch", "missing blob": "missing blob", "oci digest mismatch": "digest",
+    expect = {"digest mismatch": "digest mismatch", "blobs digest mismatch": "digest mismatch", "damaged header": "digest mismatch", "missing blob": "missing blob", "oci digest mismatch": "digest",
               "oci missing blob": "missing blob", "dotdot member": "unsafe member path",
               "escaping symlink": "escapes the image root", "absolute escaping symlink": "escapes the image root",
               "not an image": "not a container image", "gzipped archive": "decompress it first"}[case]
@@ -259,3 +263,28 @@ def test_runtime_loading_evidence_is_found_inside_an_image(elf, tmp_path, how):
                      how=how)
     fr = by_path(audit(img))[f"{img}!/opt/libprovider.so"]
     assert {(f.rule, f.kind, f.subject) for f in fr.findings} == on_disk
+
+
+def test_oci_nested_index_picks_this_machines_platform(elf, tmp_path):
+    """index.json -> an image index (multi-platform, with a buildx attestation) -> manifests."""
+    import hashlib
+
+    def nest(files, _names):
+        top = json.loads(files["index.json"])
+        amd64 = top["manifests"][0]
+        other = dict(amd64, platform={"architecture": "arm64", "os": "linux"})
+        attest = dict(amd64, platform={"architecture": "unknown", "os": "unknown"})
+        inner = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                            "manifests": [attest, other, amd64]}).encode()
+        digest = hashlib.sha256(inner).hexdigest()
+        files[f"blobs/sha256/{digest}"] = inner
+        files["index.json"] = json.dumps({"schemaVersion": 2, "manifests": [
+            {"mediaType": "application/vnd.oci.image.index.v1+json", "digest": f"sha256:{digest}",
+             "size": len(inner)}]}).encode()
+
+    img = oci_layout(tmp_path / "oci", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV, tamper=nest)
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the index names amd64 and arm64 only")
+    report = audit(img)
+    assert report.exit_code == EXIT_VIOLATION
+    assert f"{img}!/usr/lib/libbad.so" in by_path(report)

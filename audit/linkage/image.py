@@ -113,6 +113,7 @@ class _Files:
         self.is_dir = fd < 0
         self.members: dict[str, tarfile.TarInfo] = {}
         self.opened: list[int] = [fd] if fd >= 0 else []
+        self._regions: dict[str, Region] = {}  # of a directory: one open file per blob
         if not self.is_dir:
             try:
                 with tarfile.open(fileobj=Region(fd, 0, os.fstat(fd).st_size), mode="r:") as tf:
@@ -143,9 +144,11 @@ class _Files:
                 raise InputError(f"{self.path}: missing blob {name}") from None
             if not stat.S_ISREG(st.st_mode):
                 raise InputError(f"{self.path}: {name} is not a regular file")
-            fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            self.opened.append(fd)
-            return Region(fd, 0, st.st_size)
+            if real not in self._regions:
+                fd = os.open(real, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self.opened.append(fd)
+                self._regions[real] = Region(fd, 0, st.st_size)
+            return Region(self._regions[real].fd, 0, st.st_size)
         m = self.members.get(name)
         if m is None:
             raise InputError(f"{self.path}: missing blob {name}")
