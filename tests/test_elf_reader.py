@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -165,3 +166,31 @@ def test_symbol_versions_match_readelf(host_libs, key):
         assert dyn["fk_v1"] == "FK_1.0" and dyn["fk_v2"] == "FK_2.0"
     else:
         assert dyn["cublasFakeGemm"] is None and dyn["dlopen"].startswith("GLIBC_")
+
+
+@pytest.mark.parametrize("pattern", [WHOLE, rb"cublasFake|mkl_"], ids=["whole-name", "substring"])
+def test_forked_prescan_and_hash_give_the_same_result(host_libs, monkeypatch, pattern):
+    """Large files hash in a forked child and select their largest symbol table in another
+    (audit.elf.hashing, audit.elf.prescan); with the size thresholds lowered, this small library
+    takes those paths, and everything read must equal the in-process read."""
+    import hashlib
+    import threading
+
+    from audit.elf import hashing, prescan
+
+    rx = re.compile(pattern)
+    path = host_libs["main"]
+    plain = read_elf(path, rx).to_dict()
+    forks = []
+    real_fork = os.fork
+    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
+    monkeypatch.setattr(prescan, "MIN_ENTRIES", 1)
+    monkeypatch.setattr(hashing, "MIN_FORK_BYTES", 1)
+    assert threading.active_count() == 1  # the forks are taken only in a single-threaded process
+    forked = read_elf(path, rx).to_dict()
+    assert len(forks) == 2  # the hash child and the prescan child
+    assert forked == plain and forked["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    hashing.prefetch(str(path))  # started early (as `check FILE` does), collected by the read
+    assert len(forks) == 3 and hashing._prefetched
+    assert read_elf(path, rx).to_dict() == plain
+    assert len(forks) == 4 and not hashing._prefetched  # the read took the prefetched hash

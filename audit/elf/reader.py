@@ -1,10 +1,13 @@
 """read_elf: one file -> ElfInfo (audit/elf/model.py), fast and fail-closed.
 
 The file is mmap'ed and only the parts that are read are touched (tables, strings, the headers
-and symbols of embedded code objects), so resident memory follows what is read, not the file's
-size. Its sha256 is computed on a second thread (file reads and hashlib release the GIL) from
-plain reads through a small buffer, so hashing adds no mapped pages either. Every failure to read or parse raises audit.errors.InputError with a
-one-line message naming the file; nothing else escapes for a malformed input.
+and symbols of embedded code objects), and parts read once leave the resident set again
+(parse.release), so resident memory follows what is being read, not the file's size. Its
+sha256 is computed beside the parse, from plain reads through a small buffer (audit.elf.hashing:
+a forked child for a large file, else a thread), and a very large symbol table is selected in a
+forked child too (audit.elf.prescan). Every failure to read or parse raises
+audit.errors.InputError with a one-line message naming the file; nothing else escapes for a
+malformed input.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import zlib
 
 import numpy as np
 
+from audit.elf import hashing, prescan
 from audit.elf.amdgpu import read_hip_fatbin
 from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, read_version_defs,
                                read_version_needs)
@@ -103,23 +107,6 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
             pass
 
 
-_HASH_CHUNK = 1 << 22
-
-
-def _hash_file(path: str, out: dict[str, str]) -> None:
-    """out["sha256"] = the file's sha256 (left unset if the file cannot be read)."""
-    try:
-        with open(path, "rb", buffering=0) as fh:
-            h = hashlib.sha256()
-            buf = bytearray(_HASH_CHUNK)
-            view = memoryview(buf)
-            while n := fh.readinto(buf):
-                h.update(view[:n])
-            out["sha256"] = h.hexdigest()
-    except OSError:
-        pass
-
-
 def read_assembled_names(path: str) -> list[StringHit]:
     """Library names assembled in the code of the ELF file at `path` (audit.elf.immediates);
     [] if it cannot be read again (it was read once already: a change since is not chased)."""
@@ -153,27 +140,46 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
         raise InputError(f"{name}: empty file (0 bytes), not an ELF file")
     digest: dict[str, str] = {}
     if hash_path is not None:
-        hasher = threading.Thread(target=_hash_file, args=(hash_path, digest), daemon=True)
+        hasher = hashing.Hasher(hash_path)  # a large file: in a forked child (audit.elf.hashing)
     else:
         hasher = threading.Thread(target=lambda: digest.setdefault("sha256", hashlib.sha256(buf).hexdigest()),
                                   daemon=True)
+    pre = _prescan(buf, symbol_pattern)  # forks: before any thread of ours starts
     hasher.start()
     try:
-        info = _parse(name, buf, symbol_pattern, api_prefixes)
+        info = _parse(name, buf, symbol_pattern, api_prefixes, pre)
     except _MALFORMED as exc:
         msg = str(exc) or type(exc).__name__
         raise InputError(f"{name}: not a readable ELF file: {msg}") from None
     except MemoryError:
         raise InputError(f"{name}: too large to read (out of memory)") from None
     finally:
-        hasher.join()
+        if isinstance(hasher, hashing.Hasher):
+            digest["sha256"] = hasher.result() or ""
+        else:
+            hasher.join()
+        if pre is not None:
+            pre.close()
     info.sha256 = digest.get("sha256", "")
     if not info.sha256:
         raise InputError(f"{name}: could not hash the file")
     return info
 
 
-def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
+def _prescan(buf, symbol_pattern) -> prescan.Prescan | None:
+    """The largest symbol table handed to a forked child (audit.elf.prescan), if it is large."""
+    try:
+        img = ElfImage(buf)
+        tables = load_tables(img) if img.sections else []
+    except _MALFORMED:
+        return None  # _parse reports it
+    has_dynsym = any(t.name == ".dynsym" for t in tables)
+    return prescan.start(img, tables, symbol_pattern,
+                         {t.index: t.name == ".dynsym" or not has_dynsym for t in tables})
+
+
+def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
+           pre: prescan.Prescan | None = None) -> ElfInfo:
     img = ElfImage(mm)
     warnings = list(img.warnings)
     dyn = read_dynamic(img)
@@ -195,9 +201,15 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) 
         counts[table.name] = counts.get(table.name, 0) + len(table)
         # imports: from .dynsym; from .symtab only when there is no .dynsym (relocatable objects)
         keep_imports = table.name == ".dynsym" or not has_dynsym
-        idx, ends = select(img, table, symbol_pattern, keep_imports, warnings)
+        got = pre.result() if pre is not None and pre.index == table.index else None
+        if got is not None:  # selected by the child, exactly as select() would here
+            idx, ends, names, warns = got
+            warnings += warns
+        else:
+            names = None
+            idx, ends = select(img, table, symbol_pattern, keep_imports, warnings)
         versym = _versym(img, table) if table.name == ".dynsym" else None
-        kept = make_symbols(img, table, idx, versions, versym, ends)
+        kept = make_symbols(img, table, idx, versions, versym, ends, names)
         symbols += kept
         picks.append((table.syms[idx], kept))  # a copy of the kept entries: the table's pages go now
         sec = img.sections[table.index]

@@ -199,12 +199,15 @@ def _symbol(name, defined, table, kind, bind, version, version_file) -> Symbol:
 
 def make_symbols(img: ElfImage, table: SymbolTable, idx: np.ndarray,
                  versions: dict[int, tuple[str, str | None]] | None = None,
-                 versym: np.ndarray | None = None, ends: np.ndarray | None = None) -> list[Symbol]:
+                 versym: np.ndarray | None = None, ends: np.ndarray | None = None,
+                 names: list[str] | None = None) -> list[Symbol]:
+    """Symbols for entries `idx` (`names`: theirs, when already read, as audit.elf.prescan does)."""
     if len(idx) == 0:
         return []
     sub = table.syms[idx]
-    offsets = sub["st_name"].tolist()
-    names = names_at(img, table, offsets, ends.tolist() if ends is not None else [-1] * len(offsets))
+    if names is None:
+        offsets = sub["st_name"].tolist()
+        names = names_at(img, table, offsets, ends.tolist() if ends is not None else [-1] * len(offsets))
     infos = sub["st_info"].tolist()
     defined = (sub["st_shndx"] != SHN_UNDEF).tolist()
     label = table.name

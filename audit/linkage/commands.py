@@ -64,6 +64,10 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
       sovereign-audit check dist/ --write-baseline linkage-baseline.json
       sovereign-audit check dist/ --baseline linkage-baseline.json
     """
+    if len(paths) == 1 and os.path.isfile(paths[0]):  # one large ELF file: hashed while the rest loads
+        from audit.elf.hashing import prefetch
+
+        prefetch(paths[0])
     from audit.linkage.baseline import apply_baseline, load_baseline
     from audit.linkage.check import check_paths
     from audit.linkage.inputs import ArchiveLimits
