@@ -27,7 +27,7 @@ class AuditError(Exception):
     @property
     def message(self) -> str:
         # One line, always: messages may quote untrusted text (paths, binary strings).
-        return " ".join(str(self).split())
+        return printable(" ".join(str(self).split()))
 
 
 class UsageError(AuditError):
@@ -50,5 +50,25 @@ def one_line(exc: BaseException) -> str:
     """An exception as one line: AuditError's own message, else `Type: message`."""
     if isinstance(exc, AuditError):
         return exc.message
-    text = " ".join(str(exc).split())
+    text = printable(" ".join(str(exc).split()))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_BIDI = {0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069, 0x200E, 0x200F}
+
+
+def printable(text) -> str:
+    """Printable, one line: control, format (bidi) and other non-printable characters as
+    \\xNN / \\uNNNN, so a quoted path or symbol cannot move a terminal's cursor or fake a line."""
+    out = []
+    for ch in str(text):
+        o = ord(ch)
+        if ch.isprintable() and o not in _BIDI:
+            out.append(ch)
+        elif o < 0x100:
+            out.append(f"\\x{o:02x}")
+        elif o < 0x10000:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(f"\\U{o:08x}")
+    return "".join(out)

@@ -71,11 +71,19 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     from audit.linkage.baseline import apply_baseline, load_baseline
     from audit.linkage.check import check_paths
     from audit.linkage.inputs import ArchiveLimits
-    from audit.linkage.outputs import OutputSpec, parse_format, write_outputs
+    from audit.linkage.outputs import (
+        OutputSpec,
+        check_destinations,
+        parse_format,
+        write_outputs,
+    )
     from audit.linkage.policy import load_policy
     from audit.linkage.resolve import ResolveOptions
 
     specs = [parse_format(f) for f in formats]
+    if write_baseline is not None:
+        specs = (specs or [OutputSpec("text")]) + [OutputSpec("json", write_baseline)]
+    check_destinations(specs)
     if root is not None and not os.path.isdir(root):
         raise UsageError(f"--root {root}: not a directory")
     for d in ldpath:
@@ -93,8 +101,6 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
                          jobs=jobs, limits=limits, timing=timing)
     if baseline is not None:
         apply_baseline(report, baseline)
-    if write_baseline is not None:
-        specs = (specs or [OutputSpec("text")]) + [OutputSpec("json", write_baseline)]
     write_outputs(report, policy, specs, verbose)
     ctx.exit(report.exit_code)
 

@@ -6,26 +6,9 @@ symbol or path cannot move the cursor, clear the screen or fake a PASS line.
 
 from __future__ import annotations
 
+# escape: non-printable characters as \xNN / \uNNNN, one line
+from audit.errors import printable as escape
 from audit.linkage.model import CheckReport, Finding
-
-_BIDI = {0x202A, 0x202B, 0x202C, 0x202D, 0x202E, 0x2066, 0x2067, 0x2068, 0x2069, 0x200E, 0x200F}
-
-
-def escape(text) -> str:
-    """Printable, one line: control, format (bidi) and other non-printable characters as \\xNN / \\uNNNN."""
-    out = []
-    for ch in str(text):
-        o = ord(ch)
-        if ch.isprintable() and o not in _BIDI:
-            out.append(ch)
-        elif o < 0x100:
-            out.append(f"\\x{o:02x}")
-        elif o < 0x10000:
-            out.append(f"\\u{o:04x}")
-        else:
-            out.append(f"\\U{o:08x}")
-    return "".join(out)
-
 
 _SHOWN = 5  # names shown per finding without --verbose
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from dataclasses import dataclass
 
 import click
@@ -46,17 +49,38 @@ def render(report: CheckReport, policy: Policy, fmt: str, verbose: bool = False)
     return render_github(report)
 
 
+def check_destinations(specs: list[OutputSpec]) -> None:
+    """Refuse, before any work, an output file that cannot be written: a missing folder, a folder
+    as the file, or one file named twice (the second rendering would overwrite the first)."""
+    seen: dict[str, str] = {}
+    for spec in specs:
+        if spec.file is None:
+            continue
+        real = os.path.realpath(spec.file)
+        if real in seen and (os.path.isfile(real) or not os.path.exists(real)):
+            raise UsageError(f"{spec.file}: named by two outputs ({seen[real]} and {spec.format})")
+        seen[real] = spec.format
+        parent = os.path.dirname(real) or "."
+        if os.path.isdir(real):
+            raise UsageError(f"cannot write {spec.file}: Is a directory")
+        if not os.path.isdir(parent):
+            raise UsageError(f"cannot write {spec.file}: No such directory {parent}")
+        if not os.access(parent, os.W_OK) and not os.access(real, os.W_OK):
+            raise UsageError(f"cannot write {spec.file}: Permission denied")
+
+
 def write_outputs(report: CheckReport, policy: Policy, specs: list[OutputSpec], verbose: bool = False) -> None:
     """Write every requested rendering; the GitHub job summary goes to $GITHUB_STEP_SUMMARY too.
-    `verbose`: the text lists every match (JSON always has them all)."""
-    for spec in specs or [OutputSpec("text")]:
-        text = render(report, policy, spec.format, verbose)
+    `verbose`: the text lists every match (JSON always has them all). Every rendering is made
+    before any is written, and a file is replaced whole, so a failure never leaves a file cut short."""
+    specs = specs or [OutputSpec("text")]
+    texts = [render(report, policy, spec.format, verbose) for spec in specs]
+    for spec, text in zip(specs, texts):
         if spec.file is None:
             click.echo(text, nl=False)
             continue
         try:
-            with open(spec.file, "w", encoding="utf-8") as fh:
-                fh.write(text)
+            _replace(spec.file, text)
         except OSError as exc:
             raise UsageError(f"cannot write {spec.file}: {exc.strerror or exc}") from None
     if any(s.format == "github" for s in specs):
@@ -65,3 +89,29 @@ def write_outputs(report: CheckReport, policy: Policy, specs: list[OutputSpec], 
             append_step_summary(report)
         except OSError as exc:
             raise UsageError(f"cannot append to $GITHUB_STEP_SUMMARY: {exc.strerror or exc}") from None
+
+
+def _replace(path: str, text: str) -> None:
+    """`path` gets `text` whole or keeps what it had: written beside it, then renamed over it.
+    A device or pipe (/dev/stdout) is written in place."""
+    real = os.path.realpath(path)
+    if os.path.exists(real) and not os.path.isfile(real):
+        with open(real, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        return
+    if os.path.exists(real):
+        mode = os.stat(real).st_mode & 0o777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real) or ".", prefix=".sovereign-audit-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
