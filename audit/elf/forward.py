@@ -29,7 +29,8 @@ import struct
 import numpy as np
 
 from audit.elf.model import Forward, Symbol
-from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHF_WRITE, SHN_LORESERVE, SHN_UNDEF, SHT_NOBITS, ElfImage
+from audit.elf.parse import (SHF_ALLOC, SHF_EXECINSTR, SHF_WRITE, SHN_LORESERVE, SHN_UNDEF, SHT_NOBITS, ElfImage,
+                             release)
 from audit.elf.symbols import SymbolTable, names_at
 
 EM_X86_64, EM_AARCH64 = 62, 183
@@ -40,6 +41,7 @@ _HEAD = 32  # bytes read per candidate: the longest shape below fits
 _THUNK_MAX = 24  # a jump thunk's st_size is at most this (0: unsized, hand-written assembly)
 _CALL_STUB_MAX = 32  # a call-and-return stub has a body this small (st_size)
 _DLSYM_BODY_MAX = 1024  # bodies searched for the lazy dlsym shape (whole, up to this size)
+_WINDOW = 1 << 23  # bytes of the file whose function bodies are screened (and released) at a time
 _HOPS = 2  # jumps to code in this file that are followed
 
 # x86-64 encodings
@@ -60,6 +62,16 @@ def read_forwarders(img: ElfImage, dynsym: SymbolTable | None,
     if img.e_machine not in (EM_X86_64, EM_AARCH64) or img.e_type not in (ET_EXEC, ET_DYN) or img.bits != 64 \
             or img.endian != "little" or not img.sections:
         return []
+    try:
+        return _forwarders(img, dynsym, picks, imports_dlsym)
+    finally:  # the code and relocations read here leave the resident set (see parse.release)
+        for sec in img.sections:
+            if sec.flags & SHF_EXECINSTR or sec.type == SHT_RELA:
+                release(img.buf, sec.offset, sec.offset + sec.size)
+
+
+def _forwarders(img: ElfImage, dynsym: SymbolTable | None, picks: list[tuple[np.ndarray, list[Symbol]]],
+                imports_dlsym: bool) -> list[Forward]:
     ctx = _Context(img, dynsym)
     names: list[str] = []
     parts = []
@@ -173,15 +185,30 @@ class _Context:
     def screen_lazy(self, offs: np.ndarray, value: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Addresses whose (small) body jumps through a writable data slot that is not a GOT
         entry, or loads one and jumps to a register: the shape of a stub that leaves through a
-        pointer it filled in itself (the fill and the name are checked when decoding)."""
+        pointer it filled in itself (the fill and the name are checked when decoding). Bodies
+        are read in file order, a window at a time, and the window's pages released after."""
         mask = np.zeros(len(offs), dtype=bool)
         r = np.flatnonzero((offs >= 0) & (size > 0) & (size <= _DLSYM_BODY_MAX) & (offs + size <= self.img.size))
-        if not len(r):
-            return mask
-        n = size[r] if self.x86 else size[r] // 4 * 4
+        r = r[np.argsort(offs[r], kind="stable")]
+        data = [(s.addr, s.addr + s.size) for s in self.secs
+                if s.flags & SHF_WRITE and not s.flags & SHF_EXECINSTR and not s.name.startswith(".got")]
+        lo = np.array([a for a, _ in data], dtype=np.int64)
+        hi = np.array([b for _, b in data], dtype=np.int64)
+        cuts = np.searchsorted(offs[r], np.arange(0, self.img.size + _WINDOW, _WINDOW))
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            if a < b:
+                w = r[a:b]
+                mask[w] = self._lazy_window(offs[w], value[w], size[w], lo, hi)
+                release(self.img.buf, int(offs[w[0]]), int(offs[w[-1]] + size[w[-1]]))
+        return mask
+
+    def _lazy_window(self, offs, value, size, lo, hi) -> np.ndarray:
+        """screen_lazy for the bodies of one window."""
+        n = size if self.x86 else size // 4 * 4
         start = np.concatenate(([0], np.cumsum(n)[:-1]))
         u8 = self.u8
-        blob = np.concatenate([u8[o:o + k] for o, k in zip(offs[r].tolist(), n.tolist())])
+        blob = np.concatenate([u8[o:o + k] for o, k in zip(offs.tolist(), n.tolist())])
+        mask = np.zeros(len(offs), dtype=bool)
         if self.x86:
             ends, disps = [], []  # where each slot-naming instruction ends, and its displacement
             # jmp *disp32(%rip): ff 25 disp32
@@ -190,7 +217,7 @@ class _Context:
             disps.append(_disp32(blob, pos + 2))
             # mov reg, disp32(%rip) (REX.W 8b, mod 00 rm 101), in a body that jumps to a register
             reg = (blob[:-1] == 0xFF) & ((blob[1:] & 0xF8) == 0xE0)
-            by_reg = np.zeros(len(r), dtype=bool)
+            by_reg = np.zeros(len(offs), dtype=bool)
             by_reg[_row(start, np.flatnonzero(reg))] = True
             pos = np.flatnonzero(((blob[:-6] == 0x48) | (blob[:-6] == 0x4C)) & (blob[1:-5] == 0x8B)
                                  & ((blob[2:-4] & 0xC7) == 0x05))
@@ -200,19 +227,15 @@ class _Context:
             end, disp = np.concatenate(ends), np.concatenate(disps)
             row = _row(start, end - 1)
             inside = end <= start[row] + n[row]  # the instruction lies inside one body
-            row, slot = row[inside], (value[r][row] + end - start[row] + disp)[inside]
-            data = [(s.addr, s.addr + s.size) for s in self.secs
-                    if s.flags & SHF_WRITE and not s.flags & SHF_EXECINSTR and not s.name.startswith(".got")]
-            if not data or not len(row):
+            row, slot = row[inside], (value[row] + end - start[row] + disp)[inside]
+            if not len(lo) or not len(row):
                 return mask
-            lo = np.array([a for a, _ in data], dtype=np.int64)
-            hi = np.array([b for _, b in data], dtype=np.int64)
             k = np.clip(np.searchsorted(lo, slot, side="right") - 1, 0, None)
-            mask[r[row[(slot >= lo[k]) & (slot < hi[k])]]] = True
+            mask[row[(slot >= lo[k]) & (slot < hi[k])]] = True
         else:  # br Xn somewhere in the body (the slot is checked when decoding)
             w = blob.view("<u4") & 0xFFFFFC1F
             pos = np.flatnonzero(w == 0xD61F0000) * 4
-            mask[r[np.searchsorted(start, pos, side="right") - 1]] = True
+            mask[_row(start, pos)] = True
         return mask
 
     # -- bytes ---------------------------------------------------------------------------
