@@ -55,5 +55,6 @@ def group_findings(raw: list[Finding]) -> list[Finding]:
             rule=first.rule, kind=first.kind, subject=names[0] if names else first.subject, where=where,
             reason=first.reason, use_instead=first.use_instead, severity=first.severity, chain=list(first.chain),
             in_file=first.in_file, offset=places[0].offset, count=count, examples=names[1:MAX_EXAMPLES + 1],
-            detail=places[0].detail, matches=places))
+            detail=places[0].detail, matches=places,
+            distinct_names=len({n for m in places for n in m.names}) if count > 1 else count))
     return out

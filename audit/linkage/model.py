@@ -54,6 +54,7 @@ class Finding:
     detail: str | None = None
     matches: list[Match] = field(default_factory=list)  # every place and name (group.py fills it)
     matches_in: str | None = None  # matches left out: listed under that audited file's own result
+    distinct_names: int | None = None  # set when grouped: kept when `matches` is left out
     excepted: str | None = None  # the reason of the policy exception that waives it
     exception_expired: str | None = None  # the date an exception that would waive it expired
     baseline: str | None = None  # with --baseline: "new" or "unchanged" (known, kept out of the verdict)
@@ -83,6 +84,8 @@ class Finding:
     @property
     def distinct(self) -> int:
         """How many different names matched (a kernel built for two targets is one name)."""
+        if self.distinct_names is not None:
+            return self.distinct_names
         if not self.matches:
             return self.count
         return len({n for m in self.matches for n in m.names})
