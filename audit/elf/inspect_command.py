@@ -1,7 +1,8 @@
 """`sovereign-audit inspect PATH... [--json]`: what the ELF reader sees in each file.
 
 Directories are walked (symlinked directories are not followed, so loops cannot occur); files
-in them that are not ELF are counted and skipped. A path named on the command line that is not
+in them that are not ELF are counted and skipped. Wheels, conda packages and container images
+are opened as `check` opens them. A path named on the command line that is not
 an ELF file is an error. Exit 0, or 3 if any input or any embedded device-code entry could not
 be read (the others still print; each error is one line on stderr), as `check` does. All strings from binaries and file names are escaped.
 """
@@ -94,10 +95,13 @@ def expand_paths(paths: list[str], result: InspectResult) -> list[str]:
 def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
                   policy=None, resolve_options=None) -> InspectResult:
     """Read every ELF under `paths`; never raises for a bad input (it becomes an error entry).
-    With a policy, each file's dependency tree is resolved as ld.so would (audit.linkage.resolve)."""
+    With a policy, each file's dependency tree is resolved as ld.so would (audit.linkage.resolve).
+    A wheel, conda package or container image is opened as `check` opens it, its members named
+    `ARCHIVE!/member` and resolved inside it."""
     result = InspectResult(vendor_pattern=symbol_pattern)
     resolver = _resolver(policy, resolve_options) if policy is not None else None
-    for p in expand_paths(paths, result):
+    plain = [p for p in paths if not _is_archive(p)]
+    for p in expand_paths(plain, result):
         try:
             info = read_elf(p, symbol_pattern)
         except InputError as exc:
@@ -105,16 +109,83 @@ def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
             continue
         result.files.append(info)
         if resolver is not None:
-            from audit.linkage.resolve import TreeTooLarge
-
-            try:
-                tree, warnings = resolver.tree(info, p)
-            except TreeTooLarge as exc:
-                result.errors.append((p, f"{p}: {exc}"))
-                continue
-            result.trees[info.path] = tree.to_dict()
-            result.tree_warnings[info.path] = warnings
+            _add_tree(result, resolver, info, p)
+    archives = [p for p in paths if _is_archive(p)]
+    if archives:
+        _inspect_archives(archives, result, symbol_pattern, policy, resolve_options)
     return result
+
+
+def _add_tree(result: InspectResult, resolver, info: ElfInfo, path: str, members=None, relabel=None) -> None:
+    from audit.linkage.resolve import TreeTooLarge
+
+    try:
+        tree, warnings = resolver.tree(info, path, members=members)
+    except TreeTooLarge as exc:
+        result.errors.append((info.path, f"{info.path}: {exc}"))
+        return
+    relabel = relabel or (lambda text: text)
+    result.trees[info.path] = _relabeled(tree.to_dict(), relabel)
+    result.tree_warnings[info.path] = [relabel(w) for w in warnings]
+
+
+def _relabeled(value, relabel):
+    if isinstance(value, str):
+        return relabel(value)
+    if isinstance(value, list):
+        return [_relabeled(v, relabel) for v in value]
+    if isinstance(value, dict):
+        return {k: _relabeled(v, relabel) for k, v in value.items()}
+    return value
+
+
+def _is_archive(path: str) -> bool:
+    """A wheel, conda package or container image (file or OCI layout): what `check` opens."""
+    from audit.linkage.image import is_oci_dir
+
+    if os.path.isdir(path):
+        return is_oci_dir(path)
+    try:
+        return os.path.isfile(path) and not is_elf(path) and os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
+def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, policy, options) -> None:
+    """The members `check` would audit, read the same way (an image's files in place, through
+    its layers), each named as `check` names it."""
+    from audit.linkage.fs import HOST
+    from audit.linkage.inputs import Inputs
+    from audit.linkage.resolve import Resolver, ResolveOptions
+
+    options = options or ResolveOptions.from_cli()
+    inputs = Inputs(conda_prefix=options.conda_prefix)
+    resolvers: dict = {}
+    try:
+        for arg in paths:
+            for inp in inputs.expand(arg):
+                if inp.read_from is None:
+                    result.errors.append((inp.shown, f"{inp.shown}: {inputs.relabel(inp.error)}"))
+                    continue
+                fs = HOST if inp.scope is None else inp.scope.fs
+                read = read_elf if fs is HOST else fs.read_elf
+                try:
+                    info = read(inp.read_from, symbol_pattern)
+                except InputError as exc:
+                    result.errors.append((inp.shown, f"{inp.shown}: {inputs.relabel(exc.message)}"))
+                    continue
+                info.path = inp.shown
+                info.warnings = [inputs.relabel(w) for w in info.warnings]
+                result.files.append(info)
+                if policy is None:
+                    continue
+                if inp.scope not in resolvers:
+                    scoped = options if inp.scope is None else inp.scope.options(options)
+                    resolvers[inp.scope] = Resolver(scoped, policy, lambda p, read=read: read(p), fs)
+                _add_tree(result, resolvers[inp.scope], info, inp.read_from, inp.members, inputs.relabel)
+        result.skipped += inputs.skipped.get("non_elf", 0)
+    finally:
+        inputs.cleanup()
 
 
 def _resolver(policy, options):
@@ -246,6 +317,9 @@ def _load_policy(path: str | None):
 def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, ldpath):
     """Show what is inside ELF files: identity, linkage, symbols, strings, embedded device code
     and the dependency tree resolved as ld.so would.
+
+    PATH is an ELF file, a directory, a wheel, a conda package or a container image, as for
+    `check` (an archive's members are named ARCHIVE!/member and resolved inside it).
 
     \b
     Exit codes: 0 every input read, 2 a bad policy, 3 some input or embedded device-code

@@ -1,0 +1,92 @@
+"""`inspect` opens what `check` opens: a wheel and a container image (built as files from real
+gcc-built libraries) are read member by member, named `ARCHIVE!/member` as `check` names them,
+and their dependency trees are resolved inside the archive."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import require_tool
+from image_fixtures import docker_archive, layer_tar
+from linkage_fixtures import cc_shared
+
+from audit.cli import main
+from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
+
+
+def cli(capsys, *args):
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory) -> dict[str, Path]:
+    require_tool("gcc")
+    d = tmp_path_factory.mktemp("inspect-archive-libs")
+    cudnn = cc_shared(d / "libcudnn.so.9", "int cudnnCreate(void){return 0;}\n", "-Wl,-soname,libcudnn.so.9")
+    app = cc_shared(d / "libapp.so", "extern int cudnnCreate(void);\nint f(void){return cudnnCreate();}\n",
+                    f"-L{d}", "-l:libcudnn.so.9", "-Wl,-rpath,$ORIGIN/../pkg.libs")
+    return {"cudnn": cudnn, "app": app}
+
+
+@pytest.fixture(scope="module")
+def wheel(libs, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("inspect-wheel") / "pkg-1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(out, "w") as zf:
+        zf.write(libs["app"], "pkg/libapp.so")
+        zf.write(libs["cudnn"], "pkg.libs/libcudnn.so.9")
+        zf.writestr("pkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+    return out
+
+
+def test_inspect_reads_a_wheel_as_check_does(wheel, libs, capsys):
+    rc, out, err = cli(capsys, "inspect", "--json", wheel)
+    assert rc == EXIT_OK, err
+    doc = json.loads(out)
+    paths = [f["path"] for f in doc["files"]]
+    assert paths == [f"{wheel}!/pkg/libapp.so", f"{wheel}!/pkg.libs/libcudnn.so.9"]
+    assert doc["skipped_non_elf"] == 1  # the WHEEL file
+    app = doc["files"][0]
+    assert app["needed"] == ["libcudnn.so.9", "libc.so.6"]
+    # resolved inside the wheel, by its RPATH, and named as a member (no temporary folder)
+    child = app["dependency_tree"]["children"][0]
+    assert child["name"] == "libcudnn.so.9" and child["path"] == f"{wheel}!/pkg.libs/libcudnn.so.9"
+    assert child["status"] == "denied"
+    assert "sovereign-audit-" not in out
+    # the same names and the same denied library as `check`
+    rc, out, _ = cli(capsys, "check", "--format", "json", wheel)
+    assert rc == EXIT_VIOLATION
+    checked = json.loads(out)
+    assert [f["path"] for f in checked["files"]] == paths
+    assert checked["files"][0]["resolved"]["children"][0]["path"] == child["path"]
+
+
+def test_inspect_reads_an_image_in_place(libs, tmp_path, capsys):
+    layer = layer_tar([("dir", "usr"), ("dir", "usr/lib"),
+                       ("file", "usr/lib/libapp.so", libs["app"].read_bytes()),
+                       ("file", "usr/lib/libcudnn.so.9", libs["cudnn"].read_bytes()),
+                       ("file", "etc/hostname", b"box\n")])
+    image = docker_archive(tmp_path / "app.tar", [layer], ["COPY libs /usr/lib/"])
+    rc, out, err = cli(capsys, "inspect", "--json", image)
+    assert rc == EXIT_OK, err
+    doc = json.loads(out)
+    assert [f["path"] for f in doc["files"]] == [f"{image}!/usr/lib/libapp.so", f"{image}!/usr/lib/libcudnn.so.9"]
+    child = doc["files"][0]["dependency_tree"]["children"][0]
+    assert child["name"] == "libcudnn.so.9" and child["status"] == "denied"
+    assert child["path"] == "/usr/lib/libcudnn.so.9"  # the image's own path, not this machine's
+
+
+def test_inspect_reports_a_bad_archive_member_in_one_line(libs, tmp_path, capsys):
+    evil = tmp_path / "evil-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(evil, "w") as zf:
+        zf.write(libs["app"], "../../outside/libapp.so")
+    rc, out, err = cli(capsys, "inspect", evil)
+    assert rc == EXIT_INPUT
+    assert err == f"error: {evil}!/../../outside/libapp.so: unsafe member path in wheel\n"
+    assert out.endswith("0 ELF file(s) read, 1 unreadable, 0 non-ELF skipped\n")
+    assert not (tmp_path.parent / "outside").exists()
