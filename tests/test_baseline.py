@@ -98,6 +98,24 @@ def test_match_ignores_order_offsets_and_counts(built, tmp_path, capsys, monkeyp
     assert "absent: [nvidia.cudnn] needed: libcudnn.so.8 in dist/libneeds.so" in out
 
 
+def test_a_second_library_of_a_known_rule_is_new(built, tmp_path, capsys, monkeypatch):
+    """Findings group every name of one rule and kind in a file: a library that needed libcudnn.so.9
+    and now also libcudnn_ops.so.9 keeps its finding's subject, but the new name must still fail."""
+    monkeypatch.chdir(tmp_path)
+    project(tmp_path, built, "needs_cudnn")
+    cli(capsys, "check", "dist", "--write-baseline", "base.json")
+    vendor = built["needs_cudnn"].parent.parent / "vendor"
+    cc_shared(vendor / "libcudnn_ops.so.9", "int cudnnOps(void){return 0;}\n", "-Wl,-soname,libcudnn_ops.so.9")
+    cc_shared(Path("dist/libneeds.so"), "int a(void){return 0;}\n", f"-L{vendor}", "-l:libcudnn.so.9",
+              "-l:libcudnn_ops.so.9")
+    rc, out, _ = cli(capsys, "check", "dist", "--baseline", "base.json", "--format", "json")
+    res = json.loads(out)
+    (needed,) = [g for f in res["files"] for g in f["findings"] if g["kind"] == "needed"]
+    assert needed["subject"] == "libcudnn.so.9" and needed["count"] == 2
+    assert rc == EXIT_VIOLATION and needed["baseline"] == "new"
+    assert res["baseline"]["absent"] == []  # the known name is still there: nothing is absent
+
+
 def test_sarif_marks_new_unchanged_and_absent(built, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     project(tmp_path, built, "needs_cudnn", "static_cublas")

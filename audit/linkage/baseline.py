@@ -2,7 +2,10 @@
 so a repository adopting a policy fails only on new ones.
 
 A finding is the same as a known one when its rule, kind (the mechanism: needed, transitive,
-imported-symbol, ...), subject and file path are; offsets, counts, order and chains may differ.
+imported-symbol, ...), subject and file path are, and every name it matched was matched then: a
+finding groups all the names of one rule and kind in a file, so a second vendor library NEEDED
+beside a known one is new (where a finding lists no matches, its examples and count stand in).
+Offsets, order and chains may differ.
 Known findings stay in every output, marked "unchanged"; findings of the baseline that are no
 longer found are listed as "absent" (SARIF baselineState, as code scanning reads it).
 """
@@ -26,6 +29,25 @@ def key(path: str, f: Finding) -> Key:
 class Baseline:
     source: str
     keys: frozenset[Key]
+    names: dict  # Key -> (names matched, count, whether the names are all of them)
+
+    def knows(self, k: Key, f: Finding) -> bool:
+        if k not in self.keys:
+            return False
+        names, count, complete = self.names.get(k, (frozenset(), 0, False))
+        if f.matches and complete:
+            return {n for m in f.matches for n in m.names} <= names
+        return {f.subject, *f.examples} <= names and f.count <= count
+
+
+def _names(f: dict) -> tuple[frozenset, int, bool]:
+    matches = f.get("matches")
+    if isinstance(matches, list) and matches:
+        names = {n for m in matches if isinstance(m, dict) for n in (m.get("names") or []) if isinstance(n, str)}
+        return frozenset(names | {f["subject"]}), len(names), True
+    examples = [e for e in (f.get("examples") or []) if isinstance(e, str)]
+    count = f.get("count") if isinstance(f.get("count"), int) else 1
+    return frozenset({f["subject"], *examples}), count, False
 
 
 def load_baseline(path: str) -> Baseline:
@@ -42,6 +64,7 @@ def load_baseline(path: str) -> Baseline:
             or not isinstance(doc.get("files"), list):
         raise UsageError(f"--baseline {path}: not a `check --format json` result (schema {SCHEMA})")
     keys = set()
+    names: dict = {}
     for fr in doc["files"]:
         found = fr.get("findings") if isinstance(fr, dict) else None
         if not isinstance(found, list) or not isinstance(fr.get("path"), str):
@@ -50,8 +73,12 @@ def load_baseline(path: str) -> Baseline:
             parts = [f.get(k) if isinstance(f, dict) else None for k in ("rule", "kind", "subject")]
             if not all(isinstance(p, str) for p in parts):
                 raise UsageError(f"--baseline {path}: a finding without rule, kind or subject")
-            keys.add((parts[0], parts[1], parts[2], fr["path"]))
-    return Baseline(path, frozenset(keys))
+            k = (parts[0], parts[1], parts[2], fr["path"])
+            keys.add(k)
+            got, count, complete = _names(f)
+            old = names.get(k)
+            names[k] = (got | old[0], count + old[1], complete and old[2]) if old else (got, count, complete)
+    return Baseline(path, frozenset(keys), names)
 
 
 def apply_baseline(report: CheckReport, baseline: Baseline) -> None:
@@ -62,8 +89,9 @@ def apply_baseline(report: CheckReport, baseline: Baseline) -> None:
         for f in fr.findings:
             k = key(fr.path, f)
             if k in baseline.keys:
+                seen.add(k)  # found again (with new names it is new, but not absent)
+            if baseline.knows(k, f):
                 f.baseline = "unchanged"
-                seen.add(k)
                 unchanged += 1
             else:
                 f.baseline = "new"
