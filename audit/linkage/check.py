@@ -168,7 +168,9 @@ def _check_all(items: list[Input], check_one: Callable[[Input], FileResult], job
         jobs = cpu_count() if sum(sizes.values()) >= _PARALLEL_MIN_BYTES else 1
     if jobs > 1 and len(forkable) > 1:
         order = sorted(range(len(forkable)), key=lambda k: -sizes[forkable[k]])
-        done = map_ordered(_shipped(check_one), [items[i] for i in forkable], jobs, order)
+        audited = {os.path.realpath(items[i].read_from) for i in forkable if items[i].scope is None
+                   or items[i].scope.fs is HOST}
+        done = map_ordered(_shipped(check_one, audited), [items[i] for i in forkable], jobs, order)
         for i, result in zip(forkable, done):
             results[i] = result
     for i, inp in enumerate(items):
@@ -177,14 +179,22 @@ def _check_all(items: list[Input], check_one: Callable[[Input], FileResult], job
     return results  # type: ignore[return-value]
 
 
-def _shipped(check_one):
-    """check_one for a worker: the result without the parsed objects its tree holds (nothing
-    after the check reads them, and pickling them back would cost more than the check)."""
+def _shipped(check_one, audited: set[str]):
+    """check_one for a worker: the result without what the parent drops anyway, which would
+    cost more to send back than the check itself: the parsed objects its tree holds, and the
+    matches of findings in a dependency audited in this run too (_name_members lists them
+    under that file once: libtorch_cpu's ~85k vendor names would otherwise travel back with
+    each of the 131 torch files that load it). `audited`: the real paths of this machine's
+    files in the run."""
     def run(inp: Input) -> FileResult:
         result = check_one(inp)
         if result.tree is not None:
             for node, _ in result.tree.walk():
                 node.info = None
+        if inp.scope is None or inp.scope.fs is HOST:  # _name_members' own condition
+            for f in result.findings:
+                if f.in_file and os.path.realpath(f.in_file) in audited:
+                    f.matches = []
         return result
     return run
 
