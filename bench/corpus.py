@@ -139,15 +139,15 @@ def audit(wheel: Wheel, path: Path, workdir: Path) -> Audit:
     that process."""
     out = workdir / f"{wheel.name}.json"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    errfile = workdir / f"{wheel.name}.stderr"
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "audit", "check", str(path), "--format", f"json={out}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=str(workdir))
-    _, status, usage = os.wait4(proc.pid, 0)
+    with open(errfile, "wb") as errfh:  # a file, not a pipe: a long stderr cannot block the child
+        proc = subprocess.Popen([sys.executable, "-m", "audit", "check", str(path), "--format", f"json={out}"],
+                                stdout=subprocess.DEVNULL, stderr=errfh, env=env, cwd=str(workdir))
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS, not the largest child's so far
     seconds = time.perf_counter() - start
-    err = proc.stderr.read().decode("utf-8", "replace").strip() if proc.stderr else ""
     proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.stderr:
-        proc.stderr.close()
+    err = errfile.read_text(encoding="utf-8", errors="replace").strip()
     try:
         files = json.loads(out.read_text())["files"]
     except (OSError, ValueError, KeyError):
