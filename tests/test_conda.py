@@ -167,3 +167,11 @@ def test_not_a_conda_package(tmp_path, capsys):
     assert rc == EXIT_INPUT and "not a .conda package" in out
     rc, _, err = _cli(capsys, "check", fake, "--conda-prefix", tmp_path / "missing")
     assert rc == EXIT_USAGE and "--conda-prefix" in err
+
+
+def test_archive_limits_apply_to_conda_packages(libs, tmp_path, capsys):
+    pkg = BUILDERS["conda"](tmp_path, package_entries(libs))
+    rc, out, _ = _cli(capsys, "check", "--max-member-size", "4K", pkg)
+    assert rc == EXIT_INPUT and len([ln for ln in out.splitlines() if "--max-member-size" in ln]) == 1, out
+    rc, out, _ = _cli(capsys, "check", "--max-archive-size", "20K", pkg)
+    assert rc == EXIT_INPUT and "--max-archive-size" in out, out

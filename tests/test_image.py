@@ -290,3 +290,13 @@ def test_oci_nested_index_picks_this_machines_platform(elf, tmp_path):
     report = audit(img)
     assert report.exit_code == EXIT_VIOLATION
     assert f"{img}!/usr/lib/libbad.so" in by_path(report)
+
+
+def test_archive_limits_apply_to_image_files(elf, tmp_path, capsys):
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV)
+    limit = len(elf["app"]) + 1  # libapp.so fits; libc and the rest do not
+    rc, out, _ = cli(capsys, "check", "--max-member-size", str(limit), "--format", "json", img)
+    assert rc == EXIT_INPUT
+    verdicts = {f["path"].split("!", 1)[1]: (f["verdict"], f["error"]) for f in json.loads(out)["files"]}
+    assert verdicts["/app/libapp.so"][0] == "pass"
+    assert verdicts[TRIPLET_LIBC][0] == "error" and "--max-member-size" in verdicts[TRIPLET_LIBC][1]

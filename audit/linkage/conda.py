@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from audit.errors import InputError
 
 _MAX_MEMBERS = 500_000
-_MAX_BYTES = 32 << 30  # of the ELF members written out
 ELF_MAGIC = b"\x7fELF"
 
 
@@ -44,10 +43,11 @@ def _package_tar(path: str) -> Iterator[tarfile.TarFile]:
             yield tf
 
 
-def extract_conda(path: str, dest: str) -> list[tuple[str, str, bool]]:
+def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> list[tuple[str, str, bool]]:
     """Write the package's ELF files and symlinks under `dest`; [(member name, written path,
     whether to audit it: an ELF file's first name)] in archive order. Raises InputError for an
-    unreadable or hostile package."""
+    unreadable or hostile package, or one whose ELF files unpack to more than `member_bytes`
+    each or `total_bytes` in all (check's archive limits)."""
     out: list[tuple[str, str, bool]] = []
     total = 0
     top = os.path.realpath(dest)
@@ -82,8 +82,12 @@ def extract_conda(path: str, dest: str) -> list[tuple[str, str, bool]]:
                     if head != ELF_MAGIC:
                         continue
                     total += m.size
-                    if total > _MAX_BYTES:
-                        raise InputError(f"{path}: ELF members exceed the size limit")
+                    if m.size > member_bytes:
+                        raise InputError(f"{path}: member {name} unpacks to {m.size} bytes, over the "
+                                         f"{member_bytes}-byte limit (--max-member-size)")
+                    if total > total_bytes:
+                        raise InputError(f"{path}: the package's ELF members unpack to more than {total_bytes} "
+                                         f"bytes (--max-archive-size)")
                     with open(place(target), "xb") as w:
                         w.write(head)
                         shutil.copyfileobj(fh, w, 1 << 20)

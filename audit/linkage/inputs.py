@@ -1,5 +1,5 @@
 """The inputs of `check`: PATH arguments expanded into ELF files (files, directory trees, wheels,
-container images).
+conda packages (conda.py), container images (image.py, layers.py)).
 
 Nothing here judges a file; a member that cannot be read becomes an Input with an error.
 """
@@ -19,7 +19,7 @@ from audit.linkage.conda import extract_conda, is_conda
 from audit.linkage.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
 from audit.linkage.parallel import cpu_count, map_ordered
-from audit.linkage.image import is_oci_dir, looks_like_tar, open_image
+from audit.linkage.image import Image, is_oci_dir, looks_like_tar, open_image
 from audit.linkage.resolve import Member, MemberSet, ResolveOptions
 
 _MAX_WHEEL_MEMBERS = 200_000
@@ -76,7 +76,7 @@ class Input:
 
 
 class Inputs:
-    """Expands PATH arguments into ELF files: files, directory trees, wheels."""
+    """Expands PATH arguments into ELF files: files, directory trees, wheels, conda packages, images."""
 
     def __init__(self, conda_prefix: str | None = None, limits: ArchiveLimits | None = None,
                  jobs: int | None = None):
@@ -87,7 +87,7 @@ class Inputs:
         self.warnings: list[str] = []
         self.seen: set[str] = set()
         self.tmpdirs: list[tempfile.TemporaryDirectory] = []
-        self.images: list = []
+        self.images: list[Image] = []
         self.labels: list[tuple[str, str]] = []  # (extraction folder, the wheel/package as reported)
 
     def skip(self, why: str) -> None:
@@ -141,7 +141,10 @@ class Inputs:
                 self.skip("duplicate")  # a hard link to a file already audited
                 continue
             found += 1
-            yield Input(f"{arg}!{path}", path, True, scope=scope, layer=tree.layer_of(entry), members=members)
+            # read whole into memory when audited: the same bound as an unpacked member
+            why = self.limits.refuse(entry.size, entry.size)
+            yield Input(f"{arg}!{path}", None if why else path, True, why, scope=scope,
+                        layer=tree.layer_of(entry), members=members)
         if not found:
             self.warnings.append(f"{arg}: the image holds no ELF file")
 
@@ -262,7 +265,7 @@ class Inputs:
         for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
             self.labels.append((folder, report))
         try:
-            extracted = extract_conda(host, tmp.name)
+            extracted = extract_conda(host, tmp.name, self.limits.member_bytes, self.limits.total_bytes)
         except InputError as exc:
             yield Input(report, None, True, exc.message)
             return
