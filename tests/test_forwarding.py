@@ -51,6 +51,9 @@ def _build(cc: str, out: Path) -> dict[str, Path]:
     p["lazy_c"] = shared(cc, out / "liblazy_c.so", "lazy_stub.c", "-ldl")
     p["registered"] = shared(cc, out / "libregistered.so", "registered.c")
     p["logs_own_name"] = shared(cc, out / "liblogs_own_name.so", "logs_own_name.c", "-ldl")
+    shared(cc, out / "libltapi.so", "ltapi.c")
+    p["env_mode"] = shared(cc, out / "libenv_mode.so", "env_mode.c", f"-L{out}", "-lltapi",
+                           "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags")
     return p
 
 
@@ -187,3 +190,15 @@ def test_a_call_through_a_filled_pointer_that_goes_on_is_real_code(request, arch
     assert read_elf(libs["logs_own_name"], policy().symbol_pattern).forwarders == []
     (cudnn,) = own(audit(libs["logs_own_name"]), "nvidia.cudnn")
     assert cudnn.kind == "static-symbol" and cudnn.subject == "cudnnConvolutionForward"
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_a_stub_is_reported_under_the_rule_of_the_code_it_reaches(request, arch):
+    libs = request.getfixturevalue(arch)
+    res = audit(libs["env_mode"])
+    assert own(res, "nvidia.cublas") == []
+    (lt,) = own(res, "nvidia.cublaslt")
+    assert lt.kind == "imported-symbol"
+    by_names = {tuple(m.names): m for m in lt.matches}
+    assert set(by_names) == {("cublasGetEnvironmentMode",), ("cublasLtGetEnvironmentMode",)}
+    assert "cublasGetEnvironmentMode -> cublasLtGetEnvironmentMode@plt" in by_names[("cublasGetEnvironmentMode",)].detail

@@ -423,39 +423,68 @@ def _x86_frame(code: bytes, i: int, push: bool) -> int:
     return 0
 
 
-def _rip_operands(body: bytes, addr: int, prefixes: tuple[bytes, ...]) -> set[int]:
-    """Addresses of the [rip + disp32] operands of the instructions that start with one of
-    `prefixes` (REX + opcode) and have mod 00, rm 101 in their ModRM byte."""
-    out = set()
+def _rip_operands(body: bytes, addr: int, prefixes: tuple[bytes, ...]) -> dict[int, set[int]]:
+    """register -> addresses of the [rip + disp32] operands of the instructions that start with
+    one of `prefixes` (REX.W 48 or 4c, then the opcode) and have mod 00, rm 101 in their ModRM
+    byte; the register is the ModRM reg field (+8 with REX.R, prefix 4c)."""
+    out: dict[int, set[int]] = {}
     for pat in prefixes:
         i = body.find(pat)
         while 0 <= i <= len(body) - 7:
-            if body[i + 2] & 0xC7 == 0x05:
-                out.add(addr + i + 7 + struct.unpack_from("<i", body, i + 3)[0])
+            modrm = body[i + 2]
+            if modrm & 0xC7 == 0x05:
+                reg = (modrm >> 3 & 7) + (8 if pat[0] == 0x4C else 0)
+                out.setdefault(reg, set()).add(addr + i + 7 + struct.unpack_from("<i", body, i + 3)[0])
             i = body.find(pat, i + 1)
     return out
+
+
+def _ends_path(body: bytes, addr: int, end: int) -> bool:
+    """True if an unconditional jump ending at body[end] (address addr + end) is followed by what
+    compilers put after one: alignment padding (nop forms, int3), a block already at a 16-byte
+    boundary, or the end of the body. A jump pattern found inside another instruction's bytes
+    is seldom followed so."""
+    return end >= len(body) or (addr + end) % 16 == 0 or body[end] in (0x90, 0xCC) \
+        or body[end:end + 2] in (b"\x0f\x1f", b"\x66\x90") \
+        or (body[end] == 0x66 and body[end + 1:end + 2] in (b"\x0f", b"\x2e", b"\x66"))
+
+
+def _jump_registers(body: bytes, addr: int) -> set[int]:
+    """Registers of the tail jmp *reg patterns (ff e0+r; 41 ff e0+r for r8-r15) in a body."""
+    regs = set()
+    i = body.find(b"\xff")
+    while 0 <= i < len(body) - 1:
+        if body[i + 1] & 0xF8 == 0xE0 and _ends_path(body, addr, i + 2):
+            regs.add((body[i + 1] & 7) + (8 if i and body[i - 1] == 0x41 else 0))
+        i = body.find(b"\xff", i + 1)
+    return regs
 
 
 def _x86_refs(body: bytes, addr: int) -> tuple[set[int], set[int]] | None:
     """(addresses loaded with lea [rip+d], lazy slots) in a body, or None without a lazy slot.
 
     A lazy slot is a [rip+d] pointer the body both stores to (mov [rip+d], reg: the fill) and
-    leaves through: a tail jmp *[rip+d] (ff 25), or a load (mov reg, [rip+d]) in a body that
-    tail-jumps to a register (ff e0-e7). A call through it instead means the body goes on after
-    the call: not a stub. Byte patterns, not a full decode: a pattern at a misaligned offset
-    cannot pass the exact checks the caller makes on what it points at."""
-    stored = _rip_operands(body, addr, (b"\x48\x89", b"\x4c\x89"))
+    leaves through: a tail jmp *[rip+d] (ff 25), or a load into a register (mov reg, [rip+d])
+    that the body tail-jumps to (jmp *reg, the same register), the jump followed by padding or
+    the body's end. A call through it instead means the body goes on after the call: not a
+    stub. Byte patterns, not a full decode: the checks on register, padding and what the
+    addresses point at keep a pattern found inside another instruction from passing."""
+    stored = set().union(*_rip_operands(body, addr, (b"\x48\x89", b"\x4c\x89")).values())
     if not stored:
         return None
     tail = set()
     i = body.find(b"\xff\x25")
     while 0 <= i <= len(body) - 6:
-        tail.add(addr + i + 6 + struct.unpack_from("<i", body, i + 2)[0])
+        if _ends_path(body, addr, i + 6):
+            tail.add(addr + i + 6 + struct.unpack_from("<i", body, i + 2)[0])
         i = body.find(b"\xff\x25", i + 1)
-    if any(bytes([0xFF, m]) in body for m in range(0xE0, 0xE8)):
-        tail |= _rip_operands(body, addr, (b"\x48\x8b", b"\x4c\x8b"))
+    loaded = _rip_operands(body, addr, (b"\x48\x8b", b"\x4c\x8b"))
+    for reg in _jump_registers(body, addr):
+        tail |= loaded.get(reg, set())
     slots = stored & tail
-    return (_rip_operands(body, addr, (b"\x48\x8d", b"\x4c\x8d")), slots) if slots else None
+    if not slots:
+        return None
+    return set().union(*_rip_operands(body, addr, (b"\x48\x8d", b"\x4c\x8d")).values()), slots
 
 
 # ---------------------------------------------------------------- AArch64

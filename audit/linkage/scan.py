@@ -52,11 +52,15 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
         groups: dict[tuple, list[str]] = {}
         for name, rule in by_name.items():
             if name in defined:
-                how = _defined_as(policy, name, forwards.get(name))
+                fw = forwards.get(name)
+                how = _defined_as(policy, name, fw)
                 parent = name.split(".", 1)[0]  # GCC's split-off parts: X.cold, X.part.0
                 if how[1] is None and parent != name and _defined_as(policy, parent, forwards.get(parent))[1]:
                     continue  # a part of a forwarding stub is not a function of its own
-                groups.setdefault((rule.id, *how), []).append(name)
+                # a stub belongs to the library whose code it reaches: cuBLAS's
+                # cublasGetEnvironmentMode -> cublasLtGetEnvironmentMode@plt is cuBLASLt's
+                owner = (policy.rule_for_symbol(fw.target) or rule) if how[1] == "stub" else rule
+                groups.setdefault((owner.id, *how), []).append(name)
             if name in imported:
                 groups.setdefault((rule.id, "imported-symbol", None), []).append(name)
         sources = _source_files(policy, info) if any(k[1] == "static-symbol" for k in groups) else {}
@@ -176,9 +180,10 @@ def _defined_as(policy: Policy, name: str, fw: Forward | None) -> tuple[str, str
     """(kind, how) of a defined vendor name: a static copy, or a stub that forwards the call.
 
     A stub counts as forwarding the vendor API when it jumps to a name of the same or another
-    rule, or to one that contains its own name (scipy's dgemm_ -> scipy_dgemm_@plt), or through a
-    pointer dlsym fills with its own name. A destructor whose only code is a tail call to free()
-    forwards too, but its code is the vendor's: it stays a static symbol.
+    rule (it is then reported under the target's rule), or to one that contains its own name
+    (scipy's dgemm_ -> scipy_dgemm_@plt), or through a pointer dlsym fills with its own name. A
+    destructor whose only code is a tail call to free() forwards too, but its code is the
+    vendor's: it stays a static symbol.
     """
     if fw is None:
         return "static-symbol", None
