@@ -30,8 +30,8 @@ from audit.errors import UsageError
               help="Processes to audit with (default: one per core when there is enough to read).")
 @click.option("--max-member-size", default="4G", show_default=True, metavar="SIZE",
               help="Refuse an archive member that unpacks to more than SIZE (e.g. 512M, 4G).")
-@click.option("--max-member-ratio", default="200", show_default=True, metavar="N",
-              help="Refuse an archive member of 1 MiB or more compressed more than N:1.")
+@click.option("--max-member-ratio", default="100", show_default=True, metavar="N",
+              help="Refuse an archive member of 64 MiB or more compressed more than N:1.")
 @click.option("--max-archive-size", default="16G", show_default=True, metavar="SIZE",
               help="Refuse an archive whose ELF members unpack to more than SIZE in all.")
 @click.option("-v", "--verbose", is_flag=True, help="Text lists every match of every finding, not a few examples.")
