@@ -146,3 +146,18 @@ def test_docs_use_only_declared_inputs_and_real_options():
     for option in set(re.findall(r"sovereign-audit check[^\n`]*", text)):
         for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", option):
             assert flag in cli_options() | {"--help"}, flag
+
+
+def test_help_lists_every_format_with_an_example(capsys):
+    from audit.cli import main
+    from audit.linkage.outputs import FORMATS
+
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for fmt in FORMATS:
+        line = next((ln for ln in text.splitlines() if re.match(rf"\s+{fmt}\s.*--format ", ln)), None)
+        assert line is not None, fmt
+        example = re.search(r"--format (\S+)", line)
+        assert example and parse_format(example.group(1)).format == fmt, line
