@@ -6,9 +6,11 @@ and the build read one definition each.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +28,16 @@ def sha256_file(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def read_regular_file(path: str | os.PathLike) -> bytes:
+    """The bytes of a regular file; OSError for anything else. A FIFO or device named where a
+    file is expected (a policy, a baseline) would block or never end: refused without waiting."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fh.read()
 
 
 def write_json_atomic(path: Path, data: Any) -> Path:

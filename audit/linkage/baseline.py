@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass
 
 from audit.errors import UsageError
+from audit.files import read_regular_file
 from audit.linkage.model import SCHEMA, CheckReport, Finding
 
 Key = tuple[str, str, str, str]  # (rule, kind, subject, file path)
@@ -53,8 +54,7 @@ def _names(f: dict) -> tuple[frozenset, int, bool]:
 def load_baseline(path: str) -> Baseline:
     """Read a `check --format json` result; UsageError (exit 2) if it is not one."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
+        doc = json.loads(read_regular_file(path).decode("utf-8"))
     except OSError as exc:
         raise UsageError(f"--baseline {path}: cannot read: {exc.strerror or exc}") from None
     except (ValueError, UnicodeError) as exc:

@@ -20,6 +20,7 @@ import tomllib
 
 from audit.resources import data_root
 from audit.errors import PolicyError
+from audit.files import read_regular_file
 from audit.linkage.patterns import (
     PatternError,
     combined_bytes_regex,
@@ -345,7 +346,7 @@ def _read_source(ref: str, base_dir: Path | None) -> tuple[str, bytes]:
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
     try:
-        return str(path), path.read_bytes()
+        return str(path), read_regular_file(path)
     except OSError as exc:
         raise PolicyError(f"cannot read policy {path}: {exc.strerror or exc}") from None
 
@@ -470,7 +471,7 @@ def _read_names(label: str, key: str, ref: str, base_dir: Path | None) -> tuple[
         shown, data = ref, res.read_bytes()
     else:
         try:
-            shown, data = str(local.resolve()), local.read_bytes()
+            shown, data = str(local.resolve()), read_regular_file(local)
         except OSError as exc:
             raise PolicyError(f"{label}: {key}: cannot read {local}: {exc.strerror or exc}") from None
     try:
