@@ -300,3 +300,23 @@ def test_archive_limits_apply_to_image_files(elf, tmp_path, capsys):
     verdicts = {f["path"].split("!", 1)[1]: (f["verdict"], f["error"]) for f in json.loads(out)["files"]}
     assert verdicts["/app/libapp.so"][0] == "pass"
     assert verdicts[TRIPLET_LIBC][0] == "error" and "--max-member-size" in verdicts[TRIPLET_LIBC][1]
+
+
+def test_a_layer_writes_through_a_lower_layers_directory_symlink(elf, tmp_path):
+    """Merged /usr: /lib -> usr/lib in the base; a layer's lib/x86_64-linux-gnu/libbad.so lands in
+    /usr/lib/x86_64-linux-gnu (extraction follows the symlink) and /lib stays a symlink."""
+    base = layer_tar([
+        ("symlink", "lib", "usr/lib"),
+        ("file", "usr/lib/x86_64-linux-gnu/libc.so.6", elf["libc"]),
+        ("file", "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", elf["ldso"]),
+    ])
+    upper = layer_tar([("file", "lib/x86_64-linux-gnu/libbad.so", elf["bad"])])
+    gone = layer_tar([("whiteout", "lib/x86_64-linux-gnu/libbad.so")])
+    img = docker_archive(tmp_path / "a.tar", [base, upper])
+    files = by_path(audit(img))
+    bad = files[f"{img}!/usr/lib/x86_64-linux-gnu/libbad.so"]
+    assert bad.layer["index"] == 2
+    libc = next(c for c in bad.tree.children if c.name == "libc.so.6")
+    assert libc.status == "trusted" and libc.path == "/lib/x86_64-linux-gnu/libc.so.6"  # through the symlink
+    img2 = docker_archive(tmp_path / "b.tar", [base, upper, gone])
+    assert not [p for p in by_path(audit(img2)) if "libbad" in p]

@@ -164,21 +164,39 @@ class ImageTree:
         for path, _m, _e in members:  # whiteouts hide what lower layers added
             base = posixpath.basename(path)
             if base == ".wh..wh..opq":
-                parent = posixpath.dirname(path)
+                parent = posixpath.dirname(self._where(path))
                 for name in list(self.children.get(parent, ())):
                     self._remove(posixpath.join(parent, name))
             elif base.startswith(".wh."):
-                self._remove(posixpath.join(posixpath.dirname(path), base[4:]))
+                self._remove(self._where(posixpath.join(posixpath.dirname(path), base[4:])))
         for path, m, entry in members:
             if posixpath.basename(path).startswith(".wh.") or path == "/":
                 continue
+            path = self._where(path)
             if entry is None:  # a hard link: the same bytes as its target
-                target = _safe_path(label, m.linkname)
+                target = self._where(_safe_path(label, m.linkname))
                 found = self.entries.get(target)
                 if found is None or found.kind != "file":
                     raise InputError(f"{label}: hard link {path} to missing file {target}")
                 entry = found
             self._add(path, entry)
+
+    def _where(self, path: str) -> str:
+        """`path` with its parent directories taken through symlinks already in the tree, as
+        extraction follows them (a layer's `lib/x/libfoo.so` over a lower `lib -> usr/lib` lands in
+        /usr/lib/x); parents that do not exist yet are kept as named."""
+        from audit.linkage.resolve import Paths
+
+        parts = path.strip("/").split("/")
+        here = "/"
+        for part in parts[:-1]:
+            here = posixpath.join(here, part)
+            e = self.entries.get(here)
+            if e is not None and e.kind == "link":
+                real = Paths(None, self).real(here)
+                if real is not None and self.entries[real].kind == "dir":
+                    here = real
+        return posixpath.join(here, parts[-1])
 
     def _add(self, path: str, entry: Entry) -> None:
         old = self.entries.get(path)
