@@ -183,6 +183,19 @@ def _damage_header(files, names):
     files[names[1]] = bytes(data)
 
 
+def _config_of_wrong_types(files, _names):
+    """A config whose fields have the wrong JSON types, under its own (valid) digest."""
+    import hashlib
+
+    old = next(k for k in files if k.endswith(".json") and k != "manifest.json")
+    new = b'{"rootfs": "x", "config": [1], "history": 7}'
+    del files[old]
+    files[hashlib.sha256(new).hexdigest() + ".json"] = new
+    manifest = json.loads(files["manifest.json"])
+    manifest[0]["Config"] = hashlib.sha256(new).hexdigest() + ".json"
+    files["manifest.json"] = json.dumps(manifest).encode()
+
+
 def _drop_blob(files, names):
     del files[names[1] if "/" in names[1] else f"blobs/sha256/{names[1]}"]
 
@@ -194,6 +207,10 @@ BROKEN = {
                                                     tamper=_damage_header),
     "blobs digest mismatch": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)],
                                                            blobs=True, tamper=_tamper_blob),
+    "config of wrong types": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf)],
+                                                           tamper=_config_of_wrong_types),
+    "nested manifest": lambda d, elf: docker_archive(
+        d / "i.tar", [base_layer(elf)], tamper=lambda f, n: f.update({"manifest.json": b"[" * 100000})),
     "missing blob": lambda d, elf: docker_archive(d / "i.tar", [base_layer(elf), bad_layer(elf)], tamper=_drop_blob),
     "oci digest mismatch": lambda d, elf: oci_layout(d / "o", [base_layer(elf), bad_layer(elf)], how="gzip",
                                                      tamper=_tamper_blob),
@@ -234,6 +251,7 @@ def test_broken_or_hostile_image_is_an_input_error(elf, tmp_path, case, capsys):
     err = [line for line in out.splitlines() if line.strip().startswith("error:")]
     assert len(err) == 1, out
     expect = {"digest mismatch": "digest mismatch", "blobs digest mismatch": "digest mismatch",
+              "config of wrong types": "layer digests", "nested manifest": "not valid JSON",
               "damaged header": "digest mismatch", "missing blob": "missing blob", "oci digest mismatch": "digest",
               "oci missing blob": "missing blob", "dotdot member": "unsafe member path",
               "escaping symlink": "escapes the image root", "absolute escaping symlink": "escapes the image root",

@@ -81,7 +81,6 @@ def pread(fd: int, n: int, offset: int) -> bytes:
 class LayerRef:
     index: int  # 1-based, bottom first
     blob: Region
-    media_type: str | None
     digest: str | None  # of the blob as stored (None: a Docker archive names it by path only)
     diff_id: str | None  # of the uncompressed tar (the config's rootfs.diff_ids)
     created_by: str | None  # the history entry that made it
@@ -168,7 +167,7 @@ class _Files:
             _check_digest(self.path, name, hashlib.sha256(data).hexdigest(), digest)
         try:
             return json.loads(data)
-        except (ValueError, UnicodeError) as exc:
+        except (ValueError, UnicodeError, RecursionError) as exc:
             raise InputError(f"{self.path}: {name} is not valid JSON ({_line(exc)})") from None
 
 
@@ -199,7 +198,7 @@ def open_image(path: str) -> Image:
             config = files.json(config_name, _digest_in_name(config_name))
         elif files.has("index.json"):
             manifest = _oci_manifest(files)
-            desc = manifest.get("config") or {}
+            desc = _obj(manifest.get("config"))
             config = files.json(_blob_name(files, desc), _descriptor_digest(files, desc))
             layer_descs = manifest.get("layers")
             if not isinstance(layer_descs, list):
@@ -247,7 +246,7 @@ def _oci_manifest(files: _Files) -> dict:
             if mt in INDEX_TYPES and depth < _MAX_INDEX_DEPTH:
                 walk(files.json(_blob_name(files, desc), _descriptor_digest(files, desc)), depth + 1)
             elif mt in MANIFEST_TYPES or mt is None:
-                plat = desc.get("platform") or {}
+                plat = _obj(desc.get("platform"))
                 if plat.get("architecture") == "unknown":  # attestation manifests (buildx)
                     continue
                 candidates.append(desc)
@@ -257,7 +256,7 @@ def _oci_manifest(files: _Files) -> dict:
         raise InputError(f"{files.path}: index.json names no image manifest")
     if len(candidates) > 1:
         host = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
-        mine = [d for d in candidates if (d.get("platform") or {}).get("architecture") == host]
+        mine = [d for d in candidates if _obj(d.get("platform")).get("architecture") == host]
         if len(mine) != 1:
             raise InputError(f"{files.path}: holds {len(candidates)} image manifests; save one image per layout")
         candidates = mine
@@ -270,23 +269,23 @@ def _oci_manifest(files: _Files) -> dict:
 def _layers(files: _Files, config, names: list[str], descs: list) -> list[LayerRef]:
     if not isinstance(config, dict):
         raise InputError(f"{files.path}: image config is not a JSON object")
-    diff_ids = (config.get("rootfs") or {}).get("diff_ids")
+    diff_ids = _obj(config.get("rootfs")).get("diff_ids")
     if not isinstance(diff_ids, list) or len(diff_ids) != len(names):
         raise InputError(f"{files.path}: the config lists {len(diff_ids) if isinstance(diff_ids, list) else 'no'} "
                          f"layer digests for {len(names)} layers")
-    history = [h for h in (config.get("history") or []) if isinstance(h, dict) and not h.get("empty_layer")]
+    history = config.get("history") if isinstance(config.get("history"), list) else []
+    history = [h for h in history if isinstance(h, dict) and not h.get("empty_layer")]
     out = []
     for i, name in enumerate(names):
-        desc = descs[i] or {}
+        desc = _obj(descs[i])
         created = history[i].get("created_by") if len(history) == len(names) else None
-        out.append(LayerRef(index=i + 1, blob=files.region(name), media_type=desc.get("mediaType"),
-                            digest=desc.get("digest"), diff_id=diff_ids[i] if isinstance(diff_ids[i], str) else None,
+        out.append(LayerRef(index=i + 1, blob=files.region(name), digest=desc.get("digest"), diff_id=diff_ids[i] if isinstance(diff_ids[i], str) else None,
                             created_by=created if isinstance(created, str) else None))
     return out
 
 
 def _env(config: dict) -> dict[str, str]:
-    env = (config.get("config") or config.get("container_config") or {}).get("Env") or []
+    env = _obj(config.get("config") or config.get("container_config")).get("Env") or []
     out = {}
     for item in env if isinstance(env, list) else []:
         if isinstance(item, str) and "=" in item:
@@ -312,6 +311,11 @@ def verify_blob(label: str, layer: LayerRef) -> str:
 
 
 # ---------------------------------------------------------------- small helpers
+
+
+def _obj(value) -> dict:
+    """A JSON object where one is expected; anything else (a hostile document) reads as empty."""
+    return value if isinstance(value, dict) else {}
 
 
 def _norm(name: str) -> str:
