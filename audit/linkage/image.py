@@ -279,7 +279,8 @@ def _layers(files: _Files, config, names: list[str], descs: list) -> list[LayerR
     for i, name in enumerate(names):
         desc = _obj(descs[i])
         created = history[i].get("created_by") if len(history) == len(names) else None
-        out.append(LayerRef(index=i + 1, blob=files.region(name), digest=desc.get("digest"), diff_id=diff_ids[i] if isinstance(diff_ids[i], str) else None,
+        out.append(LayerRef(index=i + 1, blob=files.region(name), digest=desc.get("digest"),
+                            diff_id=diff_ids[i] if isinstance(diff_ids[i], str) else None,
                             created_by=created if isinstance(created, str) else None))
     return out
 
