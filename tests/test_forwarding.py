@@ -51,6 +51,7 @@ def _build(cc: str, out: Path) -> dict[str, Path]:
     p["lazy_c"] = shared(cc, out / "liblazy_c.so", "lazy_stub.c", "-ldl")
     p["registered"] = shared(cc, out / "libregistered.so", "registered.c")
     p["logs_own_name"] = shared(cc, out / "liblogs_own_name.so", "logs_own_name.c", "-ldl")
+    p["wrapper"] = shared(cc, out / "libwrapper.so", "wrapper.c", "-ldl")
     shared(cc, out / "libltapi.so", "ltapi.c")
     p["env_mode"] = shared(cc, out / "libenv_mode.so", "env_mode.c", f"-L{out}", "-lltapi",
                            "-Wl,-rpath,$ORIGIN", "-Wl,--enable-new-dtags")
@@ -202,3 +203,11 @@ def test_a_stub_is_reported_under_the_rule_of_the_code_it_reaches(request, arch)
     by_names = {tuple(m.names): m for m in lt.matches}
     assert set(by_names) == {("cublasGetEnvironmentMode",), ("cublasLtGetEnvironmentMode",)}
     assert "cublasGetEnvironmentMode -> cublasLtGetEnvironmentMode@plt" in by_names[("cublasGetEnvironmentMode",)].detail
+
+
+def test_a_wrapper_that_hands_its_own_name_to_dlsym_is_a_run_time_load(x86_stubs):
+    # x86-64 only: on AArch64 only the tail-jump stub is recognised
+    fw = {f.symbol: f for f in read_elf(x86_stubs["wrapper"], policy().symbol_pattern).forwarders}
+    assert fw["cudnnCreate"].via == "dlsym" and fw["cudnnCreate"].target == "cudnnCreate"
+    (cudnn,) = own(audit(x86_stubs["wrapper"]), "nvidia.cudnn")
+    assert cudnn.kind == "dlopen-string" and 'cudnnCreate -> dlsym("cudnnCreate")' in cudnn.detail

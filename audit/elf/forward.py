@@ -12,7 +12,9 @@ one forwards to:
 - "dlsym": a tail jump through a writable slot (no relocation binds it to a symbol) that the
   same body also stores to, in a body of at most 1 KiB that loads the address of a string equal
   to the function's own name (the name handed to dlsym), in a file that imports dlsym or dlvsym.
-  A function that calls through a pointer and goes on (logging its own name, say) is not one.
+  A function that calls through a pointer and goes on (logging its own name, say) is not one;
+  on x86-64 a wrapper is: a body that hands its own name straight to dlsym (its PLT entry or
+  GOT slot), stores the result and calls through it.
 
 A jump to code defined in this file is followed (two hops at most); if it ends in real code,
 the symbol is not a forwarder. Only short, fixed instruction shapes are recognised: a body that
@@ -41,6 +43,7 @@ _HEAD = 32  # bytes read per candidate: the longest shape below fits
 _THUNK_MAX = 24  # a jump thunk's st_size is at most this (0: unsized, hand-written assembly)
 _CALL_STUB_MAX = 32  # a call-and-return stub has a body this small (st_size)
 _DLSYM_BODY_MAX = 1024  # bodies searched for the lazy dlsym shape (whole, up to this size)
+_ARG_WINDOW = 24  # bytes after loading a name's address in which the call that takes it must start
 _WINDOW = 1 << 23  # bytes of the file whose function bodies are screened (and released) at a time
 _HOPS = 2  # jumps to code in this file that are followed
 
@@ -129,6 +132,7 @@ class _Context:
         self.secs = secs
         self.starts = [s.addr for s in secs]
         self._relocs: tuple[np.ndarray, np.ndarray] | None = None
+        self._dlsym_plt: set[int] | None = None
         self.u8 = np.frombuffer(img.buf, dtype=np.uint8)
 
     # -- screening, in bulk --------------------------------------------------------------
@@ -228,10 +232,16 @@ class _Context:
             row = _row(start, end - 1)
             inside = end <= start[row] + n[row]  # the instruction lies inside one body
             row, slot = row[inside], (value[row] + end - start[row] + disp)[inside]
-            if not len(lo) or not len(row):
-                return mask
-            k = np.clip(np.searchsorted(lo, slot, side="right") - 1, 0, None)
-            mask[row[(slot >= lo[k]) & (slot < hi[k])]] = True
+            if len(lo) and len(row):
+                k = np.clip(np.searchsorted(lo, slot, side="right") - 1, 0, None)
+                mask[row[(slot >= lo[k]) & (slot < hi[k])]] = True
+            # a wrapper that calls dlsym itself (call rel32 to dlsym's PLT entry)
+            entries = self.dlsym_entries()
+            if entries:
+                pos = np.flatnonzero(blob[:-4] == 0xE8)
+                row = _row(start, pos)
+                target = value[row] + pos - start[row] + 5 + _disp32(blob, pos + 1)
+                mask[row[np.isin(target, list(entries))]] = True
         else:  # br Xn somewhere in the body (the slot is checked when decoding)
             w = blob.view("<u4") & 0xFFFFFC1F
             pos = np.flatnonzero(w == 0xD61F0000) * 4
@@ -283,22 +293,64 @@ class _Context:
         return None if defined else (name, via, slot)
 
     def dlsym_stub(self, addr: int, size: int, name: str) -> tuple[str, str, int] | None:
+        """(name, "dlsym", slot) if the body is a lazy stub for its own name (see the module
+        docstring), else None."""
         body = self.code(addr, size)
         if body is None:
             return None
-        refs = _x86_refs(body, addr) if self.x86 else _a64_refs(body, addr)
-        if refs is None:
-            return None
-        strings, slots = refs
         want = name.encode("utf-8", "surrogateescape") + b"\0"
-        if not any(self.data(a, len(want)) == want for a in strings):
-            return None
+        if self.x86:
+            refs = _x86_refs(body, addr)
+            if refs is None:
+                return None
+            strings, left, called, stored = refs
+            own = [end for end, a in strings if self.data(a, len(want)) == want]
+            if not own:
+                return None
+            slots = stored & left
+            if not slots and any(self.calls_dlsym(body, addr, end) for end in own):
+                # a wrapper: its own name goes straight to dlsym, and it calls what came back
+                slots = stored & called
+        else:
+            refs = _a64_refs(body, addr)
+            if refs is None:
+                return None
+            strings, slots = refs
+            if not any(self.data(a, len(want)) == want for a in strings):
+                return None
         for slot in sorted(slots):
             s = self.section_at(slot)
             if s is not None and s.flags & SHF_WRITE and not s.flags & SHF_EXECINSTR \
                     and not s.name.startswith(".got") and self.reloc_symbol(slot) is None:
                 return name, "dlsym", slot
         return None
+
+    def calls_dlsym(self, body: bytes, addr: int, at: int) -> bool:
+        """True if a call to dlsym/dlvsym (through its PLT entry or GOT slot) starts within a few
+        instructions after body[at]."""
+        for i in range(at, min(at + _ARG_WINDOW, len(body) - 5)):
+            if body[i] == 0xE8:
+                if addr + i + 5 + struct.unpack_from("<i", body, i + 1)[0] in self.dlsym_entries():
+                    return True
+            elif body[i] == 0xFF and body[i + 1] == 0x15 and i + 6 <= len(body):
+                sym = self.reloc_symbol(addr + i + 6 + struct.unpack_from("<i", body, i + 2)[0])
+                if sym is not None and sym[0].split("@", 1)[0] in ("dlsym", "dlvsym"):
+                    return True
+        return False
+
+    def dlsym_entries(self) -> set[int]:
+        """Addresses of the PLT entries that reach dlsym or dlvsym."""
+        if self._dlsym_plt is None:
+            self._dlsym_plt = set()
+            for sec in self.secs:
+                if not (sec.name.startswith(".plt") and sec.flags & SHF_EXECINSTR) or sec.type == SHT_NOBITS:
+                    continue
+                step = sec.entsize if sec.entsize >= 8 else 16
+                for entry in range(sec.addr, sec.addr + sec.size, step):
+                    fw = self.forward(entry, _HOPS)
+                    if fw is not None and fw[0].split("@", 1)[0] in ("dlsym", "dlvsym"):
+                        self._dlsym_plt.add(entry)
+        return self._dlsym_plt
 
     def data(self, addr: int, size: int) -> bytes | None:
         s = self.section_at(addr)
@@ -449,42 +501,53 @@ def _ends_path(body: bytes, addr: int, end: int) -> bool:
         or (body[end] == 0x66 and body[end + 1:end + 2] in (b"\x0f", b"\x2e", b"\x66"))
 
 
-def _jump_registers(body: bytes, addr: int) -> set[int]:
-    """Registers of the tail jmp *reg patterns (ff e0+r; 41 ff e0+r for r8-r15) in a body."""
+def _registers(body: bytes, addr: int, low: int, tail: bool) -> set[int]:
+    """Registers of the jmp *reg (low 0xe0) or call *reg (low 0xd0) patterns in a body (ff low+r;
+    41 ff low+r for r8-r15); a tail jump must end its path (see _ends_path)."""
     regs = set()
     i = body.find(b"\xff")
     while 0 <= i < len(body) - 1:
-        if body[i + 1] & 0xF8 == 0xE0 and _ends_path(body, addr, i + 2):
+        if body[i + 1] & 0xF8 == low and (not tail or _ends_path(body, addr, i + 2)):
             regs.add((body[i + 1] & 7) + (8 if i and body[i - 1] == 0x41 else 0))
         i = body.find(b"\xff", i + 1)
     return regs
 
 
-def _x86_refs(body: bytes, addr: int) -> tuple[set[int], set[int]] | None:
-    """(addresses loaded with lea [rip+d], lazy slots) in a body, or None without a lazy slot.
+def _through(body: bytes, addr: int, op: int, tail: bool) -> set[int]:
+    """Slots of the jmp *[rip+d] (op 0x25) or call *[rip+d] (op 0x15) patterns in a body."""
+    out = set()
+    pat = bytes([0xFF, op])
+    i = body.find(pat)
+    while 0 <= i <= len(body) - 6:
+        if not tail or _ends_path(body, addr, i + 6):
+            out.add(addr + i + 6 + struct.unpack_from("<i", body, i + 2)[0])
+        i = body.find(pat, i + 1)
+    return out
 
-    A lazy slot is a [rip+d] pointer the body both stores to (mov [rip+d], reg: the fill) and
-    leaves through: a tail jmp *[rip+d] (ff 25), or a load into a register (mov reg, [rip+d])
+
+def _x86_refs(body: bytes, addr: int):
+    """(string refs [(end of the lea, address)], slots left through, slots called through, slots
+    stored to) of a body, from byte patterns, or None if it stores to no [rip+d] slot.
+
+    Left through: a tail jmp *[rip+d] (ff 25), or a load into a register (mov reg, [rip+d])
     that the body tail-jumps to (jmp *reg, the same register), the jump followed by padding or
-    the body's end. A call through it instead means the body goes on after the call: not a
-    stub. Byte patterns, not a full decode: the checks on register, padding and what the
-    addresses point at keep a pattern found inside another instruction from passing."""
+    the body's end. Called through: the same with call. Byte patterns, not a full decode: the
+    checks on register, padding and what the addresses point at keep a pattern found inside
+    another instruction from passing."""
     stored = set().union(*_rip_operands(body, addr, (b"\x48\x89", b"\x4c\x89")).values())
     if not stored:
         return None
-    tail = set()
-    i = body.find(b"\xff\x25")
-    while 0 <= i <= len(body) - 6:
-        if _ends_path(body, addr, i + 6):
-            tail.add(addr + i + 6 + struct.unpack_from("<i", body, i + 2)[0])
-        i = body.find(b"\xff\x25", i + 1)
     loaded = _rip_operands(body, addr, (b"\x48\x8b", b"\x4c\x8b"))
-    for reg in _jump_registers(body, addr):
-        tail |= loaded.get(reg, set())
-    slots = stored & tail
-    if not slots:
-        return None
-    return set().union(*_rip_operands(body, addr, (b"\x48\x8d", b"\x4c\x8d")).values()), slots
+    left = _through(body, addr, 0x25, True).union(*(loaded.get(r, ()) for r in _registers(body, addr, 0xE0, True)))
+    called = _through(body, addr, 0x15, False).union(*(loaded.get(r, ()) for r in _registers(body, addr, 0xD0, False)))
+    strings = []
+    for pat in (b"\x48\x8d", b"\x4c\x8d"):  # lea reg, [rip + disp32]
+        i = body.find(pat)
+        while 0 <= i <= len(body) - 7:
+            if body[i + 2] & 0xC7 == 0x05:
+                strings.append((i + 7, addr + i + 7 + struct.unpack_from("<i", body, i + 3)[0]))
+            i = body.find(pat, i + 1)
+    return strings, left, called, stored
 
 
 # ---------------------------------------------------------------- AArch64
