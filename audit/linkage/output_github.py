@@ -1,7 +1,8 @@
 """GitHub Actions: `::error` workflow commands and a markdown job summary.
 
 Workflow command escaping (GitHub's toolkit, command.ts): in the message `%`, CR, LF become
-%25, %0D, %0A; in property values `:` and `,` also become %3A and %2C. The summary is markdown
+%25, %0D, %0A; in property values `:` and `,` also become %3A and %2C. Other control characters
+are written as \\xNN, as in the text output. The summary is markdown
 that GitHub renders as HTML: untrusted text is HTML-escaped and markdown punctuation
 backslash-escaped, so a symbol name cannot inject links, images or tables.
 """
@@ -16,7 +17,8 @@ from audit.linkage.output_text import escape
 
 
 def escape_data(text: str) -> str:
-    return str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    text = str(text).replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return escape(text)  # other control and bidi characters as \xNN: the log would render ESC as colour
 
 
 def escape_property(text: str) -> str:
