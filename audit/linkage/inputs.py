@@ -119,7 +119,18 @@ class Inputs:
         else:
             yield from self._file(arg, arg, explicit=True)
 
+    def _again(self, host: str) -> bool:
+        """An archive already opened in this run (named twice, or a link to it in a folder)."""
+        real = os.path.realpath(host)
+        if real in self.seen:
+            self.skip("duplicate")
+            return True
+        self.seen.add(real)
+        return False
+
     def _image(self, arg: str):
+        if self._again(arg):
+            return
         from audit.linkage.layers import ImageTree
 
         try:
@@ -203,6 +214,8 @@ class Inputs:
                     yield inp
 
     def _wheel(self, report: str, host: str):
+        if self._again(host):
+            return
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-wheel-")
         self.tmpdirs.append(tmp)
         for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
@@ -262,6 +275,8 @@ class Inputs:
             yield Input(inner, dest, True, members=members)
 
     def _conda(self, report: str, host: str):
+        if self._again(host):
+            return
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-conda-")
         self.tmpdirs.append(tmp)
         for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
