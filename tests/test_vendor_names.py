@@ -149,12 +149,23 @@ def test_kernels_go_to_their_own_marker_first_then_to_the_library_that_ships_the
               "_g1_tensor16x8x16_execute_kernel__5x_cudnn")
     unmarked = "sm80_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x128x32_stage4_warpsize2x2x1_tensor16x8x16_kernel"
     # in a file that is not a vendor library: the marker says cuDNN; the unmarked family is cuBLAS's
+    dot = "_Z10dot_kernelI15cublasDotParamsEvT_"  # a cuBLAS type in its template arguments
     plain = kernels_by_rule(audit(xmma_libs["plain"]))
-    assert marked in plain["nvidia.cudnn"] and unmarked in plain["nvidia.cublas"]
+    assert marked in plain["nvidia.cudnn"] and {unmarked, dot} <= plain["nvidia.cublas"]
     assert any(k.startswith("_ZN7cutlass") for k in plain["nvidia.cutlass"])
     # inside a cuDNN library: both xmma kernels are cuDNN's; the cutlass namespace still names CUTLASS
     res = audit(xmma_libs["cudnn"])
     assert ("nvidia.cudnn", "soname") in {(f.rule, f.kind) for f in res.findings}
     shipped = kernels_by_rule(res)
-    assert {marked, unmarked} <= shipped["nvidia.cudnn"] and "nvidia.cublas" not in shipped
+    assert {marked, unmarked} <= shipped["nvidia.cudnn"] and shipped["nvidia.cublas"] == {dot}
     assert any(k.startswith("_ZN7cutlass") for k in shipped["nvidia.cutlass"])
+
+
+def test_a_kernel_marked_for_two_libraries_goes_to_the_one_that_ships_it():
+    # libcublas.so.12's reduce kernels carry cuBLAS and cuBLASLt types in their template arguments
+    name = ("_Z20reduce_1Block_kernelI7double2Li64ELi6E30cublasGemvTensorStridedBatchedIS0_ES2_S2_EvPKT_S3_T2_iS5_S3_"
+            "T3_T4_19cublasPointerMode_t18cublasLtEpilogue_t")
+    pol = policy()
+    assert pol.rule_for_kernel(name).id == "nvidia.cublaslt"  # first marker in policy order
+    assert pol.rule_for_kernel(name, pol.rule("nvidia.cublas")).id == "nvidia.cublas"
+    assert pol.rule_for_kernel(name, pol.rule("nvidia.cudnn")).id == "nvidia.cublaslt"  # not its marker

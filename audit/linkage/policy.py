@@ -248,11 +248,13 @@ class Policy:
 
     def rule_for_kernel(self, name: str, shipper: Rule | None = None) -> Rule | None:
         """The rule a device kernel belongs to: the first whose kernel (or symbol) patterns, the
-        name's own markers, match it; else, for a kernel of a family several libraries ship
-        (`shared-kernels`), `shipper` (the denied library the kernel is inside), else the
-        first rule that lists the family."""
+        name's own markers, match it (`shipper`, the denied library the kernel is inside, if its
+        markers are among them); else, for a kernel of a family several libraries ship
+        (`shared-kernels`), `shipper`, else the first rule that lists the family."""
         rule = self._classify("kernels", name)
         if rule is not None:
+            if shipper is not None and shipper is not rule and shipper.matches_kernel(name):
+                return shipper  # the name marks two libraries: the one that ships it decides
             return rule
         family = self._classify("shared", name)
         return shipper if family is not None and shipper is not None else family
