@@ -13,17 +13,30 @@ longer found are listed as "absent" (SARIF baselineState, as code scanning reads
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from audit.errors import UsageError
 from audit.files import read_regular_file
-from audit.linkage.model import SCHEMA, CheckReport, Finding
+from audit.linkage.model import SCHEMA, WHEEL_SEP, CheckReport, Finding
 
 Key = tuple[str, str, str, str]  # (rule, kind, subject, file path)
 
 
 def key(path: str, f: Finding) -> Key:
-    return (f.rule, f.kind, f.subject, path)
+    return (f.rule, f.kind, f.subject, same_path(path))
+
+
+def same_path(path: str) -> str:
+    """A file's path as the baseline compares it: `dist`, `dist/` and `./dist` name the same
+    files, and so do `../here/dist` and an absolute path inside the working folder (paths outside
+it are compared absolute); a member after `!/` as is."""
+    outer, sep, inner = path.partition(WHEEL_SEP)
+    if outer:
+        full = os.path.abspath(outer)
+        rel = os.path.relpath(full)
+        outer = full if rel == ".." or rel.startswith(".." + os.sep) else rel
+    return outer + sep + inner
 
 
 @dataclass(frozen=True)
@@ -73,7 +86,7 @@ def load_baseline(path: str) -> Baseline:
             parts = [f.get(k) if isinstance(f, dict) else None for k in ("rule", "kind", "subject")]
             if not all(isinstance(p, str) for p in parts):
                 raise UsageError(f"--baseline {path}: a finding without rule, kind or subject")
-            k = (parts[0], parts[1], parts[2], fr["path"])
+            k = (parts[0], parts[1], parts[2], same_path(fr["path"]))
             keys.add(k)
             got, count, complete = _names(f)
             old = names.get(k)
