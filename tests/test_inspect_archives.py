@@ -90,3 +90,23 @@ def test_inspect_reports_a_bad_archive_member_in_one_line(libs, tmp_path, capsys
     assert err == f"error: {evil}!/../../outside/libapp.so: unsafe member path in wheel\n"
     assert out.endswith("0 ELF file(s) read, 1 unreadable, 0 non-ELF skipped\n")
     assert not (tmp_path.parent / "outside").exists()
+
+
+def test_a_bad_conda_package_is_named_once(libs, tmp_path, capsys):
+    import io
+    import tarfile
+
+    import zstandard
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        data = libs["app"].read_bytes()
+        info = tarfile.TarInfo("../escape.so")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    pkg = tmp_path / "bad-1.0-0.conda"
+    with zipfile.ZipFile(pkg, "w") as zf:
+        zf.writestr("pkg-bad-1.0-0.tar.zst", zstandard.ZstdCompressor().compress(buf.getvalue()))
+    rc, _, err = cli(capsys, "inspect", pkg)
+    assert rc == EXIT_INPUT
+    assert err == f"error: {pkg}: unsafe member path '../escape.so'\n"

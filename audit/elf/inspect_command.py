@@ -165,14 +165,14 @@ def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, p
         for arg in paths:
             for inp in inputs.expand(arg):
                 if inp.read_from is None:
-                    result.errors.append((inp.shown, f"{inp.shown}: {inputs.relabel(inp.error)}"))
+                    result.errors.append((inp.shown, inputs.relabel(inp.error)))
                     continue
                 fs = HOST if inp.scope is None else inp.scope.fs
                 read = read_elf if fs is HOST else fs.read_elf
                 try:
                     info = read(inp.read_from, symbol_pattern)
                 except InputError as exc:
-                    result.errors.append((inp.shown, f"{inp.shown}: {inputs.relabel(exc.message)}"))
+                    result.errors.append((inp.shown, inputs.relabel(exc.message)))
                     continue
                 info.path = inp.shown
                 info.warnings = [inputs.relabel(w) for w in info.warnings]
