@@ -339,17 +339,42 @@ class _Context:
         return False
 
     def dlsym_entries(self) -> set[int]:
-        """Addresses of the PLT entries that reach dlsym or dlvsym."""
-        if self._dlsym_plt is None:
-            self._dlsym_plt = set()
-            for sec in self.secs:
-                if not (sec.name.startswith(".plt") and sec.flags & SHF_EXECINSTR) or sec.type == SHT_NOBITS:
-                    continue
-                step = sec.entsize if sec.entsize >= 8 else 16
-                for entry in range(sec.addr, sec.addr + sec.size, step):
-                    fw = self.forward(entry, _HOPS)
-                    if fw is not None and fw[0].split("@", 1)[0] in ("dlsym", "dlvsym"):
-                        self._dlsym_plt.add(entry)
+        """Addresses of the PLT entries (x86-64: jmp *slot after an optional endbr64/bnd) whose
+        slot a relocation binds to dlsym or dlvsym. In bulk: a library can import 40k names."""
+        if self._dlsym_plt is not None:
+            return self._dlsym_plt
+        self._dlsym_plt = set()
+        table = self._dynsym
+        if table is None or not len(table.syms):
+            return self._dlsym_plt
+        buf, base, size = self.img.buf, table.str_off, table.str_size
+        names = set()  # string-table offsets whose name is dlsym or dlvsym (tails may be shared)
+        for want in (b"dlsym\0", b"dlvsym\0"):
+            i = buf.find(want, base, base + size)
+            while i >= 0:
+                names.add(i - base)
+                i = buf.find(want, i + 1, base + size)
+        index = np.flatnonzero(np.isin(table.syms["st_name"], list(names))) if names else []
+        if self._relocs is None:
+            self._load_relocs()
+        offs, syms = self._relocs
+        slots = offs[np.isin(syms, np.asarray(index, dtype=np.uint64))].astype(np.int64)
+        if not len(slots):
+            return self._dlsym_plt
+        for sec in self.secs:
+            stride = sec.entsize if sec.entsize in (8, 16) else 16  # .plt.got: 8-byte entries
+            if not (sec.name.startswith(".plt") and sec.flags & SHF_EXECINSTR) or sec.type == SHT_NOBITS \
+                    or sec.offset + sec.size > self.img.size or sec.size < stride:
+                continue
+            count = sec.size // stride
+            rows = self.u8[sec.offset:sec.offset + count * stride].reshape(count, stride).astype(np.int64)
+            entry = sec.addr + stride * np.arange(count)
+            for at in (0, 1, 4, 5) if stride == 16 else (0, 1):  # ff 25 after nothing, bnd, endbr64, both
+                hit = (rows[:, at] == 0xFF) & (rows[:, at + 1] == 0x25)
+                disp = rows[:, at + 2] | rows[:, at + 3] << 8 | rows[:, at + 4] << 16 | rows[:, at + 5] << 24
+                disp = np.where(disp >= 1 << 31, disp - (1 << 32), disp)
+                slot = entry + at + 6 + disp
+                self._dlsym_plt.update(entry[hit & np.isin(slot, slots)].tolist())
         return self._dlsym_plt
 
     def data(self, addr: int, size: int) -> bytes | None:
@@ -366,7 +391,7 @@ class _Context:
         if self._relocs is None:
             self._load_relocs()
         offs, syms = self._relocs
-        i = int(np.searchsorted(offs, slot))
+        i = int(np.searchsorted(offs, np.uint64(slot & 0xFFFFFFFFFFFFFFFF)))
         if i >= len(offs) or int(offs[i]) != slot:
             return None
         table = self._dynsym
