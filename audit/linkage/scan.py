@@ -118,21 +118,26 @@ def library_content(info: ElfInfo, policy: Policy, chain: list[str], in_file: st
              for f in findings], list(errors))
 
 
-def _denied_in_dir(d: str, policy: Policy, resolver: Resolver) -> tuple[str, object] | None:
-    """The first (by name) file of directory `d` that a deny rule names, with the rule; looked
-    at once per directory and run."""
+_MAX_DIR_HITS = 8  # denied files kept per directory: enough to pass over the object's own links
+
+
+def _denied_in_dir(d: str, policy: Policy, resolver: Resolver, own: str | None = None) -> tuple[str, object] | None:
+    """The first (by name) file of directory `d` that a deny rule names, with the rule, that is
+    not the object itself (`own`, its real path: a library beside itself, or beside a link to
+    itself, is no evidence); looked at once per directory and run."""
     memo = resolver.memo
     key = ("dir", d)
     if key not in memo:
-        found = None
+        found = []
         listed = resolver.paths.fs.listdir(d)
         for name in sorted(listed[:_MAX_DIR_LIST]) if listed is not None else ():
             rule = policy.deny_rule_for_soname(name)
             if rule and ".so" in name:
-                found = (name, rule)
-                break
+                found.append((name, rule, resolver.paths.real(f"{d.rstrip('/')}/{name}")))
+                if len(found) == _MAX_DIR_HITS:
+                    break
         memo[key] = found
-    return memo[key]
+    return next(((name, rule) for name, rule, real in memo[key] if own is None or real != own), None)
 
 
 def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add, loader: str) -> None:
@@ -234,7 +239,7 @@ def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: lis
     for tag, entry, d in resolver.own_dirs(node):
         if got and resolver.is_system_dir(d, got[0], got[2]):
             continue
-        found = _denied_in_dir(d, policy, resolver)
+        found = _denied_in_dir(d, policy, resolver, node.realpath)
         if found:
             name, rule = found
             out.append(Finding.from_rule(rule, policy, "rpath", name, f"{tag} {entry}", chain,
