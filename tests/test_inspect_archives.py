@@ -14,7 +14,7 @@ from image_fixtures import docker_archive, layer_tar
 from linkage_fixtures import cc_shared
 
 from audit.cli import main
-from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
+from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_VIOLATION
 
 
 def cli(capsys, *args):
@@ -110,3 +110,11 @@ def test_a_bad_conda_package_is_named_once(libs, tmp_path, capsys):
     rc, _, err = cli(capsys, "inspect", pkg)
     assert rc == EXIT_INPUT
     assert err == f"error: {pkg}: unsafe member path '../escape.so'\n"
+
+
+@pytest.mark.parametrize("option", ["--root", "--ldpath"])
+def test_a_missing_search_folder_is_a_usage_error_as_in_check(libs, tmp_path, capsys, option):
+    for command in ("inspect", "check"):
+        rc, out, err = cli(capsys, command, libs["app"], option, tmp_path / "missing")
+        assert (rc, out) == (EXIT_USAGE, ""), command
+        assert err == f"error: {option} {tmp_path / 'missing'}: not a directory\n"

@@ -19,7 +19,7 @@ import click
 
 from audit.elf.model import ElfInfo
 from audit.elf.reader import is_elf, read_elf
-from audit.errors import EXIT_INPUT, EXIT_OK, InputError
+from audit.errors import EXIT_INPUT, EXIT_OK, InputError, UsageError
 
 SCHEMA = "sovereign-audit.inspect/1"
 TEXT_LIMIT = 40  # rows per list in text output; --json has them all
@@ -322,9 +322,14 @@ def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, l
     `check` (an archive's members are named ARCHIVE!/member and resolved inside it).
 
     \b
-    Exit codes: 0 every input read, 2 a bad policy, 3 some input or embedded device-code
+    Exit codes: 0 every input read, 2 a bad policy or option, 3 some input or embedded device-code
     entry could not be read (the rest are still shown).
     """
+    if root is not None and not os.path.isdir(root):
+        raise UsageError(f"--root {root}: not a directory")
+    for d in ldpath:
+        if not os.path.isdir(d):
+            raise UsageError(f"--ldpath {d}: not a directory")
     pol = _load_policy(policy) if not (no_vendor_symbols and no_deps) else None
     options = None
     if not no_deps:
