@@ -34,7 +34,8 @@ from audit.errors import UsageError
               help="Refuse an archive member of 64 MiB or more compressed more than N:1.")
 @click.option("--max-archive-size", default="16G", show_default=True, metavar="SIZE",
               help="Refuse an archive whose ELF members unpack to more than SIZE in all.")
-@click.option("-v", "--verbose", is_flag=True, help="Text lists every match of every finding, not a few examples.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Text lists every match of every finding, not a few examples, and long names and notes uncut.")
 @click.option("--timing", is_flag=True,
               help="Record the elapsed time (text, JSON, JUnit). Off by default: the same input gives the same bytes.")
 @click.pass_context

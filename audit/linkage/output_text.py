@@ -11,6 +11,16 @@ from audit.errors import printable as escape
 from audit.linkage.model import CheckReport, Finding
 
 _SHOWN = 5  # names shown per finding without --verbose
+_NAME_WIDTH = 100  # a longer name is cut without --verbose (C++ kernel names run to thousands)
+_NOTE_WIDTH = 300
+
+
+def _cut(text: str, width: int) -> str:
+    """The start (namespace, kernel family) and the end (what tells instances apart) of a long name."""
+    if len(text) <= width:
+        return text
+    tail = width // 3
+    return text[:width - tail - 3] + "..." + text[-tail:]
 
 
 def _policy_line(pol: dict) -> str:
@@ -30,9 +40,11 @@ def _finding_lines(f: Finding, verbose: bool) -> list[str]:
     if f.baseline == "unchanged":
         sev += " (baseline)"
     names = [f.subject] + list(f.examples)
-    shown = ", ".join(escape(n) for n in names[:_SHOWN])
+    # names that look alike once cut are shown once; the count says how many there are
+    shown_names = list(dict.fromkeys(escape(n) if verbose else _cut(escape(n), _NAME_WIDTH) for n in names[:_SHOWN]))
+    shown = ", ".join(shown_names)
     distinct = f.distinct
-    more = distinct - min(len(names), _SHOWN)
+    more = distinct - min(len(shown_names), _SHOWN)
     many = "" if f.count == 1 else (f"{f.count}: " if distinct == f.count else f"{f.count} matches, {distinct} names: ")
     head = f"    {mark} {f.kind}{sev}: {many}{shown}" + (f", +{more} more" if more > 0 else "")
     lines = [head + f"  ({escape(f.where)})"]
@@ -41,7 +53,8 @@ def _finding_lines(f: Finding, verbose: bool) -> list[str]:
     if f.in_file:
         lines.append(f"        in:    {escape(f.in_file)}")
     if f.detail and not (verbose and f.matches):
-        lines.append(f"        note:  {escape(f.detail)}")
+        note = escape(f.detail)
+        lines.append(f"        note:  {note if verbose else _cut(note, _NOTE_WIDTH)}")
     if f.excepted:
         lines.append(f"        excepted: {escape(f.excepted)}")
     if f.exception_expired:
