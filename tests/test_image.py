@@ -32,6 +32,8 @@ def elf(fixture_root) -> dict[str, bytes]:
     out["cudnn"] = cudnn.read_bytes()
     out["bad"] = cc_shared(d / "bad/libbad.so", "extern int cudnnCreate(void);\nint f(void){return cudnnCreate();}\n",
                            f"-L{cudnn.parent}", "-l:libcudnn.so.9").read_bytes()
+    out["top"] = cc_shared(d / "top/libtop.so", "extern int f(void);\nint top(void){return f();}\n",
+                           f"-L{d / 'bad'}", "-lbad").read_bytes()
     vx = cc_shared(d / "vx/libvendorx.so.1", "int vx(void){return 1;}\n", "-Wl,-soname,libvendorx.so.1")
     hp = cc_shared(d / "hp/libhelper.so", "int hp(void){return 2;}\n", "-Wl,-soname,libhelper.so")
     out["vendorx"], out["helper"] = vx.read_bytes(), hp.read_bytes()
@@ -102,10 +104,11 @@ def test_docker_archive_finds_the_layer_that_added_a_denied_needed(elf, tmp_path
     app = files[f"{img}!/app/libapp.so"]
     assert app.verdict == "pass", app.findings
     kids = {c.name: c for c in app.tree.children}
-    assert (kids["libvendorx.so.1"].how, kids["libvendorx.so.1"].realpath) == ("ld.so.conf",
-                                                                                 "/opt/vendor/lib/libvendorx.so.1.0")
-    assert (kids["libhelper.so"].how, kids["libhelper.so"].path) == ("LD_LIBRARY_PATH", "/opt/helper/libhelper.so")
-    assert (kids["libc.so.6"].status, kids["libc.so.6"].path) == ("trusted", TRIPLET_LIBC)
+    assert (kids["libvendorx.so.1"].how, kids["libvendorx.so.1"].realpath) == (
+        "ld.so.conf", f"{img}!/opt/vendor/lib/libvendorx.so.1.0")
+    assert (kids["libhelper.so"].how, kids["libhelper.so"].path) == ("LD_LIBRARY_PATH",
+                                                                     f"{img}!/opt/helper/libhelper.so")
+    assert (kids["libc.so.6"].status, kids["libc.so.6"].path) == ("trusted", f"{img}!{TRIPLET_LIBC}")
     assert files[f"{img}!{TRIPLET_LIBC}"].layer["index"] == 1
     assert files[f"{img}!{TRIPLET_LIBC}"].layer["created_by"] == "ADD rootfs /"
 
@@ -335,6 +338,17 @@ def test_a_layer_writes_through_a_lower_layers_directory_symlink(elf, tmp_path):
     bad = files[f"{img}!/usr/lib/x86_64-linux-gnu/libbad.so"]
     assert bad.layer["index"] == 2
     libc = next(c for c in bad.tree.children if c.name == "libc.so.6")
-    assert libc.status == "trusted" and libc.path == "/lib/x86_64-linux-gnu/libc.so.6"  # through the symlink
+    assert libc.status == "trusted" and libc.path == f"{img}!/lib/x86_64-linux-gnu/libc.so.6"  # via the symlink
     img2 = docker_archive(tmp_path / "b.tar", [base, upper, gone])
     assert not [p for p in by_path(audit(img2)) if "libbad" in p]
+
+
+def test_dependencies_are_named_inside_the_image(elf, tmp_path):
+    """A library's dependency is named IMAGE!/path, and its matches stay under its own result."""
+    top = layer_tar([("file", "app/libtop.so", elf["top"])])
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf), top], CREATED[:2] + ["COPY top"], ENV)
+    files = by_path(audit(img))
+    found = [f for f in files[f"{img}!/app/libtop.so"].findings if f.kind == "imported-symbol"]
+    assert [(f.subject, f.in_file, f.matches_in) for f in found] == [
+        ("cudnnCreate", f"{img}!/usr/lib/libbad.so", f"{img}!/usr/lib/libbad.so")]
+    assert files[f"{img}!/app/libtop.so"].tree.children[0].path == f"{img}!/usr/lib/libbad.so"

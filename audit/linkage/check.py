@@ -88,14 +88,18 @@ def _apply_exceptions(result: FileResult, policy: Policy, used: set[int], today:
 # ---------------------------------------------------------------- the stage API
 
 
-def _name_members(files: list[FileResult], hosts: dict[str, str], inputs: Inputs, in_image: set[int]) -> None:
+def _name_members(files: list[FileResult], hosts: dict[str, str], inputs: Inputs,
+                  in_image: dict[int, tuple[str, FileSystem]]) -> None:
     """Report names, not host paths: a wheel's members as `WHEEL!/member` (never the temporary
     folder they were read from), and a dependency that is itself audited in this run by the name
     its own result has; its matches are listed there once, not again under every file that loads
     it (libtorch_cpu's 85k vendor symbols would otherwise be copied into each torch extension)."""
     for fr in files:
+        if id(fr) in in_image:
+            _name_image_paths(fr, *in_image[id(fr)], {r.path for r in files})
+            continue
         for f in fr.findings:
-            shown = hosts.get(os.path.realpath(f.in_file)) if f.in_file and id(fr) not in in_image else None
+            shown = hosts.get(os.path.realpath(f.in_file)) if f.in_file else None
             if shown:
                 f.in_file = f.matches_in = shown
                 f.matches = []
@@ -110,6 +114,26 @@ def _name_members(files: list[FileResult], hosts: dict[str, str], inputs: Inputs
                 node.note, node.via = inputs.relabel(node.note), inputs.relabel(node.via)
         fr.warnings = [inputs.relabel(w) for w in fr.warnings]
         fr.error = inputs.relabel(fr.error)
+
+
+def _name_image_paths(fr: FileResult, label: str, fs: FileSystem, audited: set[str]) -> None:
+    """An image's own paths (`/usr/lib/libx.so`) as `IMAGE!/usr/lib/libx.so`, as its audited files
+    are named; a dependency audited in the same run keeps its matches under its own result."""
+    paths = Paths(None, fs)
+
+    def name(path: str | None) -> str | None:
+        return f"{label}!{path}" if path and path.startswith("/") else path
+
+    for f in fr.findings:
+        if f.in_file:
+            real = name(paths.real(f.in_file) or f.in_file)
+            f.in_file = name(f.in_file)
+            if real in audited:
+                f.matches_in = real
+                f.matches = []
+    if fr.tree is not None:
+        for node, _ in fr.tree.walk():
+            node.path, node.realpath = name(node.path), name(node.realpath)
 
 
 def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[str], ElfInfo]) -> FileResult:
@@ -235,16 +259,16 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
             context(inp.scope)
         results = _check_all(items, check_one, jobs)
         hosts: dict[str, str] = {}  # real path read on this machine -> the audited file's reported name
-        in_image: set[int] = set()  # results whose paths are an image's own: not looked up here
+        in_image: dict[int, tuple[str, FileSystem]] = {}  # results whose paths are an image's own
         for inp, result in zip(items, results):
             _apply_exceptions(result, policy, used, today)
             if result.verdict == "pass" and result.failing:
                 result.verdict = "fail"
             files.append(result)
-            if inp.read_from is not None and (inp.scope is None or inp.scope.fs is HOST):
+            if inp.scope is not None and inp.scope.fs is not HOST:  # IMAGE!/path: the image's label
+                in_image[id(result)] = (inp.shown[:len(inp.shown) - len(inp.read_from or "") - 1], inp.scope.fs)
+            elif inp.read_from is not None:
                 hosts.setdefault(os.path.realpath(inp.read_from), inp.shown)
-            else:
-                in_image.add(id(result))
         _name_members(files, hosts, inputs, in_image)
     finally:
         inputs.cleanup()
