@@ -7,6 +7,7 @@ Commands load lazily (Click's documented LazyGroup pattern) so `--help` and
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 import click
@@ -53,8 +54,25 @@ def cli():
     """
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt  # as Ctrl-C: temporary folders are removed and worker processes stopped
+
+
 def main(argv=None):
-    """Entry point: turns every AuditError into one line and its exit code."""
+    """Entry point: turns every AuditError into one line and its exit code. SIGTERM (a
+    cancelled CI job) is handled as Ctrl-C while it runs."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread: signals are not ours to set
+        previous = None
+    try:
+        _main(argv)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv):
     try:
         rv = cli.main(args=argv, prog_name="sovereign-audit", standalone_mode=False)
     except click.exceptions.Abort:

@@ -9,6 +9,7 @@ With one core, one piece of work, or no fork on the platform, the work runs here
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Sequence
 
 from audit.errors import AuditError
@@ -48,12 +49,26 @@ def map_ordered(fn: Callable, items: Sequence, jobs: int, order: Sequence[int] |
     idx = list(order) if order is not None else list(range(n))
     out: list = [None] * n
     _work = (fn, items)
+    pool = ProcessPoolExecutor(min(jobs, n), mp_context=multiprocessing.get_context("fork"),
+                               initializer=_worker_start)
     try:
-        with ProcessPoolExecutor(min(jobs, n), mp_context=multiprocessing.get_context("fork")) as pool:
-            for i, result in zip(idx, pool.map(_run, idx)):
-                out[i] = result
+        for i, result in zip(idx, pool.map(_run, idx)):
+            out[i] = result
     except BrokenProcessPool:
         raise AuditError("a worker process died (out of memory?); run again with --jobs 1") from None
+    except BaseException:
+        # interrupted (Ctrl-C, SIGTERM) or failed: stop the workers now, not after the whole queue
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.terminate()
+        raise
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         _work = None
     return out
+
+
+def _worker_start() -> None:
+    """A worker is stopped by the process that started it: it ignores the terminal's Ctrl-C
+    (sent to the whole process group) and dies at once on SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)

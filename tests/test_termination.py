@@ -1,0 +1,86 @@
+"""A cancelled CI job (SIGTERM to sovereign-audit alone, as a runner or `timeout` sends it)
+stops the audit at once: exit 130, the wheel's extraction folder removed, no worker process
+left behind. The wheel holds real gcc-built libraries, large enough that the audit is caught
+in the middle (the process group is frozen with SIGSTOP while the signal is sent, so the test
+does not race the audit)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import require_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def big_wheel(tmp_path_factory) -> Path:
+    require_tool("gcc")
+    d = tmp_path_factory.mktemp("term-wheel")
+    (d / "blob.bin").write_bytes(os.urandom(8 << 20))  # incompressible: the audit reads all of it
+    asm = d / "blob.s"
+    asm.write_text('\t.section .rodata\n\t.globl blob\nblob:\n\t.incbin "blob.bin"\n'
+                   '\t.section .note.GNU-stack,"",@progbits\n')
+    lib = d / "libblob.so"
+    subprocess.run(["gcc", "-shared", "-o", str(lib), str(asm)], cwd=d, check=True, capture_output=True)
+    wheel = d / "blob-1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
+        for i in range(12):
+            zf.write(lib, f"blob/libblob{i}.so")
+    return wheel
+
+
+def children(pid: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.add(int(entry))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_stops_the_audit_and_cleans_up(big_wheel, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
+    proc = subprocess.Popen([sys.executable, "-m", "audit", "check", "-j", "2", str(big_wheel)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(tmp.glob("sovereign-audit-wheel-*/blob/*")):  # extraction under way
+            assert proc.poll() is None and time.monotonic() < deadline, "the audit ended before it was stopped"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGSTOP)
+        workers = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        try:  # whatever is left of the group (orphaned workers included)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 130, err
+    assert err.decode().split() == ["error:", "aborted"]  # one line (Click writes a newline first, as after ^C)
+    assert list(tmp.iterdir()) == []  # the extraction folder is gone
+    time.sleep(0.5)
+    assert not [w for w in workers if alive(w)]
