@@ -79,3 +79,14 @@ def test_printable_keeps_text_and_escapes_controls():
     assert printable("a\x1b[31mb\x07\x9b") == "a\\x1b[31mb\\x07\\x9b"
     assert one_line(InputError("x\x1b]0;title\x07\nnext")) == "x\\x1b]0;title\\x07 next"
     assert one_line(OSError("a\x1bb")) == "OSError: a\\x1bb"
+
+
+def test_a_bad_step_summary_is_refused_before_any_output(linkage_libs, tmp_path, capsys, monkeypatch):
+    kept = tmp_path / "linkage.json"
+    kept.write_text("earlier result\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "no-such-folder" / "summary.md"))
+    rc, out, err = cli(capsys, "check", linkage_libs["static_cublas"], "--format", "github",
+                       "--format", f"json={kept}")
+    assert (rc, out) == (EXIT_USAGE, "")  # no annotation printed, no file touched
+    assert err.count("\n") == 1 and "GITHUB_STEP_SUMMARY" in err
+    assert kept.read_text() == "earlier result\n"

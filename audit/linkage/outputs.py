@@ -67,6 +67,11 @@ def check_destinations(specs: list[OutputSpec]) -> None:
             raise UsageError(f"cannot write {spec.file}: No such directory {parent}")
         if not os.access(parent, os.W_OK) and not os.access(real, os.W_OK):
             raise UsageError(f"cannot write {spec.file}: Permission denied")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary and any(s.format == "github" for s in specs):
+        parent = os.path.dirname(os.path.realpath(summary)) or "."
+        if os.path.isdir(summary) or not os.path.isdir(parent):
+            raise UsageError(f"cannot append to $GITHUB_STEP_SUMMARY ({summary}): not a file in an existing folder")
 
 
 def write_outputs(report: CheckReport, policy: Policy, specs: list[OutputSpec], verbose: bool = False) -> None:
