@@ -80,6 +80,21 @@ def _rule_lines(findings: list[Finding], verbose: bool) -> list[str]:
     return lines
 
 
+def _inherited_lines(where: str, findings: list[Finding]) -> list[str]:
+    """What a dependency audited in this run brings, in one line: its own result lists it (a
+    torch extension would otherwise repeat libtorch_cpu's MKL and oneDNN findings in full)."""
+    failing = sum(1 for f in findings if f.failing)
+    mark = "x" if failing else "="
+    rules = ", ".join(escape(r) for r in dict.fromkeys(f.rule for f in findings))
+    state = "" if failing == len(findings) else f" ({failing} failing)"
+    dep = escape(findings[0].chain[-1]) if findings[0].chain else escape(where)
+    lines = [f"  {mark} through {dep}: {len(findings)} finding(s){state} of {rules}; "
+             f"listed under {escape(where)} (-v lists them here)"]
+    if len(findings[0].chain) > 2:
+        lines.append("        chain: " + " -> ".join(escape(c) for c in findings[0].chain))
+    return lines
+
+
 def render_text(report: CheckReport, verbose: bool = False) -> str:
     """Grouped by file, then rule; `verbose` lists every match of every finding."""
     lines = [f"sovereign-audit check {report.tool_version}, {_policy_line(report.policy)}"]
@@ -93,10 +108,16 @@ def render_text(report: CheckReport, verbose: bool = False) -> str:
         if fr.error:
             lines.append(f"  error: {escape(fr.error)}")
         by_rule: dict[str, list[Finding]] = {}
+        inherited: dict[str, list[Finding]] = {}  # a dependency audited in this run -> its findings
         for f in fr.findings:
-            by_rule.setdefault(f.rule, []).append(f)
+            if f.matches_in and not verbose:
+                inherited.setdefault(f.matches_in, []).append(f)
+            else:
+                by_rule.setdefault(f.rule, []).append(f)
         for findings in by_rule.values():
             lines += _rule_lines(findings, verbose)
+        for where, findings in inherited.items():
+            lines += _inherited_lines(where, findings)
         for w in fr.warnings:
             lines.append(f"  warning: {escape(w)}")
     for w in report.warnings:
