@@ -23,6 +23,7 @@ from audit.linkage.image import Image, is_oci_dir, looks_like_tar, open_image
 from audit.linkage.resolve import Member, MemberSet, ResolveOptions
 
 _MAX_WHEEL_MEMBERS = 200_000
+_PARALLEL_UNPACK_BYTES = 16 << 20  # compressed bytes below which one process unpacks a wheel
 # Members smaller than this may compress as well as they like: they cannot fill a disk, and real
 # ones do (cuDNN 9's libcudnn_engines_tensor_ir.so.9: 2 MB at 327:1).
 _RATIO_FLOOR = 64 << 20
@@ -252,9 +253,11 @@ class Inputs:
                                         f"{self.limits.total_bytes} bytes (--max-archive-size)"))
                     break
                 todo.append(m)
-            # Streamed to disk, never whole in memory; the largest first, on every core.
+            # Streamed to disk, never whole in memory; the largest first, on every core once
+            # there is enough to unpack for the workers to pay for themselves.
             order = sorted(range(len(todo)), key=lambda k: -todo[k].compress_size)
-            refused = map_ordered(_Unpacker(host, tmp.name, self.limits), todo, jobs, order)
+            big = sum(m.compress_size for m in todo) >= _PARALLEL_UNPACK_BYTES
+            refused = map_ordered(_Unpacker(host, tmp.name, self.limits), todo, jobs if big else 1, order)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, RuntimeError) as exc:
             yield from errors
             yield Input(report, None, True, f"cannot read wheel: {' '.join(str(exc).split())}")
