@@ -58,11 +58,11 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_sigterm_stops_the_audit_and_cleans_up(big_wheel, tmp_path):
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def stopped_midway(wheel: Path, tmp: Path, sig: int):
+    """Run check -j 2 on `wheel`, send `sig` to it alone once members are being unpacked; its
+    result, stderr and the worker processes it had then."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
-    proc = subprocess.Popen([sys.executable, "-m", "audit", "check", "-j", "2", str(big_wheel)], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "audit", "check", "-j", "2", str(wheel)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
@@ -71,16 +71,33 @@ def test_sigterm_stops_the_audit_and_cleans_up(big_wheel, tmp_path):
             time.sleep(0.005)
         os.killpg(proc.pid, signal.SIGSTOP)
         workers = children(proc.pid)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         os.killpg(proc.pid, signal.SIGCONT)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 10
+        while [w for w in workers if alive(w)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [w for w in workers if alive(w)]
+        if left:  # they hold the output pipes open
+            os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
     finally:
         try:  # whatever is left of the group (orphaned workers included)
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    assert proc.returncode == 130, err
-    assert err.decode().split() == ["error:", "aborted"]  # one line (Click writes a newline first, as after ^C)
-    assert list(tmp.iterdir()) == []  # the extraction folder is gone
-    time.sleep(0.5)
-    assert not [w for w in workers if alive(w)]
+    return proc.returncode, err.decode(), workers, left
+
+
+def test_sigterm_stops_the_audit_and_cleans_up(big_wheel, tmp_path):
+    rc, err, workers, left = stopped_midway(big_wheel, tmp_path, signal.SIGTERM)
+    assert rc == 130, err
+    assert err.split() == ["error:", "aborted"]  # one line (Click writes a newline first, as after ^C)
+    assert list(tmp_path.iterdir()) == []  # the extraction folder is gone
+    assert workers and not left
+
+
+def test_workers_do_not_outlive_a_killed_audit(big_wheel, tmp_path):
+    rc, _, workers, left = stopped_midway(big_wheel, tmp_path, signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    assert workers and not left  # they would wait for work forever

@@ -36,7 +36,7 @@ def map_ordered(fn: Callable, items: Sequence, jobs: int, order: Sequence[int] |
     `order`: the indices in the order to start them (the largest first keeps both cores busy
     to the end). An exception in `fn` is raised here, as it would be in a loop; a worker that
     dies (killed for memory, say) is an AuditError (exit 4), never a hang."""
-    global _work
+    global _work, _parent
     n = len(items)
     if jobs <= 1 or n < 2:
         return [fn(x) for x in items]
@@ -48,7 +48,7 @@ def map_ordered(fn: Callable, items: Sequence, jobs: int, order: Sequence[int] |
         return [fn(x) for x in items]
     idx = list(order) if order is not None else list(range(n))
     out: list = [None] * n
-    _work = (fn, items)
+    _work, _parent = (fn, items), os.getpid()
     pool = ProcessPoolExecutor(min(jobs, n), mp_context=multiprocessing.get_context("fork"),
                                initializer=_worker_start)
     try:
@@ -69,6 +69,21 @@ def map_ordered(fn: Callable, items: Sequence, jobs: int, order: Sequence[int] |
 
 def _worker_start() -> None:
     """A worker is stopped by the process that started it: it ignores the terminal's Ctrl-C
-    (sent to the whole process group) and dies at once on SIGTERM."""
+    (sent to the whole process group), dies at once on SIGTERM, and is sent SIGTERM by the
+    kernel when that process dies without stopping it (killed with SIGKILL, say): an orphaned
+    worker would otherwise wait forever for work."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != _parent:  # it died before the request was made
+            os._exit(1)
+    except (OSError, AttributeError):  # not Linux: the parent's own handling has to do
+        pass
+
+
+_PR_SET_PDEATHSIG = 1
+_parent = os.getpid()  # the process that forks the workers (reset in map_ordered)
