@@ -118,3 +118,17 @@ def test_a_missing_search_folder_is_a_usage_error_as_in_check(libs, tmp_path, ca
         rc, out, err = cli(capsys, command, libs["app"], option, tmp_path / "missing")
         assert (rc, out) == (EXIT_USAGE, ""), command
         assert err == f"error: {option} {tmp_path / 'missing'}: not a directory\n"
+
+
+def test_a_wheel_in_a_folder_is_opened_as_check_opens_it(wheel, libs, tmp_path, capsys):
+    folder = tmp_path / "dist"
+    folder.mkdir()
+    (folder / wheel.name).write_bytes(wheel.read_bytes())
+    (folder / "libcudnn.so.9").write_bytes(libs["cudnn"].read_bytes())
+    rc, out, err = cli(capsys, "inspect", "--json", folder)
+    assert rc == EXIT_OK, err
+    inspected = sorted(f["path"] for f in json.loads(out)["files"])
+    assert inspected == sorted([f"{folder / wheel.name}!/pkg/libapp.so", f"{folder / wheel.name}!/pkg.libs/libcudnn.so.9",
+                                str(folder / "libcudnn.so.9")])
+    rc, out, _ = cli(capsys, "check", "--format", "json", folder)
+    assert sorted(f["path"] for f in json.loads(out)["files"]) == inspected

@@ -58,8 +58,9 @@ class InspectResult:
                 "skipped_non_elf": self.skipped}
 
 
-def expand_paths(paths: list[str], result: InspectResult) -> list[str]:
-    """Files to read: named files as given, directories walked (sorted, deduplicated by real path)."""
+def expand_paths(paths: list[str], result: InspectResult, archives: list[str] | None = None) -> list[str]:
+    """Files to read: named files as given, directories walked (sorted, deduplicated by real path).
+    Wheels and conda packages met in a directory go to `archives` (opened as `check` opens them)."""
     out: list[str] = []
     seen: set[str] = set()
 
@@ -83,6 +84,9 @@ def expand_paths(paths: list[str], result: InspectResult) -> list[str]:
                     except OSError:  # dangling symlink or a loop: nothing to read
                         result.skipped += 1
                         continue
+                    if archives is not None and stat.S_ISREG(st.st_mode) and _packaged(p):
+                        archives.append(p)
+                        continue
                     if not stat.S_ISREG(st.st_mode) or not is_elf(p):
                         result.skipped += 1
                         continue
@@ -101,7 +105,8 @@ def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
     result = InspectResult(vendor_pattern=symbol_pattern)
     resolver = _resolver(policy, resolve_options) if policy is not None else None
     plain = [p for p in paths if not _is_archive(p)]
-    for p in expand_paths(plain, result):
+    archives = [p for p in paths if _is_archive(p)]
+    for p in expand_paths(plain, result, archives):
         try:
             info = read_elf(p, symbol_pattern)
         except InputError as exc:
@@ -110,7 +115,6 @@ def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
         result.files.append(info)
         if resolver is not None:
             _add_tree(result, resolver, info, p)
-    archives = [p for p in paths if _is_archive(p)]
     if archives:
         _inspect_archives(archives, result, symbol_pattern, policy, resolve_options)
     return result
@@ -137,6 +141,13 @@ def _relabeled(value, relabel):
     if isinstance(value, dict):
         return {k: _relabeled(v, relabel) for k, v in value.items()}
     return value
+
+
+def _packaged(path: str) -> bool:
+    """A wheel or conda package found in a directory (`check` opens these there too)."""
+    from audit.linkage.conda import is_conda
+
+    return path.endswith(".whl") or is_conda(path)
 
 
 def _is_archive(path: str) -> bool:
