@@ -47,3 +47,15 @@ def test_verbose_and_json_keep_every_name_whole(lib, capsys):
     doc = json.loads(run(capsys, lib, "--format", "json"))
     (finding,) = [f for f in doc["files"][0]["findings"] if f["kind"] == "static-symbol"]
     assert sorted(n for m in finding["matches"] for n in m["names"]) == sorted(NAMES)
+
+
+def test_a_long_note_is_cut_at_its_end():
+    from audit.linkage.model import Finding
+    from audit.linkage.output_text import _finding_lines
+
+    f = Finding(rule="nvidia.cublas", kind="static-symbol", subject="cublasX", where=".dynsym", reason="r",
+                detail="stubs: " + ", ".join(f"cublasName{i} -> dlsym slot" for i in range(40)))
+    (note,) = [ln for ln in _finding_lines(f, False) if "note:" in ln]
+    assert note.endswith("...") and "stubs: cublasName0 -> dlsym slot, cublasName1" in note and len(note) < 330
+    (full,) = [ln for ln in _finding_lines(f, True) if "note:" in ln]
+    assert full.endswith("cublasName39 -> dlsym slot")

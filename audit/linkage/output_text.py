@@ -54,7 +54,8 @@ def _finding_lines(f: Finding, verbose: bool) -> list[str]:
         lines.append(f"        in:    {escape(f.in_file)}")
     if f.detail and not (verbose and f.matches):
         note = escape(f.detail)
-        lines.append(f"        note:  {note if verbose else _cut(note, _NOTE_WIDTH)}")
+        short = note if verbose or len(note) <= _NOTE_WIDTH else note[:_NOTE_WIDTH - 3] + "..."
+        lines.append(f"        note:  {short}")
     if f.excepted:
         lines.append(f"        excepted: {escape(f.excepted)}")
     if f.exception_expired:
