@@ -168,29 +168,45 @@ def test_symbol_versions_match_readelf(host_libs, key):
         assert dyn["cublasFakeGemm"] is None and dyn["dlopen"].startswith("GLIBC_")
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_FORKED_READ = r"""
+import hashlib, json, os, re, sys, threading
+from audit.elf import hashing, prescan
+from audit.elf.reader import read_elf
+
+path, rx = sys.argv[1], re.compile(sys.argv[2].encode("latin-1"))
+plain = read_elf(path, rx).to_dict()
+forks = []
+real_fork = os.fork
+os.fork = lambda: forks.append(1) or real_fork()
+prescan.MIN_ENTRIES, hashing.MIN_FORK_BYTES = 1, 1
+out = {"threads": threading.active_count()}
+forked = read_elf(path, rx).to_dict()
+out["forks"] = len(forks)
+out["same"] = forked == plain
+out["sha"] = forked["sha256"] == hashlib.sha256(open(path, "rb").read()).hexdigest()
+hashing.prefetch(path)  # started early, as `check FILE` does; collected by the next read
+out["prefetched"] = bool(hashing._prefetched)
+out["same_prefetched"] = read_elf(path, rx).to_dict() == plain
+out["forks_after"], out["left"] = len(forks), bool(hashing._prefetched)
+print(json.dumps(out))
+"""
+
+
 @pytest.mark.parametrize("pattern", [WHOLE, rb"cublasFake|mkl_"], ids=["whole-name", "substring"])
-def test_forked_prescan_and_hash_give_the_same_result(host_libs, monkeypatch, pattern):
+def test_forked_prescan_and_hash_give_the_same_result(host_libs, pattern):
     """Large files hash in a forked child and select their largest symbol table in another
     (audit.elf.hashing, audit.elf.prescan); with the size thresholds lowered, this small library
-    takes those paths, and everything read must equal the in-process read."""
-    import hashlib
-    import threading
+    takes those paths, and everything read must equal the in-process read. Run in a fresh
+    interpreter: the forks are only taken in a single-threaded process, and pytest's may not be."""
+    import json
+    import sys
 
-    from audit.elf import hashing, prescan
-
-    rx = re.compile(pattern)
-    path = host_libs["main"]
-    plain = read_elf(path, rx).to_dict()
-    forks = []
-    real_fork = os.fork
-    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
-    monkeypatch.setattr(prescan, "MIN_ENTRIES", 1)
-    monkeypatch.setattr(hashing, "MIN_FORK_BYTES", 1)
-    assert threading.active_count() == 1  # the forks are taken only in a single-threaded process
-    forked = read_elf(path, rx).to_dict()
-    assert len(forks) == 2  # the hash child and the prescan child
-    assert forked == plain and forked["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    hashing.prefetch(str(path))  # started early (as `check FILE` does), collected by the read
-    assert len(forks) == 3 and hashing._prefetched
-    assert read_elf(path, rx).to_dict() == plain
-    assert len(forks) == 4 and not hashing._prefetched  # the read took the prefetched hash
+    cp = subprocess.run([sys.executable, "-c", _FORKED_READ, str(host_libs["main"]), pattern.decode("latin-1")],
+                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _REPO}, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    got = json.loads(cp.stdout)
+    assert got["threads"] == 1
+    assert got["forks"] == 2 and got["same"] and got["sha"]  # the hash child and the prescan child
+    assert got["prefetched"] and got["same_prefetched"]
+    assert got["forks_after"] == 4 and not got["left"]  # the read took the prefetched hash
