@@ -89,13 +89,16 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
 
     # A kernel without its own marker belongs to the denied library that ships it, if this is one.
     shipper = policy.deny_rule_for_soname(info.soname or "") or policy.deny_rule_for_soname(os.path.basename(info.path))
+    judged: dict[str, object] = {}  # the same kernels come once per target (librocsparse: 88k names, 9 targets)
     for dc in info.device_code:
         where = f"{dc.section} @0x{dc.offset:x} {dc.kind} {dc.target}"
         if dc.error:
             errors.append(f"device code at {where}: {dc.error}")
         kern: dict[str, list[str]] = {}
         for name in dc.kernels:
-            rule = policy.rule_for_kernel(name, shipper)
+            rule = judged.get(name, judged)
+            if rule is judged:
+                rule = judged[name] = policy.rule_for_kernel(name, shipper)
             if rule:
                 kern.setdefault(rule.id, []).append(name)
         for rid, names in kern.items():
