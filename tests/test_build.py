@@ -438,4 +438,8 @@ def test_sm90a_library_with_a_vendor_library_linked_fails_check(gpu_builds, tmp_
     assert vendor in needed(str(bad))
     cp = run_cli("check", str(bad))
     assert cp.returncode == 1, cp.stdout[-2000:]
-    assert f"[{rule}] needed: {vendor}" in cp.stdout
+    assert f"[{rule}]" in cp.stdout and f"needed: {vendor}  (DT_NEEDED)" in cp.stdout, cp.stdout[-2000:]
+    res = json.loads(run_cli("check", "--format", "json", str(bad)).stdout)
+    (fr,) = res["files"]
+    hits = [(f["rule"], f["kind"], f["subject"], f["where"]) for f in fr["findings"] if f["failing"]]
+    assert hits == [(rule, "needed", vendor, "DT_NEEDED")], hits
