@@ -37,8 +37,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 EXPECTATIONS = REPO / "bench" / "corpus_expectations.toml"
 DEFAULT_CACHE = Path(os.environ.get("SOVEREIGN_AUDIT_CORPUS", "/work/cache/wheels"))
-# The audited file's own evidence. transitive / rpath / unresolved / mismatch are judged where the
-# library itself is audited (it is a member of the same wheel) or are not a component's presence.
+# The audited file's own evidence. transitive / unresolved / mismatch are judged where the library
+# itself is audited (it is a member of the same wheel); rpath is a note (severity warn: a search
+# directory the object may dlopen from), not a component's presence.
 SCORED = {"soname", "needed", "verneed", "static-symbol", "imported-symbol", "dlopen-string", "dlsym-string",
           "assembled-name", "device-kernel"}
 

@@ -68,6 +68,20 @@ def test_numpy_every_component_found_by_the_right_mechanism(audits):
     assert corpus.unexplained([a], rows) == []
 
 
+def test_numpy_bundled_runtime_libraries_beside_openblas_have_no_finding(audits):
+    """libgfortran's RPATH $ORIGIN is OpenBLAS's folder, but it neither needs nor names OpenBLAS
+    (readelf -dW: NEEDED libquadmath, libz, libm, libgcc_s, libc; no dlopen import): a search
+    directory is not a linkage. The extensions that do load OpenBLAS say so by DT_NEEDED only."""
+    a = audits["numpy"]
+    by_member = {f["path"].split("!/", 1)[1]: f for f in a.files}
+    runtime = [m for m in by_member if m.startswith(("numpy.libs/libgfortran-", "numpy.libs/libquadmath-"))]
+    assert len(runtime) == 2
+    for m in runtime:
+        assert by_member[m]["verdict"] == "pass" and by_member[m]["findings"] == [], m
+        assert by_member[m]["rpath"] == ["$ORIGIN"] or "libquadmath" in m
+    assert [(m, x["where"]) for m, f in by_member.items() for x in f["findings"] if x["kind"] == "rpath"] == []
+
+
 def test_scoring_counts_misses_and_unexpected_findings(audits):
     """The comparison on the same real report: dropping an expectation turns its findings into
     false positives, and expecting something absent is a false negative."""

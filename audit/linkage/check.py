@@ -3,8 +3,9 @@ resolves its tree (resolve.py), judges it (scan.py) and returns a CheckReport (m
 
 For every audited ELF file: the dependency tree (resolve.py) and the evidence that a denied
 library is linked, loaded or embedded: needed / transitive / verneed / static-symbol /
-imported-symbol / dlopen-string / device-kernel / rpath, plus the built-in unresolved and
-NEEDED-vs-verneed mismatch checks. Libraries the tree descends into are scanned the same way
+imported-symbol / dlopen-string / device-kernel, plus the built-in unresolved and
+NEEDED-vs-verneed mismatch checks and the rpath note (a denied library in a search directory
+that the object may dlopen). Libraries the tree descends into are scanned the same way
 (their findings carry the chain). Fail closed: a file, dependency or device-code entry that
 cannot be parsed makes the file's verdict `error` (exit 3), never `pass`.
 """

@@ -1,5 +1,6 @@
 """Judging one audited file's evidence: its own content (symbols, strings, device code) and its
-dependency tree (denied NEEDED, transitive libraries, RPATH directories that hold a denied library).
+dependency tree (denied NEEDED, transitive libraries; a note for an RPATH directory that holds a
+denied library the object may load at run time).
 """
 
 from __future__ import annotations
@@ -124,10 +125,11 @@ def library_content(info: ElfInfo, policy: Policy, chain: list[str], in_file: st
 _MAX_DIR_HITS = 8  # denied files kept per directory: enough to pass over the object's own links
 
 
-def _denied_in_dir(d: str, policy: Policy, resolver: Resolver, own: str | None = None) -> tuple[str, object] | None:
+def _denied_in_dir(d: str, policy: Policy, resolver: Resolver, own: str | None = None,
+                   named: frozenset[str] = frozenset()) -> tuple[str, object] | None:
     """The first (by name) file of directory `d` that a deny rule names, with the rule, that is
     not the object itself (`own`, its real path: a library beside itself, or beside a link to
-    itself, is no evidence); looked at once per directory and run."""
+    itself, is no evidence) nor a name in `named`; looked at once per directory and run."""
     memo = resolver.memo
     key = ("dir", d)
     if key not in memo:
@@ -140,7 +142,8 @@ def _denied_in_dir(d: str, policy: Policy, resolver: Resolver, own: str | None =
                 if len(found) == _MAX_DIR_HITS:
                     break
         memo[key] = found
-    return next(((name, rule) for name, rule, real in memo[key] if own is None or real != own), None)
+    return next(((name, rule) for name, rule, real in memo[key]
+                 if (own is None or real != own) and name not in named), None)
 
 
 def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add, loader: str) -> None:
@@ -231,23 +234,38 @@ def _versions(versions) -> str:
 
 
 def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: list[str]) -> list[Finding]:
-    """RPATH/RUNPATH directories that hold a denied library: the object can load it by name.
+    """A note (severity warn, never a failure on its own): the object's RPATH/RUNPATH directory
+    holds a denied library that it does not load by name, but it imports dlopen.
 
-    System directories are left out: ld.so searches them anyway, so a libblas.so among the
-    thousands of files in /usr/lib/<triplet> says nothing about this object ($ORIGIN of a system
-    library is such a directory).
+    A directory on an object's search path is not a linkage of what else lies there (numpy's
+    bundled libgfortran has RPATH $ORIGIN, the folder of the OpenBLAS it neither needs nor
+    loads). What the object does load from it is reported by its own mechanism: a DT_NEEDED
+    resolved there (`needed`, `transitive`), a name string (`dlopen-string`), a name built in
+    code (`assembled-name`). Left over is a library no name in the object points at: only an
+    object that calls dlopen could still reach it (by a name read or built at run time), and
+    that is worth a note. System directories are left out: ld.so searches them anyway, so a
+    libblas.so among the thousands of files in /usr/lib/<triplet> says nothing about this object.
     """
+    info = node.info
+    loaders = sorted({n.split("@", 1)[0] for n in info.code_loading_imports} & {"dlopen", "dlmopen"})
+    if not loaders:
+        return []
+    # a name it needs or holds as a string is reported as that, wherever it resolves
+    named = frozenset(list(info.needed) + [os.path.basename(h.text) for h in info.library_strings])
     out: list[Finding] = []
     got = resolver.paths.probe(node.realpath or node.path or "")
     for tag, entry, d in resolver.own_dirs(node):
         if got and resolver.is_system_dir(d, got[0], got[2]):
             continue
-        found = _denied_in_dir(d, policy, resolver, node.realpath)
+        found = _denied_in_dir(d, policy, resolver, node.realpath, named)
         if found:
             name, rule = found
-            out.append(Finding.from_rule(rule, policy, "rpath", name, f"{tag} {entry}", chain,
-                                         in_file=None if len(chain) <= 1 else node.path,
-                                         detail=f"directory {d} holds it"))
+            finding = Finding.from_rule(
+                rule, policy, "rpath", name, f"{tag} {entry}", chain, in_file=None if len(chain) <= 1 else node.path,
+                detail=f"directory {d} holds it; not loaded by name here (no DT_NEEDED or string names it), "
+                       f"but the object imports {', '.join(loaders)}: a name built at run time would find it")
+            finding.severity = "warn"
+            out.append(finding)
     return out
 
 
