@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from audit.build.builder import ensure_built  # noqa: E402
+from audit.kernel_build.builder import ensure_built  # noqa: E402
 from flash_kernel import _binding as B  # noqa: E402
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from audit.build import targets as tg
-from audit.build.builder import BUILT, FAILED, SKIPPED, BuildResult, TargetBuild, build_one, ensure_built, up_to_date
-from audit.build.toolchain import find
+from audit.kernel_build import targets as tg
+from audit.kernel_build.builder import BUILT, FAILED, SKIPPED, BuildResult, TargetBuild, build_one, ensure_built, up_to_date
+from audit.kernel_build.toolchain import find
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -199,8 +199,8 @@ def test_defaults_skip_missing_toolchains_and_reuse_a_current_cpu_build(cpu_buil
     """Default targets (None): gfx1030, sm_90a and sm_90 without their toolchains are skipped and do not
     fail the build; cpu is reused because its provenance still matches. Only the toolchain lookup
     is replaced here: the reuse check and the result are the real ones."""
-    import audit.build.builder as builder
-    from audit.build.toolchain import ToolchainMissing
+    import audit.kernel_build.builder as builder
+    from audit.kernel_build.toolchain import ToolchainMissing
 
     real_find = builder.find
 

@@ -16,7 +16,7 @@ from diffusers.models import attention_dispatch as ad  # noqa: E402
 from diffusers.models.transformers.transformer_wan import WanTransformer3DModel  # noqa: E402
 
 import flash_kernel  # noqa: E402
-from audit.build.builder import ensure_built  # noqa: E402
+from audit.kernel_build.builder import ensure_built  # noqa: E402
 from flash_kernel.diffusers_backend import flash_attention_backend  # noqa: E402
 
 LAYERS = 2

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flash_kernel  # noqa: E402
-from audit.build.builder import ensure_built  # noqa: E402
+from audit.kernel_build.builder import ensure_built  # noqa: E402
 
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 DTYPES = list(TOL)

@@ -32,7 +32,7 @@ from flash_kernel import _binding  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 SM90 = ["-gencode", "arch=compute_90,code=sm_90"]
-NVCC_ARCH = {  # the flags of audit/build/targets.py, written out
+NVCC_ARCH = {  # the flags of audit/kernel_build/targets.py, written out
     "sm_90": SM90,
     "sm_90-generic": SM90 + ["-DFK_FORCE_GENERIC"],
     "sm_90a": ["-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_80,code=sm_80", "-DFK_WGMMA",

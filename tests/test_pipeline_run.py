@@ -23,7 +23,7 @@ STEPS = 2
 
 @pytest.fixture(scope="session")
 def cpu_library() -> str:
-    from audit.build.builder import ensure_built
+    from audit.kernel_build.builder import ensure_built
 
     if shutil.which("g++") is None:
         pytest.skip("g++ not on PATH: the CPU kernel library cannot be built here (make test installs it)")

@@ -104,7 +104,7 @@ def _tools():
 def gfx1030_report(fixture_root):
     """The project's own gfx1030 build (shares test_build's output folder: built once a pytest session)."""
     objdump = _tools()
-    from audit.build.builder import BUILT, ensure_built
+    from audit.kernel_build.builder import BUILT, ensure_built
 
     tb = ensure_built(["gfx1030"], fixture_root / "fk_build").get("gfx1030")
     assert tb is not None and tb.status == BUILT, f"gfx1030 build: {tb and tb.status}: {tb and tb.reason}"
@@ -115,7 +115,7 @@ def gfx1030_report(fixture_root):
 def spill_report(fixture_root):
     """The same translation unit built with the target's own flags plus LLVM's 128-VGPR limit."""
     objdump = _tools()
-    from audit.build import targets as tg
+    from audit.kernel_build import targets as tg
 
     spec = tg.amd_spec("gfx1030")
     out = fixture_root / "rdna2_spill" / "libflash_kernel.so"
@@ -198,7 +198,7 @@ def test_metadata_decoding_matches_llvm_readelf(gfx1030_report, fixture_root):
     readelf = rc.find_llvm_tool("llvm-readelf")
     if readelf is None:
         pytest.skip("llvm-readelf not found (llvm-15)")
-    from audit.build.builder import ensure_built
+    from audit.kernel_build.builder import ensure_built
 
     lib = ensure_built(["gfx1030"], fixture_root / "fk_build").get("gfx1030").library
     co = rc.code_objects(lib)[0]

@@ -33,7 +33,7 @@ from conftest import require_tool
 KERNEL_C = "int fk_abi_version(void) { return 1; }\nconst char *fk_target(void) { return \"cpu\"; }\n"
 
 EVIDENCE = {
-    # field names as audit.build.builder.TargetBuild / audit.build.provenance.Provenance write them
+    # field names as audit.kernel_build.builder.TargetBuild / audit.kernel_build.provenance.Provenance write them
     "build": {"schema": "sovereign-audit.build/1", "requested": ["cpu"], "ok": True,
               "started_at": "2026-12-03T06:00:00+00:00", "finished_at": "2026-12-03T06:00:30+00:00",
               "tool_version": "0.1.0", "targets": [

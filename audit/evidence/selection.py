@@ -96,7 +96,7 @@ def ensure_target_library(target: str) -> Path:
     if path.is_file():
         return path
     try:
-        from audit.build.builder import build_targets
+        from audit.kernel_build.builder import build_targets
     except Exception as exc:
         raise UsageError(f"no library for target {target!r} at {path} and the builder is "
                          f"unavailable: {_one_line(exc)}") from None

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from audit.build.builder import BUILT, FAILED, SKIPPED, resolve_targets
+from audit.kernel_build.builder import BUILT, FAILED, SKIPPED, resolve_targets
 from audit.errors import EXIT_OK, EXIT_VIOLATION, UsageError, one_line
 from audit.files import now_iso, write_json_atomic
 from audit.report.bundle import copy_artifacts, write_bundle

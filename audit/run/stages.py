@@ -13,8 +13,8 @@ import platform
 from pathlib import Path
 from typing import Callable
 
-from audit.build.builder import BuildResult, ensure_built
-from audit.build.targets import cuda_cubins
+from audit.kernel_build.builder import BuildResult, ensure_built
+from audit.kernel_build.targets import cuda_cubins
 from audit.errors import InputError, UsageError, one_line
 from audit.files import sha256_file
 from audit.linkage.check import check_paths

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from dataclasses import asdict, dataclass, field
 
-from audit.build.targets import HIPCC_ENV, INSTALL_HINT, device_lib_isas
+from audit.kernel_build.targets import HIPCC_ENV, INSTALL_HINT, device_lib_isas
 
 # Debian packages whose versions go into provenance, per compiler (absent ones are left out).
 PACKAGES = {

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from audit.build.builder import BUILT, FAILED, build_targets
+from audit.kernel_build.builder import BUILT, FAILED, build_targets
 
 
 def _one_line(text: str) -> str:

@@ -20,9 +20,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from audit import __version__
-from audit.build import provenance as prov
-from audit.build import targets as tg
-from audit.build.toolchain import Toolchain, ToolchainMissing, find
+from audit.kernel_build import provenance as prov
+from audit.kernel_build import targets as tg
+from audit.kernel_build.toolchain import Toolchain, ToolchainMissing, find
 from audit.errors import InputError, UsageError
 from audit.files import sha256_file, write_json_atomic
 
