@@ -18,7 +18,7 @@ from audit.errors import EXIT_INTERNAL, AuditError
 # name -> "module:attribute"; the order is the data flow.
 COMMANDS = {
     "build": "audit.kernel_build.command:build",
-    "inspect": "audit.elf.inspect_command:inspect_cmd",
+    "inspect": "audit.linkage.inspect_command:inspect_cmd",
     "check": "audit.linkage.commands:check_cmd",
     "policy": "audit.linkage.commands:policy_group",
     "parity": "audit.evidence.commands:parity_cmd",

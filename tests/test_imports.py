@@ -122,3 +122,30 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path):
     graph = import_graph(tmp_path, "demo")
     assert cycles(graph) == [["demo.a", "demo.sub.b"], ["demo.c", "demo.sub.d"]]
     assert graph["demo.e"] == {"demo.a"}
+
+
+# the data flow build -> audit -> evidence -> report, as layers: a package may import only from a
+# lower layer (the shared utilities at the bottom, the command line at the top)
+LAYERS = [
+    {"audit", "audit.errors", "audit.files", "audit.resources", "audit.schemas"},
+    {"audit.elf", "audit.kernel_build"},         # reading binaries; building the kernel
+    {"audit.linkage", "audit.evidence"},         # judging binaries; measuring the kernel
+    {"audit.report"},                            # saved evidence to a signed bundle
+    {"audit.run"},                               # the whole job
+    {"audit.cli"},
+    {"audit.__main__"},
+]
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_each_stage_imports_only_the_layers_below_it():
+    graph = import_graph(REPO, "audit")
+    layer = {pkg: i for i, pkgs in enumerate(LAYERS) for pkg in pkgs}
+    unplaced = sorted({_package(m) for m in graph} - set(layer))
+    assert not unplaced, f"packages missing from LAYERS: {unplaced}"
+    upward = sorted(f"{m} -> {e}" for m, es in graph.items() for e in es
+                    if _package(m) != _package(e) and layer[_package(e)] >= layer[_package(m)])
+    assert not upward, "imports of the same or a higher layer: " + "; ".join(upward)
