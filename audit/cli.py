@@ -13,7 +13,7 @@ import sys
 import click
 
 from audit import __version__
-from audit.errors import EXIT_INTERNAL, AuditError
+from audit.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, AuditError, Interrupted, printable
 
 # name -> "module:attribute"; the order is the data flow.
 COMMANDS = {
@@ -42,6 +42,12 @@ class LazyGroup(click.Group):
         module, attr = target.split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:  # raised here, Click would print a blank line before its own message
+            raise Interrupted("interrupted") from None
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sovereign-audit")
@@ -50,7 +56,7 @@ def cli():
 
     \b
     Exit codes: 0 ok, 1 violation or failed gate, 2 usage/policy/config error,
-    3 unreadable input, 4 internal error.
+    3 unreadable input, 4 internal error, 130 interrupted (Ctrl-C, SIGTERM).
     """
 
 
@@ -75,22 +81,35 @@ def main(argv=None):
 def _main(argv):
     try:
         rv = cli.main(args=argv, prog_name="sovereign-audit", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("error: aborted", err=True)
-        sys.exit(130)
-    except click.ClickException as exc:  # usage errors: Click's own message, exit 2
+    except click.exceptions.NoArgsIsHelpError as exc:  # a bare group name: its help, exit 2
         exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:  # Ctrl-C while Click itself was parsing
+        click.echo("error: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:  # a usage error: one line, exit 2 (--help has the usage)
+        click.echo(f"error: {_click_message(exc)}", err=True)
         sys.exit(exc.exit_code)
     except AuditError as exc:
         click.echo(f"error: {exc.message}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("error: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # a bug: say so in one line, never a traceback
         click.echo(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", err=True)
         sys.exit(EXIT_INTERNAL)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _click_message(exc: click.ClickException) -> str:
+    """`sovereign-audit check: No such option '--bogus'. (see --help)`: Click's message on one line,
+    escaped (it may quote what was typed), with the command it is about."""
+    text = printable(" ".join(exc.format_message().split()))
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:
+        return text
+    return f"{printable(ctx.command_path)}: {text} (see {printable(ctx.command_path)} --help)"
 
 
 if __name__ == "__main__":

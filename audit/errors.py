@@ -12,6 +12,9 @@ EXIT_VIOLATION = 1  # a policy violation, a failed gate, a failed signature
 EXIT_USAGE = 2  # bad command line, bad policy or config, malformed bundle
 EXIT_INPUT = 3  # an input that could not be read or parsed (fail closed)
 EXIT_INTERNAL = 4  # a bug in sovereign-audit itself (reported, never a traceback)
+# Ctrl-C or SIGTERM (a cancelled CI job): stopped at once, temporary files removed and worker
+# processes stopped; what was already written stays (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
 
 
 class AuditError(Exception):
@@ -44,6 +47,10 @@ class InputError(AuditError):
 
 class GateFailed(AuditError):
     exit_code = EXIT_VIOLATION
+
+
+class Interrupted(AuditError):
+    exit_code = EXIT_INTERRUPTED
 
 
 def one_line(exc: BaseException) -> str:

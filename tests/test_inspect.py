@@ -118,3 +118,18 @@ def test_dependency_tree_follows_runpath(host_libs):
     text = inspect(host_libs["main"]).stdout
     assert "dependency tree:" in text and f"libfkdep.so -> {host_libs['dep']} (runpath" in text
     assert "dependency_tree" not in json.loads(inspect("--json", "--no-deps", host_libs["main"]).stdout)["files"][0]
+
+
+def test_a_folder_without_elf_files_exits_3_as_check_does(tmp_path):
+    (tmp_path / "README.txt").write_text("no binaries here\n")
+    (tmp_path / "data.bin").write_bytes(b"\0" * 64)
+    r = inspect(tmp_path)
+    assert r.returncode == 3
+    assert r.stderr.splitlines() == [f"error: no ELF file found in {tmp_path}: nothing was read"]
+    assert r.stdout.splitlines()[-1] == "0 ELF file(s) read, 0 unreadable, 2 non-ELF skipped"
+    doc = json.loads(inspect("--json", tmp_path).stdout)
+    assert doc["files"] == [] and [e["error"] for e in doc["errors"]] == [
+        f"no ELF file found in {tmp_path}: nothing was read"]
+    c = subprocess.run([sys.executable, "-m", "audit", "check", str(tmp_path)], capture_output=True, text=True,
+                       timeout=300)
+    assert c.returncode == r.returncode and f"error: no ELF file found in {tmp_path}" in c.stdout

@@ -4,7 +4,7 @@ Directories are walked (symlinked directories are not followed, so loops cannot 
 in them that are not ELF are counted and skipped. Wheels, conda packages and container images
 are opened as `check` opens them. A path named on the command line that is not
 an ELF file is an error. Exit 0, or 3 if any input or any embedded device-code entry could not
-be read (the others still print; each error is one line on stderr), as `check` does. All strings from binaries and file names are escaped.
+be read (the others still print; each error is one line on stderr), or if no ELF file was found, as `check` does. All strings from binaries and file names are escaped.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class InspectResult:
     vendor_pattern: re.Pattern[bytes] | None = None
     trees: dict[str, dict] = field(default_factory=dict)  # path -> resolved dependency tree
     tree_warnings: dict[str, list[str]] = field(default_factory=dict)
+    nothing_found: str | None = None  # "no ELF file found in ...": exit 3, as `check`
 
     @property
     def entry_errors(self) -> list[tuple[str, str]]:
@@ -43,7 +44,7 @@ class InspectResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_INPUT if self.errors or self.entry_errors else EXIT_OK
+        return EXIT_INPUT if self.errors or self.entry_errors or self.nothing_found else EXIT_OK
 
     def to_dict(self) -> dict:
         files = []
@@ -54,7 +55,8 @@ class InspectResult:
                 d["dependency_warnings"] = self.tree_warnings.get(f.path, [])
             files.append(d)
         return {"schema": SCHEMA, "files": files,
-                "errors": [{"path": p, "error": e} for p, e in self.errors + self.entry_errors],
+                "errors": [{"path": p, "error": e} for p, e in self.errors + self.entry_errors]
+                + ([{"path": None, "error": self.nothing_found}] if self.nothing_found else []),
                 "skipped_non_elf": self.skipped}
 
 
@@ -117,6 +119,8 @@ def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
             _add_tree(result, resolver, info, p)
     if archives:
         _inspect_archives(archives, result, symbol_pattern, policy, resolve_options)
+    if not result.files and not result.errors:  # every input read, and none held an ELF file
+        result.nothing_found = f"no ELF file found in {', '.join(paths)}: nothing was read"
     return result
 
 
@@ -334,7 +338,7 @@ def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, l
 
     \b
     Exit codes: 0 every input read, 2 a bad policy or option, 3 some input or embedded device-code
-    entry could not be read (the rest are still shown).
+    entry could not be read (the rest are still shown), or no ELF file found.
     """
     if root is not None and not os.path.isdir(root):
         raise UsageError(f"--root {root}: not a directory")
@@ -353,6 +357,8 @@ def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, l
         # InputError messages already name the file; walk errors are given their path here
         line = message if message.startswith(path) else f"{path}: {message}"
         click.echo(f"error: {esc(line)}", err=True)
+    if result.nothing_found:
+        click.echo(f"error: {esc(result.nothing_found)}", err=True)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=1, ensure_ascii=True))
     else:

@@ -359,6 +359,9 @@ def load_policy(path_or_none: str | Path | None = None) -> Policy:
     Raises PolicyError (exit 2) naming the file and key for anything invalid.
     """
     ref = DEFAULT_POLICY if path_or_none is None else str(path_or_none)
+    if not ref.strip():  # `--policy ""`: a path of "" would be read as the current folder
+        raise PolicyError(f"the policy is empty: give a policy file or a shipped policy's name "
+                          f"({', '.join(shipped_policies())})")
     policy = _load(ref, None, [])
     _validate_exceptions(policy)
     return policy.finalize()

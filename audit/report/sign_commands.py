@@ -35,7 +35,8 @@ def verify_cmd(ctx, bundle, pubkey, as_json):
 
     \b
     Exit codes: 0 everything holds; 1 a signature, digest or manifest check failed
-    (one line per failing file); 2 not a well-formed bundle; 3 unreadable key.
+    (one line per failing file); 2 not a well-formed bundle, or a --key file that is not
+    an Ed25519 PEM public key; 3 the --key file cannot be read; 130 interrupted.
     """
     from audit.report.verify import printable, verify_bundle
 

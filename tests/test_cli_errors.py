@@ -1,0 +1,102 @@
+"""Every command's usage errors are one line and exit 2 (the usage itself is in --help); an
+empty --policy is one clear line; `verify --key` exit codes are those its help and docs state;
+the exit codes are documented where users look (README, the top-level --help)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from audit.cli import COMMANDS, main
+from audit.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(capsys, *args):
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in args])
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_an_unknown_option_is_one_line_exit_2(command, capsys):
+    rc, out, err = cli(capsys, command, "--no-such-option")
+    assert rc == EXIT_USAGE and out == ""
+    assert err.splitlines() == [f"error: sovereign-audit {command}: No such option '--no-such-option'. "
+                                f"(see sovereign-audit {command} --help)"]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_help_is_intact(command, capsys):
+    rc, out, err = cli(capsys, command, "--help")
+    assert rc == EXIT_OK and err == "" and out.startswith(f"Usage: sovereign-audit {command} ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["check"], "sovereign-audit check: Missing argument 'PATHS...'."),
+    (["inspect"], "sovereign-audit inspect: Missing argument 'PATHS...'."),
+    (["verify"], "sovereign-audit verify: Missing argument 'DIR'."),
+    (["keygen"], "sovereign-audit keygen: Missing option '--out'."),
+    (["no-such-command"], "sovereign-audit: No such command 'no-such-command'."),
+    (["policy", "no-such-command"], "sovereign-audit policy: No such command 'no-such-command'."),
+])
+def test_missing_or_unknown_is_one_line(args, message, capsys):
+    rc, _, err = cli(capsys, *args)
+    assert rc == EXIT_USAGE and len(err.splitlines()) == 1 and err.startswith(f"error: {message}"), err
+
+
+def test_typed_text_in_a_usage_error_is_escaped(capsys):
+    rc, _, err = cli(capsys, "check", "--bad\x1b[31m")
+    assert rc == EXIT_USAGE and "\x1b" not in err and "\\x1b[31m" in err and len(err.splitlines()) == 1
+
+
+def test_a_bare_group_still_shows_its_help(capsys):
+    rc, _, err = cli(capsys, "policy")
+    assert rc == EXIT_USAGE and "Commands:" in err and "show" in err
+
+
+@pytest.mark.parametrize("command", [["policy", "show"], ["check", "/bin/true"], ["inspect", "/bin/true"]])
+@pytest.mark.parametrize("value", ["", "  "])
+def test_an_empty_policy_is_one_clear_line(command, value, capsys):
+    rc, out, err = cli(capsys, *command, "--policy", value)
+    assert rc == EXIT_USAGE and out == ""
+    assert err.splitlines() == ["error: the policy is empty: give a policy file or a shipped policy's name (sovereign)"]
+
+
+def _stated(text: str, code: int) -> str:
+    """What a help text or doc says exit `code` means: the words after the code, up to the next code."""
+    flat = " ".join(text.replace("*", "").replace("`", "").split())
+    m = re.search(rf"(?:^|[;:,] ){code} (.*?)(?:; \d+ |$)", flat)
+    assert m, (code, flat)
+    return m.group(1)
+
+
+def test_verify_key_exit_codes_match_its_help_and_docs(capsys, tmp_path):
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "junk.pub").write_text("not a key\n")
+    rc_bad, _, err_bad = cli(capsys, "verify", tmp_path / "bundle", "--key", tmp_path / "junk.pub")
+    rc_missing, _, err_missing = cli(capsys, "verify", tmp_path / "bundle", "--key", tmp_path / "absent.pub")
+    assert (rc_bad, rc_missing) == (EXIT_USAGE, EXIT_INPUT)
+    assert "not a PEM public key" in err_bad and "cannot read public key" in err_missing
+    _, help_text, _ = cli(capsys, "verify", "--help")
+    doc = (REPO / "docs" / "verify.md").read_text()
+    doc = doc[doc.index("Exit codes:"):]
+    for text in (help_text[help_text.index("Exit codes:"):], doc):
+        assert "--key file that is not an Ed25519" in _stated(text, EXIT_USAGE)
+        assert "--key file cannot be read" in _stated(text, EXIT_INPUT)
+
+
+def test_exit_130_is_documented():
+    readme = (REPO / "README.md").read_text()
+    assert re.search(r"^\| 130 \| interrupted", readme, re.M)
+    assert f"EXIT_INTERRUPTED = {EXIT_INTERRUPTED}" in (REPO / "audit" / "errors.py").read_text()
+
+
+def test_top_level_help_lists_every_exit_code(capsys):
+    rc, out, _ = cli(capsys, "--help")
+    flat = " ".join(out.split())
+    assert rc == EXIT_OK and "130 interrupted" in flat and "3 unreadable input" in flat
