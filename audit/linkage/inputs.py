@@ -12,6 +12,7 @@ import re
 import stat
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass, field, replace
 
 from audit.errors import InputError
@@ -231,7 +232,11 @@ class Inputs:
                 return
             # Which members are ELF files: each member's first bytes, read on every core.
             chunks = [members[i::jobs] for i in range(jobs)] if jobs > 1 and len(members) > 256 else [members]
-            elf = set().union(*map_ordered(_ElfSniffer(host), chunks, jobs))
+            elf: set[str] = set()
+            unreadable: dict[str, str] = {}
+            for names, bad in map_ordered(_ElfSniffer(host), chunks, jobs):
+                elf |= names
+                unreadable.update(bad)
             todo = []
             total = 0
             for m in members:
@@ -239,6 +244,9 @@ class Inputs:
                 parts = m.filename.split("/")
                 if m.filename.startswith("/") or "\\" in m.filename or ".." in parts or "" in parts[:-1]:
                     errors.append(Input(inner, None, True, "unsafe member path in wheel"))
+                    continue
+                if m.filename in unreadable:
+                    errors.append(Input(inner, None, True, unreadable[m.filename]))
                     continue
                 if m.filename not in elf:
                     self.skip("non_elf")
@@ -339,20 +347,33 @@ class _Zip:
             zf.close()
 
 
+# What a damaged member raises while it is read (the archive around it is still readable):
+# a bad CRC, corrupt deflate data, a truncated stream, an unknown method, an encrypted member.
+_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError)
+
+
+def _member_error(exc: BaseException) -> str:
+    return f"cannot read member: {' '.join(str(exc).split()) or type(exc).__name__}"
+
+
 class _ElfSniffer:
-    """The names of the members (of one chunk) that start with the ELF magic."""
+    """The names of the members (of one chunk) that start with the ELF magic, and why each
+    member whose start cannot be read could not (it is reported, the others still audited)."""
 
     def __init__(self, host: str):
         self.host = host
 
-    def __call__(self, chunk: list[zipfile.ZipInfo]) -> set[str]:
+    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str]]:
         zf = _Zip.get(self.host)
-        out = set()
+        out, bad = set(), {}
         for m in chunk:
-            with zf.open(m) as fh:
-                if fh.read(4) == b"\x7fELF":
-                    out.add(m.filename)
-        return out
+            try:
+                with zf.open(m) as fh:
+                    if fh.read(4) == b"\x7fELF":
+                        out.add(m.filename)
+            except _MEMBER_ERRORS as exc:
+                bad[m.filename] = _member_error(exc)
+        return out, bad
 
 
 class _Unpacker:
@@ -367,13 +388,18 @@ class _Unpacker:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         limit = min(self.limits.member_bytes, max(m.file_size, 0))
         written = 0
-        with _Zip.get(self.host).open(m) as src, open(path, "wb") as out:
-            while chunk := src.read(1 << 20):
-                written += len(chunk)
-                if written > limit:
-                    out.truncate(0)
-                    return f"member unpacks to more than its declared {m.file_size} bytes"
-                out.write(chunk)
+        with open(path, "wb") as out:
+            try:
+                with _Zip.get(self.host).open(m) as src:
+                    while chunk := src.read(1 << 20):
+                        written += len(chunk)
+                        if written > limit:
+                            out.truncate(0)
+                            return f"member unpacks to more than its declared {m.file_size} bytes"
+                        out.write(chunk)
+            except _MEMBER_ERRORS as exc:  # e.g. its CRC does not match: this member only is unreadable
+                out.truncate(0)
+                return _member_error(exc)
         return None
 
 
