@@ -352,3 +352,40 @@ def test_dependencies_are_named_inside_the_image(elf, tmp_path):
     assert [(f.subject, f.in_file, f.matches_in) for f in found] == [
         ("cudnnCreate", f"{img}!/usr/lib/libbad.so", f"{img}!/usr/lib/libbad.so")]
     assert files[f"{img}!/app/libtop.so"].tree.children[0].path == f"{img}!/usr/lib/libbad.so"
+
+
+def _verdicts(report, prefix: str) -> dict[str, tuple]:
+    """Each audited file under `prefix`: (verdict, finding kinds and subjects, layer index), by its path in it."""
+    return {f.path[len(prefix):]: (f.verdict, sorted((x.kind, x.subject) for x in f.findings),
+                                   (f.layer or {}).get("index"))
+            for f in report.files if f.path.startswith(prefix)}
+
+
+def test_images_in_a_folder_are_audited_as_when_named(elf, tmp_path, capsys):
+    """As wheels met in a folder are: a docker save tar, an OCI layout tar and an OCI layout
+    folder are each audited as an image (not walked, not skipped); a tar that is no image is
+    counted and warned about."""
+    dist = tmp_path / "dist"
+    (dist / "nested").mkdir(parents=True)
+    layers = [base_layer(elf), bad_layer(elf)]
+    docker = docker_archive(dist / "app.tar", layers, CREATED[:2], ENV)
+    oci_tar = oci_layout(dist / "oci.tar", layers, CREATED[:2], ENV, how="gzip", as_tar=True)
+    oci_dir = oci_layout(dist / "nested/oci", layers, CREATED[:2], ENV)
+    (dist / "notes.tar").write_bytes(layer_tar([("file", "README", b"not an image\n")]))
+    (dist / "libbad.so").write_bytes(elf["bad"])
+    report = audit(dist)
+    for img in (docker, oci_tar, oci_dir):
+        alone = audit(img)
+        assert _verdicts(report, f"{img}!") == _verdicts(alone, f"{img}!") != {}
+        assert _verdicts(report, f"{img}!")["/usr/lib/libbad.so"][0] == "fail"
+    assert not [f.path for f in report.files if "/nested/oci/" in f.path]  # its blobs are not walked
+    assert {f.path: f.verdict for f in report.files if "!" not in f.path} == {str(dist / "libbad.so"): "fail"}
+    assert report.skipped["tar"] == 1
+    assert f"{dist / 'notes.tar'}: tar archive that is not a container image (no manifest.json or index.json), " \
+           "not audited" in report.warnings
+    rc, out, _ = cli(capsys, "check", dist, "--format", "json")
+    doc = json.loads(out)
+    assert rc == EXIT_VIOLATION and doc["summary"]["skipped"]["tar"] == 1
+    # inspect lists the same files as check
+    rc, out, _ = cli(capsys, "inspect", "--json", "--no-deps", dist)
+    assert sorted(f["path"] for f in json.loads(out)["files"]) == sorted(f.path for f in report.files)

@@ -182,6 +182,24 @@ def looks_like_tar(head: bytes) -> bool:
     return len(head) >= 262 and head[257:262] == b"ustar"
 
 
+def tar_kind(path: str) -> str | None:
+    """"image" for an uncompressed tar that holds a container image at its top level
+    (`manifest.json`: docker save; `index.json`: an OCI layout), "tar" for another tar, None for
+    a file that is not a tar. Only the tar's headers are read."""
+    try:
+        with open(path, "rb") as fh:
+            if not looks_like_tar(fh.read(512)):
+                return None
+            fh.seek(0)
+            with tarfile.open(fileobj=fh, mode="r:") as tf:
+                for m in tf:
+                    if _norm(m.name) in ("manifest.json", "index.json"):
+                        return "image"
+    except (OSError, tarfile.TarError, EOFError, ValueError):
+        pass  # a damaged tar: not an image this can read either
+    return "tar"
+
+
 def open_image(path: str) -> Image:
     """Read an image's manifest and config and check its blobs (layers are read by layers.py)."""
     fd = -1

@@ -20,7 +20,7 @@ from audit.linkage.conda import extract_conda, is_conda
 from audit.linkage.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
 from audit.linkage.parallel import cpu_count, map_ordered
-from audit.linkage.image import Image, is_oci_dir, looks_like_tar, open_image
+from audit.linkage.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolve import Member, MemberSet, ResolveOptions
 
 _MAX_WHEEL_MEMBERS = 200_000
@@ -168,13 +168,18 @@ class Inputs:
         if real in self.seen:
             self.skip("duplicate")
             return
-        self.seen.add(real)
         try:
             with open(host, "rb") as fh:
-                magic = fh.read(4)
+                head = fh.read(512)
         except OSError as exc:
+            self.seen.add(real)
             yield Input(report, None, explicit, f"cannot read: {exc.strerror or exc}")
             return
+        magic = head[:4]
+        if not explicit and looks_like_tar(head):  # met in a folder (a named tar is opened as an image)
+            yield from self._tar_in_folder(host)
+            return
+        self.seen.add(real)
         if magic == b"\x7fELF":
             yield Input(report, host, explicit)
         elif magic == b"!<ar" and explicit:
@@ -187,18 +192,36 @@ class Inputs:
         else:
             self.skip("non_elf")
 
+    def _tar_in_folder(self, host: str):
+        """A tar met in a folder: an image is audited as when named; another tar is counted and
+        warned about (its files are not audited)."""
+        if tar_kind(host) == "image":
+            yield from self._image(host)
+            return
+        self.seen.add(os.path.realpath(host))
+        self.skip("tar")
+        self.warnings.append(f"{host}: tar archive that is not a container image (no manifest.json or "
+                             "index.json), not audited")
+
     def _walk(self, top: str):
         def onerror(exc: OSError):
             self.warnings.append(f"cannot list {exc.filename}: {exc.strerror}")
             self.skip("unreadable_dir")
 
         files: list[str] = []
+        images: set[str] = set()  # OCI layout folders: audited as images, not walked
         for dirpath, dirnames, filenames in os.walk(top, onerror=onerror, followlinks=False):
             dirnames.sort()
-            files += [os.path.join(dirpath, name) for name in sorted(filenames)]
+            oci = {d for d in dirnames if is_oci_dir(os.path.join(dirpath, d))}
+            dirnames[:] = [d for d in dirnames if d not in oci]
+            images |= {os.path.join(dirpath, d) for d in oci}
+            files += [os.path.join(dirpath, name) for name in sorted(filenames + list(oci))]
         # the whole folder is listed first: its files are the fallback for each other's NEEDED
-        members = MemberSet(top, (Member(f, f) for f in files if not f.endswith(".whl")))
+        members = MemberSet(top, (Member(f, f) for f in files if not f.endswith(".whl") and f not in images))
         for full in files:
+            if full in images:
+                yield from self._image(full)
+                continue
             if os.path.islink(full) and not os.path.exists(full):
                 self.skip("broken_symlink")
                 self.warnings.append(f"{full}: broken symlink or symlink loop, skipped")
@@ -206,13 +229,15 @@ class Inputs:
             if not os.path.isfile(full):
                 self.skip("not_regular")
                 continue
+            # archives are opened as when named on the command line: wheels, conda packages, images
             if full.endswith(".whl"):
                 yield from self._wheel(full, full)
             elif is_conda(full):
                 yield from self._conda(full, full)
             else:
                 for inp in self._file(full, full, explicit=False):
-                    inp.members = members
+                    if inp.scope is None:  # an image's files resolve among the image's own
+                        inp.members = members
                     yield inp
 
     def _wheel(self, report: str, host: str):

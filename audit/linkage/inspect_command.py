@@ -62,7 +62,8 @@ class InspectResult:
 
 def expand_paths(paths: list[str], result: InspectResult, archives: list[str] | None = None) -> list[str]:
     """Files to read: named files as given, directories walked (sorted, deduplicated by real path).
-    Wheels and conda packages met in a directory go to `archives` (opened as `check` opens them)."""
+    Wheels, conda packages and container images (tars, OCI layout folders) met in a directory go
+    to `archives` (opened as `check` opens them)."""
     out: list[str] = []
     seen: set[str] = set()
 
@@ -79,6 +80,10 @@ def expand_paths(paths: list[str], result: InspectResult, archives: list[str] | 
 
             for dirpath, dirnames, filenames in os.walk(arg, onerror=onerror, followlinks=False):
                 dirnames.sort()
+                if archives is not None:  # an OCI layout folder is an image, not a tree to walk
+                    oci = [d for d in dirnames if _is_archive(os.path.join(dirpath, d))]
+                    archives += [os.path.join(dirpath, d) for d in oci]
+                    dirnames[:] = [d for d in dirnames if d not in oci]
                 for name in sorted(filenames):
                     p = os.path.join(dirpath, name)
                     try:
@@ -148,10 +153,12 @@ def _relabeled(value, relabel):
 
 
 def _packaged(path: str) -> bool:
-    """A wheel or conda package found in a directory (`check` opens these there too)."""
+    """A wheel, conda package or container image tar found in a directory (`check` opens
+    these there too; a tar that is not an image is skipped, as there)."""
     from audit.linkage.conda import is_conda
+    from audit.linkage.image import tar_kind
 
-    return path.endswith(".whl") or is_conda(path)
+    return path.endswith(".whl") or is_conda(path) or (not is_elf(path) and tar_kind(path) == "image")
 
 
 def _is_archive(path: str) -> bool:
