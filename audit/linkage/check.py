@@ -139,18 +139,18 @@ def _name_image_paths(fr: FileResult, label: str, fs: FileSystem, audited: set[s
 
 def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[str], ElfInfo]) -> FileResult:
     if inp.read_from is None:
-        return FileResult(path=inp.shown, verdict="error", error=inp.error)
+        return FileResult(path=inp.shown, verdict="error", error=inp.error, archive=inp.archive)
     try:
         info = read(inp.read_from)
     except Exception as exc:
-        return FileResult(path=inp.shown, verdict="error", error=_error_text(exc))
+        return FileResult(path=inp.shown, verdict="error", error=_error_text(exc), archive=inp.archive)
     result = FileResult(
         path=inp.shown, verdict="pass", sha256=info.sha256, size=info.size, elf_class=info.elf_class,
         machine=info.machine, elf_type=info.elf_type, soname=info.soname, needed=list(info.needed),
         rpath=list(info.rpath), runpath=list(info.runpath),
         version_needs=[vn.file for vn in info.version_needs],
         device_targets=sorted({dc.target for dc in info.device_code if dc.kind not in ("host", "unknown")}),
-        warnings=list(info.warnings), layer=inp.layer,
+        warnings=list(info.warnings), layer=inp.layer, archive=inp.archive,
     )
     errors: list[str] = []
     findings, errs = scan_object(info, policy, [os.path.basename(inp.shown)], None)

@@ -77,6 +77,7 @@ class Input:
     members: MemberSet | None = None  # the wheel or folder it came from (the resolver's fallback)
     scope: Scope | None = None  # None: resolved on this machine, as the options say
     layer: dict | None = None  # in an image: the layer that added the file
+    archive: str | None = None  # the wheel, conda package or image it is a member of, as given or found
 
 
 class Inputs:
@@ -110,9 +111,9 @@ class Inputs:
         elif not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
             yield Input(arg, None, True, "not a regular file")
         elif arg.endswith(".whl"):
-            yield from self._wheel(arg, arg)
+            yield from _members_of(arg, self._wheel(arg, arg))
         elif is_conda(arg):
-            yield from self._conda(arg, arg)
+            yield from _members_of(arg, self._conda(arg, arg))
         elif arg.endswith((".tar.gz", ".tgz", ".tar.zst", ".tar.xz")):
             yield Input(arg, None, True, "a compressed archive: decompress it first "
                                          "(an image tar is read in place, so it must be uncompressed)")
@@ -131,6 +132,9 @@ class Inputs:
         return False
 
     def _image(self, arg: str):
+        yield from _members_of(arg, self._image_files(arg))
+
+    def _image_files(self, arg: str):
         if self._again(arg):
             return
         from audit.linkage.layers import ImageTree
@@ -231,9 +235,9 @@ class Inputs:
                 continue
             # archives are opened as when named on the command line: wheels, conda packages, images
             if full.endswith(".whl"):
-                yield from self._wheel(full, full)
+                yield from _members_of(full, self._wheel(full, full))
             elif is_conda(full):
-                yield from self._conda(full, full)
+                yield from _members_of(full, self._conda(full, full))
             else:
                 for inp in self._file(full, full, explicit=False):
                     if inp.scope is None:  # an image's files resolve among the image's own
@@ -426,6 +430,15 @@ class _Unpacker:
                 out.truncate(0)
                 return _member_error(exc)
         return None
+
+
+def _members_of(archive: str, inputs):
+    """The inputs of an archive, each marked with it (a report names the archive's file, e.g. in
+    a GitHub annotation); an error about the whole archive is its own."""
+    for inp in inputs:
+        if inp.shown != archive:
+            inp.archive = archive
+        yield inp
 
 
 def _is_tar(path: str) -> bool:

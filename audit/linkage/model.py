@@ -122,6 +122,7 @@ class FileResult:
     device_targets: list[str] = field(default_factory=list)
     tree: DepNode | None = None
     layer: dict | None = None  # in a container image: the layer that added the file (index, digest, created_by)
+    archive: str | None = None  # the wheel, conda package or image it is a member of (the file on disk)
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     error: str | None = None

@@ -52,14 +52,17 @@ def layer_text(layer: dict) -> str:
 def render_github(report: CheckReport) -> str:
     lines = []
     for fr in report.files:
+        # GitHub maps `file=` to a file of the repository: a member of a wheel or image is not one,
+        # so its archive is annotated and the member named in the message
+        file, member = (fr.archive, f"{fr.path}: ") if fr.archive else (fr.path, "")
         if fr.error:
-            lines.append(_command("error", f"cannot audit: {fr.error}", fr.path, "sovereign-audit: unreadable input"))
+            lines.append(_command("error", f"{member}cannot audit: {fr.error}", file, "sovereign-audit: unreadable input"))
         for f in fr.findings:
             if f.excepted or f.baseline == "unchanged":
                 continue
             level = "error" if f.severity == "fail" else "warning"
             layer = f" Added by {layer_text(fr.layer)}." if fr.layer else ""
-            lines.append(_command(level, _text(f) + layer, fr.path, f"sovereign-audit {f.rule}"))
+            lines.append(_command(level, member + _text(f) + layer, file, f"sovereign-audit {f.rule}"))
     for e in report.errors:
         lines.append(_command("error", e, title="sovereign-audit"))
     for w in report.warnings:
