@@ -1,14 +1,19 @@
 """Time flash_kernel's GPU paths side by side with PyTorch's attention on one CUDA device.
 
-Run on the device machine (bench/device_kernel.sh does). For each shape (B,H,N,D) in one process:
-our mma.sync path and any tuning variants (--lib NAME=PATH, flash forward), our forced-generic path
-and our naive path (--generic-lib / --naive-lib), SDPA's flash and cuDNN backends, and torch eager
-softmax(QK^T)V (head-chunked so its fp32 score matrix stays under --eager-gib). Each method:
+Run on the device machine (bench/device_kernel.sh does). For each shape (B,H,N,D or B,H,Nq,Nk,D,
+or --preset NAME|GROUP of audit/evidence/presets.py, e.g. --preset dit for the diffusion-transformer
+table) in one process: ours through the public call flash_kernel.attention as users call it
+(method "ours"; --no-public to leave it out), any library variants (--lib NAME=PATH, flash
+forward), our forced-generic path and our naive path (--generic-lib / --naive-lib), SDPA's flash
+and cuDNN backends, and torch eager softmax(QK^T)V (head-chunked so its fp32 score matrix stays
+under --eager-gib). Each row names the flash path the library ran (wgmma, mma_sync, generic) or
+"refused" with the library's reason (a head dim it lacks): never a crash. Each method:
 warm-up, then CUDA-event times of --repeats calls over --rotate input sets (so no call finds its
 inputs in L2), the methods taking turns call by call (no method owns the start or end of a run),
 median reported. FLOPs are 4*B*H*Nq*Nk*D. Also measures the two ceilings (a bf16
 8192^3 matmul and a device-to-device copy) in the same process. Each output is compared with
-SDPA-flash's (relative L2) so a fast wrong kernel cannot hide. Prints a table; --json writes all.
+SDPA-flash's (SDPA-math's in fp32 where SDPA-flash lacks the head dim; relative L2) so a fast
+wrong kernel cannot hide. Prints a table; --json writes all.
 """
 
 from __future__ import annotations
@@ -30,11 +35,30 @@ import flash_kernel  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def parse_shape(s: str) -> tuple[int, int, int, int]:
-    parts = tuple(int(x) for x in s.split(","))
-    if len(parts) != 4 or min(parts) < 1:
-        raise argparse.ArgumentTypeError(f"shape must be B,H,N,D with positive ints, got {s!r}")
+def parse_shape(s: str) -> tuple[int, int, int, int, int]:
+    """B,H,N,D (self-attention) or B,H,Nq,Nk,D -> (B, H, Nq, Nk, D)."""
+    try:
+        parts = tuple(int(x) for x in s.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) not in (4, 5) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"shape must be B,H,N,D or B,H,Nq,Nk,D with positive ints, got {s!r}")
+    if len(parts) == 4:
+        b, h, n, d = parts
+        return b, h, n, n, d
     return parts  # type: ignore[return-value]
+
+
+def preset_shapes(name: str) -> list[tuple[tuple[int, int, int, int, int], str]]:
+    """A preset or group of audit/evidence/presets.py -> [((B,H,Nq,Nk,D), what it is)]."""
+    from audit.errors import UsageError
+    from audit.evidence.presets import about, expand_preset
+
+    try:
+        shapes = expand_preset(name)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return [((s.batch, s.heads, s.nq, s.nk, s.head_dim), about(s)) for s in shapes]
 
 
 def time_interleaved(fns, reps, inputs, warmup: int) -> list[list[float]]:
@@ -113,26 +137,42 @@ def ratio_ci(base: list[float], ours: list[float], n: int = 2000, seed: int = 0)
     return draws[int(0.025 * n)], draws[int(0.975 * n) - 1]
 
 
-def bench_shape(shape, dtype, methods, args) -> list[dict]:
-    b, h, n, d = shape
-    flops = 4 * b * h * n * n * d
+def path_of(lib) -> str | None:
+    """The flash path `lib`'s last call on this thread ran (None: the library cannot say)."""
+    return lib.last_flash_path() if lib is not None else None
+
+
+def bench_shape(shape, dtype, methods, args, what: str = "") -> list[dict]:
+    b, h, nq, nk, d = shape
+    flops = 4 * b * h * nq * nk * d
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    inputs = [tuple(torch.randn(b, h, n, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    inputs = [(torch.randn(b, h, nq, d, device="cuda", dtype=dtype, generator=gen),
+               torch.randn(b, h, nk, d, device="cuda", dtype=dtype, generator=gen),
+               torch.randn(b, h, nk, d, device="cuda", dtype=dtype, generator=gen))
               for _ in range(args.rotate)]
-    ref = sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION)(*inputs[0])
+    try:
+        ref = sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION)(*inputs[0])
+    except Exception:  # SDPA-flash lacks this head dim: the math backend in fp32 is the reference
+        ref = sdpa(torch.nn.attention.SDPBackend.MATH)(*(x.float() for x in inputs[0]))
     rows, timed = [], []
-    for name, fn, reps, dims in methods:
+    for name, fn, reps, dims, lib in methods:
         if dims and d not in dims:
             continue
-        row = {"method": name, "shape": list(shape), "dtype": str(dtype)}
+        row = {"method": name, "shape": list(shape), "what": what, "dtype": str(dtype)}
         try:
             out = fn(*inputs[0])
+            if lib is not None:
+                row["path"] = path_of(lib)
             torch.cuda.synchronize()
-            row["rel_l2_vs_sdpa_flash"] = rel_l2(out, ref)
+            row["rel_l2_vs_reference"] = rel_l2(out, ref)
             del out
             timed.append((row, fn, reps))
         except Exception as exc:  # a refused backend is a row, not a crash
+            status = getattr(exc, "status_name", None)
             row["error"] = " ".join(str(exc).split())[:300]
+            if status and status not in ("FK_ERR_LAUNCH", "FK_ERR_NO_MEMORY"):
+                row["path"] = "refused"
+                row["error"] = f"{status}: {row['error']}"
         rows.append(row)
     torch.cuda.empty_cache()
     try:
@@ -157,7 +197,12 @@ def bench_shape(shape, dtype, methods, args) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", type=parse_shape, action="append", help="B,H,N,D (repeatable)")
+    ap.add_argument("--shape", type=parse_shape, action="append", help="B,H,N,D or B,H,Nq,Nk,D (repeatable)")
+    ap.add_argument("--preset", type=preset_shapes, action="append", default=[],
+                    help="a preset or group of sovereign-audit's presets (repeatable; `dit`: the "
+                    "diffusion-transformer table)")
+    ap.add_argument("--no-public", action="store_true",
+                    help="leave out 'ours', the public call flash_kernel.attention")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     ap.add_argument("--lib", action="append", default=[], metavar="NAME[@D,...]=PATH",
                     help="a flash library to time (with @64 or @64,128: only at those head dims)")
@@ -178,11 +223,19 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 3
-    shapes = args.shape or [(1, 12, 32760, 128), (1, 30, 17776, 64)]
+    shapes = [(s, "") for s in args.shape or []] + [x for group in args.preset for x in group]
+    if not shapes:
+        shapes = [((1, 12, 32760, 32760, 128), "Wan2.1-T2V-1.3B"), ((1, 30, 17776, 17776, 64), "CogVideoX-2B")]
     dtype = DTYPES[args.dtype]
     from torch.nn.attention import SDPBackend
 
     methods = []
+    if not args.no_public:  # as users call it: the library for the device, resolved by the call
+        try:
+            public_lib = flash_kernel.library_for("cuda")
+        except flash_kernel.KernelError as exc:
+            ap.error(f"the public call has no library: {exc}")
+        methods.append(("ours", lambda q, k, v: flash_kernel.attention(q, k, v), args.repeats, set(), public_lib))
     for spec in args.lib:
         label, _, path = spec.partition("=")
         name, _, dims = label.partition("@")
@@ -190,40 +243,54 @@ def main(argv=None) -> int:
             only = {int(x) for x in dims.split(",")} if dims else set()
         except ValueError:
             ap.error(f"--lib {spec!r}: head dims after @ must be integers")
-        methods.append((name, flash_kernel.load(path).attention, args.repeats, only))
+        lib = flash_kernel.load(path)
+        methods.append((name, lib.attention, args.repeats, only, lib))
     baselines = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                  "eager": lambda q, k, v: eager(q, k, v, 1 / math.sqrt(q.shape[-1]), args.eager_gib * 2**30)}
     for name in filter(None, args.torch_methods.split(",")):
         if name not in baselines:
             ap.error(f"unknown --torch-methods entry {name!r} (choose from {', '.join(baselines)})")
-        methods.append((name, baselines[name], args.repeats, set()))
+        methods.append((name, baselines[name], args.repeats, set(), None))
     if args.generic_lib:
-        methods.append(("ours_generic", flash_kernel.load(args.generic_lib).attention, args.slow_repeats, set()))
+        lib = flash_kernel.load(args.generic_lib)
+        methods.append(("ours_generic", lib.attention, args.slow_repeats, set(), lib))
     if args.naive_lib:
-        methods.append(("ours_naive", flash_kernel.load(args.naive_lib).naive_attention, args.slow_repeats, set()))
+        methods.append(("ours_naive", flash_kernel.load(args.naive_lib).naive_attention, args.slow_repeats, set(), None))
 
     dev = torch.cuda.get_device_properties(0)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "device": dev.name,
               "sms": dev.multi_processor_count, "torch": torch.__version__,
               "cudnn": torch.backends.cudnn.version(), "ceilings": ceilings(), "rows": []}
-    for shape in shapes:
-        result["rows"] += bench_shape(shape, dtype, methods, args)
+    for shape, what in shapes:
+        result["rows"] += bench_shape(shape, dtype, methods, args, what)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     c = result["ceilings"]
     print(f"# {result['device']} torch {result['torch']} cudnn {result['cudnn']}  ceilings: bf16 matmul "
           f"{c['bf16_matmul_8192_tflops']:.0f} TFLOP/s, copy {c['copy_4gib_tb_s']:.2f} TB/s")
-    print(f"{'shape':<18} {'method':<14} {'ms':>9} {'TFLOP/s':>8} {'x flash':>8} {'95% CI':>13} {'x cuDNN':>8} {'relL2':>9}")
-    for r in result["rows"]:
-        s = ",".join(map(str, r["shape"]))
-        if "error" in r:
-            print(f"{s:<18} {r['method']:<14} error: {r['error'][:80]}")
-            continue
-        lo, hi = r.get("x_sdpa_flash_ci95", (float("nan"), float("nan")))
-        print(f"{s:<18} {r['method']:<14} {r['median_ms']:9.2f} {r['tflops']:8.1f} "
-              f"{r.get('x_sdpa_flash', float('nan')):8.2f} {f'[{lo:.2f},{hi:.2f}]':>13} "
-              f"{r.get('x_sdpa_cudnn', float('nan')):8.2f} {r['rel_l2_vs_sdpa_flash']:9.2e}")
+    print(render(result["rows"]))
     return 0
+
+
+def render(rows) -> str:
+    """The table: per shape and method, the path, TFLOP/s, and the ratio over SDPA-flash and
+    SDPA-cuDNN (median time of theirs / ours) with 95% bootstrap intervals."""
+    nan = (float("nan"), float("nan"))
+    out = [f"{'shape (B,H,Nq,Nk,D)':<24} {'what':<22} {'method':<14} {'path':<9} {'ms':>9} {'TFLOP/s':>8} "
+           f"{'x SDPA-flash':>12} {'95% CI':>13} {'x cuDNN':>8} {'95% CI':>13} {'relL2':>9}"]
+    for r in rows:
+        s = ",".join(map(str, r["shape"]))
+        head = f"{s:<24} {r.get('what', '')[:22]:<22} {r['method']:<14} {r.get('path') or '-':<9}"
+        if "error" in r:
+            out.append(f"{head} error: {r['error'][:100]}")
+            continue
+        fl, fh = r.get("x_sdpa_flash_ci95", nan)
+        cl, ch = r.get("x_sdpa_cudnn_ci95", nan)
+        out.append(f"{head} {r['median_ms']:9.3f} {r['tflops']:8.1f} "
+                   f"{r.get('x_sdpa_flash', float('nan')):12.2f} {f'[{fl:.2f},{fh:.2f}]':>13} "
+                   f"{r.get('x_sdpa_cudnn', float('nan')):8.2f} {f'[{cl:.2f},{ch:.2f}]':>13} "
+                   f"{r['rel_l2_vs_reference']:9.2e}")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -223,6 +223,11 @@ class Library:
         buf = (ctypes.c_int32 * max(n, 1))()
         d.fk_supported_head_dims(buf, n)
         self.head_dims = tuple(int(x) for x in buf[:n])
+        # Optional within ABI 1 (libraries built before it lack it): the path the last call ran.
+        self._ran_path = getattr(d, "fk_last_flash_path", None)
+        if self._ran_path is not None:
+            self._ran_path.restype = ctypes.c_char_p
+            self._ran_path.argtypes = []
         self._checked: dict[tuple, AttentionArgs | bool] = {}  # input kinds already checked (see _call)
 
     @staticmethod
@@ -236,6 +241,14 @@ class Library:
 
     def last_error(self) -> str:
         return self._string(self._dll.fk_last_error())
+
+    def last_flash_path(self) -> str | None:
+        """The flash path ("wgmma", "mma_sync", "generic", "cpu") that the last flash call on this
+        thread ran; "" when it was refused or failed; None when the library cannot say (built
+        before fk_last_flash_path). Read it right after the call, on the calling thread."""
+        if self._ran_path is None:
+            return None
+        return self._string(self._ran_path())
 
     def __repr__(self) -> str:
         return f"Library(target={self.target!r}, flash_path={self.flash_path!r}, path={self.path!r})"

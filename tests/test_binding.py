@@ -117,6 +117,35 @@ def test_any_library_exporting_the_abi_loads_and_its_errors_surface(tmp_path):
         fake.attention(q, q, q)
 
 
+def test_last_flash_path_names_the_path_of_each_call_and_is_empty_after_a_refusal(lib):
+    seed, gen = seeded()
+    q, k, v = qkv((1, 2, 17, 64), (1, 2, 29, 64), gen=gen)
+    lib.attention(q, k, v)
+    assert lib.last_flash_path() == "cpu"
+    with pytest.raises(flash_kernel.KernelError):  # refused by the C side (the Python checks skipped)
+        lib._invoke(B.fill_args(q, k, v, torch.empty_like(q), "bhnd", -1.0, None), q.device, naive=False)
+    assert lib.last_flash_path() == ""
+    lib.attention(q, k, v)
+    assert lib.last_flash_path() == "cpu"
+
+
+def test_last_flash_path_is_per_thread(lib):
+    import threading
+
+    q = torch.randn(1, 1, 9, 64)
+    lib.attention(q, q, q)
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(lib.last_flash_path()))
+    t.start()
+    t.join()
+    assert seen == [""] and lib.last_flash_path() == "cpu"
+
+
+def test_a_library_without_fk_last_flash_path_cannot_say_which_path_ran(tmp_path):
+    fake = flash_kernel.load(gcc_so(tmp_path, "nopath", FAKE_ABI % 1))
+    assert fake.last_flash_path() is None
+
+
 # ---- lookup -------------------------------------------------------------------------------------
 
 def test_default_build_dir_is_the_checkout_build(monkeypatch):

@@ -82,3 +82,36 @@ def test_ratio_interval_brackets_the_ratio_and_excludes_one_only_when_it_should(
     noisy = [1.0, 3.0, 1.2, 2.8, 1.1, 2.9, 1.3, 2.7, 1.05, 2.95]   # median ~2, very wide spread
     lo, hi = mod.ratio_ci(base, noisy)
     assert lo < 1.0 < hi
+
+
+def test_shapes_take_nq_and_nk_and_presets_come_from_the_audit_table(bench):
+    mod, _ = bench
+    assert mod.parse_shape("1,12,32760,128") == (1, 12, 32760, 32760, 128)
+    assert mod.parse_shape("2,40,32760,512,128") == (2, 40, 32760, 512, 128)
+    for bad in ("1,2,3", "1,2,3,4,5,6", "1,2,0,64", "a,b,c,d"):
+        with pytest.raises(Exception, match="B,H,N,D or B,H,Nq,Nk,D"):
+            mod.parse_shape(bad)
+    cross = mod.preset_shapes("cross")
+    assert cross == [((1, 12, 32760, 512, 128), "Wan2.1-1.3B text cross-attention"),
+                     ((2, 40, 32760, 512, 128), "Wan2.1-14B cross-attention, CFG batch")]
+    with pytest.raises(Exception, match="unknown preset 'nope'"):
+        mod.preset_shapes("nope")
+
+
+def test_the_table_names_the_path_and_shows_refusals_as_rows(bench):
+    mod, _ = bench
+    rows = [
+        {"method": "ours", "shape": [1, 16, 17550, 17550, 72], "what": "head dim 72", "path": "refused",
+         "error": "FK_ERR_HEAD_DIM: head_dim 72 is not supported by this library"},
+        {"method": "ours", "shape": [1, 12, 32760, 512, 128], "what": "Wan cross", "path": "wgmma",
+         "median_ms": 1.5, "tflops": 227.0, "x_sdpa_flash": 0.8, "x_sdpa_flash_ci95": (0.79, 0.81),
+         "x_sdpa_cudnn": 0.51, "x_sdpa_cudnn_ci95": (0.50, 0.52), "rel_l2_vs_reference": 2e-3},
+        {"method": "sdpa_cudnn", "shape": [1, 12, 32760, 512, 128], "what": "Wan cross",
+         "median_ms": 0.77, "tflops": 447.0, "rel_l2_vs_reference": 2e-3},
+    ]
+    lines = mod.render(rows).splitlines()
+    assert "path" in lines[0] and "x cuDNN" in lines[0]
+    assert lines[1].startswith("1,16,17550,17550,72") and " refused " in lines[1]
+    assert "error: FK_ERR_HEAD_DIM" in lines[1]
+    assert " wgmma " in lines[2] and "[0.79,0.81]" in lines[2] and "[0.50,0.52]" in lines[2]
+    assert " sdpa_cudnn " in lines[3] and " - " in lines[3]  # a baseline has no path

@@ -27,6 +27,8 @@ def run_cli(argv, capsys):
     (["--json", "/nonexistent-dir/x/pipeline.json"], "does not exist or is not writable"),
     (["--calibration-rel", "0", "--attention", "sdpa"], "calibration perturbation must be > 0"),
     (["--guidance-scale", "nan", "--attention", "sdpa"], "--guidance-scale must be finite"),
+    (["--swap", "attn1"], "unknown --swap entry 'attn1'"),
+    (["--swap", "self,self"], "an entry twice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, needle, capsys):
     code, out, err = run_cli(["pipeline", *argv], capsys)

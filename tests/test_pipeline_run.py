@@ -1,6 +1,7 @@
 """The tiny Wan2.1 pipeline end to end on the CPU with our kernel library (built by the real
-builder): report shape, the swap being active, parity of flash against the pre-flash run, the
-Amdahl figures being derived from the measured share, and the calibration moving the metric."""
+builder), with the CPU defaults (naive then flash, in every self- and cross-attention): report
+shape, the swap being active, parity of flash against the pre-flash run, the Amdahl figures being
+derived from the measured share, and the calibration moving the metric."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ def cpu_library() -> str:
 
 @pytest.fixture(scope="module")
 def report(cpu_library):
-    return P.run_pipeline("tiny", steps=STEPS, device="cpu", dtype="fp32",
-                          attention="naive,flash", seed=0, lib=cpu_library, environment=False)
+    # attention and swap left to their defaults: on the CPU naive,flash and self,cross
+    return P.run_pipeline("tiny", steps=STEPS, device="cpu", dtype="fp32", seed=0, lib=cpu_library,
+                          environment=False)
 
 
 def test_report_shape_and_schema(report):
@@ -51,16 +53,22 @@ def test_report_shape_and_schema(report):
     assert d["library"]["target"] == "cpu"
     assert [r["attention"] for r in d["runs"]] == ["naive", "flash"]
     assert [c["attention"] for c in d["comparisons"]] == ["flash"]
+    assert d["config"]["swap"] == ["self", "cross"] and d["config"]["swap_check"]["swapped"] == ["self", "cross"]
+    assert d["config"]["cross_attention_shape_b_nq_nk_h_d"] == [1, 75, 512, 2, 128]
 
 
 def test_every_run_used_its_swapped_core(report):
     layers = report.config["preset"]["transformer"]["num_layers"]
     for run in report.runs:
         assert run.status == "ok", run.reason
-        assert run.attention_calls == STEPS * 2 * layers  # two CFG passes per step
+        # two CFG passes per step, a self- and a cross-attention call per block and pass
+        assert run.attention_calls == STEPS * 2 * layers * 2
         assert len(run.step_s) == STEPS and run.dit_loop_s == pytest.approx(sum(run.step_s))
         assert run.vae_decode_s and run.vae_decode_s > 0
-        assert run.instrumented.attention_calls == 2 * layers
+        assert run.instrumented.attention_calls == 2 * layers * 2
+        by_kind = run.instrumented.attention_ms_by_kind
+        assert list(by_kind) == ["self", "cross"] and [len(v) for v in by_kind.values()] == [2 * layers] * 2
+        assert sorted(by_kind["self"] + by_kind["cross"]) == sorted(run.instrumented.attention_ms_samples)
         assert 0 < run.instrumented.share < 1
         assert run.latents_nonfinite == 0
 
@@ -69,7 +77,8 @@ def test_amdahl_comes_from_the_measured_share_and_op_speedup(report):
     ref = report.run("naive").instrumented
     for c in report.comparisons:
         ins = report.run(c.attention).instrumented
-        s_op = ref.attention_ms_per_call_median / ins.attention_ms_per_call_median
+        # self and cross swapped: the ratio of the step's summed core times
+        s_op = ref.attention_ms_total / ins.attention_ms_total
         assert c.reference_attention_share == pytest.approx(ref.share)
         assert c.op_speedup == pytest.approx(s_op)
         assert c.amdahl_predicted == pytest.approx(1 / ((1 - ref.share) + ref.share / s_op))
@@ -225,3 +234,21 @@ def test_a_core_failing_mid_loop_leaves_the_others_measured(monkeypatch):
     assert ok.status == "ok" and len(ok.step_s) == 2 and ok.dit_loop_s > 0
     assert bad.status == "skipped" and "simulated fault in the loop" in bad.reason
     assert rep.comparisons == [] and rep.complete
+
+
+def test_cross_attention_alone_can_be_swapped(cpu_library):
+    rep = P.run_pipeline("tiny", steps=1, device="cpu", dtype="fp32", attention="sdpa,flash", swap="cross",
+                         lib=cpu_library, decode_video=False, calibrate=False, environment=False)
+    layers = rep.config["preset"]["transformer"]["num_layers"]
+    assert rep.config["swap"] == ["cross"] and rep.config["attention_calls_per_step"] == 2 * layers
+    assert rep.config["swap_check"] == {**rep.config["swap_check"], "bit_exact": True, "swapped": ["cross"]}
+    sdpa, flash = rep.runs
+    for run in rep.runs:
+        assert run.status == "ok", run.reason
+        assert run.attention_calls == 2 * layers
+        assert list(run.instrumented.attention_ms_by_kind) == ["cross"]
+    c = rep.comparison("flash")
+    # one kind of call: s_op is the ratio of per-call medians
+    assert c.op_speedup == pytest.approx(sdpa.instrumented.attention_ms_per_call_median
+                                         / flash.instrumented.attention_ms_per_call_median)
+    assert c.latents["cosine"] > 0.99999 and c.latents["rel_l2"] < 1e-4

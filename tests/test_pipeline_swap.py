@@ -1,6 +1,7 @@
-"""The self-attention swap of the DiT pipeline, checked before any of its timings is trusted:
-with SDPA inside, the swapped processor is bit-identical (torch.equal) to diffusers' stock
-WanAttnProcessor; cross-attention (attn2) is never touched; the fp32 modules stay fp32."""
+"""The attention swap of the DiT pipeline, checked before any of its timings is trusted:
+with SDPA inside, the swapped self- and cross-attention processors are bit-identical
+(torch.equal) to diffusers' stock WanAttnProcessor; what is not swapped is never touched; the
+fp32 modules stay fp32."""
 
 from __future__ import annotations
 
@@ -47,6 +48,73 @@ def test_sdpa_swap_is_bit_exact_against_the_stock_processor(tiny, dtype):
     da.restore_self_attention(model, before)
     assert [b.attn1.processor for b in model.blocks] == before
     assert torch.equal(_forward(model, tiny, dtype), stock)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_attention_swap_is_bit_exact_against_the_stock_processor(tiny, dtype):
+    model, _ = _model(tiny, dtype)
+    attn1 = [b.attn1.processor for b in model.blocks]
+    stock = _forward(model, tiny, dtype)
+    seen = []
+
+    def core(q, k, v):
+        seen.append((q.shape, k.shape))
+        return da.make_core("sdpa")(q, k, v)
+
+    before = da.swap_attention(model, "cross", lambda i: da.SwappedCrossAttnProcessor(core, "sdpa"))
+    assert all(b.attn1.processor is p for b, p in zip(model.blocks, attn1))  # attn1 untouched
+    swapped = _forward(model, tiny, dtype)
+    assert len(seen) == len(model.blocks)
+    assert all(qs[1] == 75 and ks[1] == 512 for qs, ks in seen)  # (B, N, H, D): Nq video, Nk text tokens
+    assert torch.equal(stock, swapped)
+    da.restore_attention(model, "cross", before)
+    assert all(type(b.attn2.processor) is WanAttnProcessor for b in model.blocks)
+
+
+def test_runtime_swap_check_covers_self_and_cross(tiny):
+    model, _ = _model(tiny)
+    inputs = P.make_inputs(tiny, torch.device("cpu"), torch.float32, 0)
+    check = P.verify_swap(model, inputs, torch.float32, ("self", "cross"))
+    assert check["bit_exact"] is True and check["swapped"] == ["self", "cross"]
+    assert all(type(b.attn1.processor) is WanAttnProcessor and type(b.attn2.processor) is WanAttnProcessor
+               for b in model.blocks)  # restored
+
+
+def test_cross_processor_refuses_self_attention_and_image_context(tiny):
+    model, _ = _model(tiny)
+    proc = da.SwappedCrossAttnProcessor(da.make_core("sdpa"), "sdpa")
+    attn1 = model.blocks[0].attn1
+    with pytest.raises(RuntimeError, match="cross-attention"):
+        proc(attn1, torch.randn(1, 5, attn1.inner_dim))
+
+
+@pytest.mark.parametrize("spec, want", [("self", ("self",)), ("cross", ("cross",)), ("cross,self", ("self", "cross")),
+                                        (" self , cross ", ("self", "cross")), (["cross"], ("cross",))])
+def test_parse_swap(spec, want):
+    assert da.parse_swap(spec) == want
+
+
+@pytest.mark.parametrize("spec, needle", [("", "needs self, cross or both"), ("self,self", "an entry twice"),
+                                          ("attn1", "unknown --swap entry 'attn1'")])
+def test_parse_swap_refuses(spec, needle):
+    from audit.errors import UsageError
+
+    with pytest.raises(UsageError, match=needle):
+        da.parse_swap(spec)
+
+
+def test_core_timer_tags_each_call_with_its_kind(tiny):
+    model, _ = _model(tiny)
+    timer = da.CoreTimer()
+    core = da.make_core("sdpa")
+    da.swap_attention(model, "self", lambda i: da.SwappedSelfAttnProcessor(core, "sdpa", timer))
+    da.swap_attention(model, "cross", lambda i: da.SwappedCrossAttnProcessor(core, "sdpa", timer))
+    inputs = P.make_inputs(tiny, torch.device("cpu"), torch.float32, 0)
+    with torch.no_grad():
+        step = P.instrumented_step(model, timer, inputs, 2, 5.0, torch.float32, torch.device("cpu"))
+    n = len(model.blocks) * 2  # cond + uncond pass
+    assert step.attention_calls == 2 * n
+    assert {k: len(v) for k, v in step.attention_ms_by_kind.items()} == {"self": n, "cross": n}
 
 
 def test_a_different_core_is_not_bit_exact(tiny):

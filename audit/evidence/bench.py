@@ -4,7 +4,15 @@ A/B, not sovereign) PyTorch SDPA's flash, cuDNN and efficient backends.
 Method: CUDA events on the GPU (perf_counter with nothing pending on the CPU); warm-up calls;
 several input sets rotated so a cache does not hold what is timed; the order of backends rotates
 every repeat (interleaved); raw samples kept; speedups as ratios of medians with seeded bootstrap
-95% CIs. A backend that is out of memory or unsupported is skipped with its reason.
+95% CIs. A backend that is out of memory or unsupported is skipped with its reason; a shape our
+library refuses (a head dim it lacks) is a "refused" row with the library's reason, and the
+other backends still run on it.
+
+Our library is timed through the public call `flash_kernel.attention`, as users call it, when
+that call resolves to the selected library (the default build for the device); otherwise (an
+explicit --lib or --target the public call would not pick) through the loaded library object.
+Each shape records the flash path the library's dispatch ran (wgmma, mma_sync, generic, cpu),
+read back from the library after the calls.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ class BackendResult:
     sovereign: bool
     vendor: bool
     about: str
-    status: str  # ok | skipped
+    status: str  # ok | skipped | refused (our library said no: a head dim it lacks, ...)
     reason: str = ""
     summary: Summary | None = None  # milliseconds
     tflops: float | None = None  # at the median
@@ -72,13 +80,18 @@ class ShapeBench:
     seed: int
     backends: list[BackendResult] = field(default_factory=list)
     speedups: list[Speedup] = field(default_factory=list)
+    # The flash path our library ran on this shape: wgmma | mma_sync | generic | cpu, "refused",
+    # "+"-joined when calls differed, None when unknown (a candidate, or a library that cannot say).
+    path: str | None = None
 
     def backend(self, name: str) -> BackendResult | None:
         return next((b for b in self.backends if b.name == name), None)
 
     def to_dict(self) -> dict:
-        return {"shape": self.shape.to_dict(), "input_sets": self.input_sets,
-                "set_bytes": self.set_bytes, "seed": self.seed,
+        from audit.evidence.presets import about
+
+        return {"shape": self.shape.to_dict(), "about": about(self.shape), "path": self.path,
+                "input_sets": self.input_sets, "set_bytes": self.set_bytes, "seed": self.seed,
                 "backends": [b.to_dict() for b in self.backends],
                 "speedups": [s.to_dict() for s in self.speedups]}
 
@@ -100,9 +113,11 @@ class BenchReport:
     primary: str = ""
     environment: dict | None = None  # environment.capture(), schema sovereign-audit.environment/1
     layout: str = "bhnd"  # bnhd: inputs stored (B,N,H,D), passed as strided (B,H,N,D) views
+    primary_call: str = ""  # how our library was called (the public call or the library object)
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "selection": self.selection, "primary": self.primary,
+                "primary_call": self.primary_call,
                 "dtype": self.dtype, "device": self.device, "device_name": self.device_name,
                 "torch": self.torch_version, "repeats": self.repeats, "warmup": self.warmup,
                 "seed": self.seed, "timer": self.timer, "layout": self.layout,
@@ -134,7 +149,7 @@ def backends_for(sel: Selection, head_dim: int, wanted: tuple[str, ...] | None =
             raise UsageError(f"unknown backend {w!r}; known: {', '.join(BACKEND_NAMES)}")
     out: list = []
     if "primary" in wanted:
-        out.append((sel.primary.name, sel.primary))
+        out.append((sel.primary.name, primary_backend(sel)[0]))
     if "naive" in wanted and sel.primary.name != "naive":
         if oracle_supports(sel, head_dim):
             out.append(("naive", sel.oracle))
@@ -227,6 +242,49 @@ def _call(be: Backend):
     return lambda q, k, v: be.fn(q, k, v, scale=None)
 
 
+PUBLIC_CALL = "flash_kernel.attention (the public call)"
+LIBRARY_CALL = "Library.attention of the selected library (the public call would pick another)"
+
+
+def our_library(sel: Selection):
+    """The loaded library the selection measures (None for a user's candidate function)."""
+    path = sel.library.get("path") if sel.kind in ("target", "lib") else None
+    if not path:
+        return None
+    import flash_kernel
+
+    return flash_kernel.load(path)
+
+
+def primary_backend(sel: Selection) -> tuple[Backend, str]:
+    """The backend timed as ours, and how it is called: through `flash_kernel.attention` when that
+    resolves to the selected library for the device, else through the library object."""
+    lib = our_library(sel)
+    if lib is None or sel.primary.name != "flash":
+        return sel.primary, ""
+    import flash_kernel
+
+    try:
+        public = flash_kernel.library_for(sel.device)
+    except Exception:  # no default build for the device: only the library object can be called
+        public = None
+    if public is not lib:
+        return sel.primary, LIBRARY_CALL
+    p = sel.primary
+    be = Backend(p.name, lambda q, k, v, scale=None: flash_kernel.attention(q, k, v, scale=scale),
+                 p.sovereign, p.vendor, p.about + ", through flash_kernel.attention", p.writer)
+    return be, PUBLIC_CALL
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """Our library's refusal of a call (KernelError with its status), as one line; None if the
+    exception is something else (out of memory, a launch failure: those are skips)."""
+    status = getattr(exc, "status_name", None)
+    if status is None or _is_oom(exc) or status == "FK_ERR_LAUNCH":
+        return None
+    return f"{status}: " + " ".join(str(exc).split())[:300]
+
+
 def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, warmup: int,
                 seed: int, sets: int | None = None, wanted=None, tick: Callable | None = None,
                 bootstrap_seed: int = 0, max_backend_s: float | None = None,
@@ -253,6 +311,15 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
         return res
     active: list[tuple[BackendResult, Backend]] = []
     samples: dict[str, list[float]] = {}
+    lib = our_library(sel)
+    paths: list[str] = []
+
+    def ran(name: str) -> None:  # the path our library's last call took (same thread, right after)
+        if lib is not None and name == sel.primary.name:
+            p = lib.last_flash_path()
+            if p and p not in paths:
+                paths.append(p)
+
     for name, be in backends_for(sel, shape.head_dim, wanted):
         if isinstance(be, str):
             res.backends.append(BackendResult(name, True, False, "our naive forward",
@@ -266,8 +333,12 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
                 warnings.simplefilter("always")
                 for w in range(max(1, warmup)):
                     last = timer.time(fn, *inputs[w % n_sets])
+                    ran(name)
         except Exception as exc:  # unsupported or out of memory: recorded, the rest goes on
-            br.status, br.reason = "skipped", _reason(exc, caught, sel.device)
+            refused = _refusal(exc) if be.sovereign else None
+            br.status, br.reason = ("refused", refused) if refused else ("skipped", _reason(exc, caught, sel.device))
+            if refused and lib is not None:
+                res.path = "refused"
             _release(sel.device)
             if tick:
                 tick(repeats + warmup)
@@ -296,12 +367,15 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
             calls += 1
             try:
                 samples[br.name].append(timer.time(_call(be), *x))
+                ran(br.name)
             except Exception as exc:
                 br.status, br.reason = "skipped", f"failed at repeat {r}: {_reason(exc, [])}"
                 _release(sel.device)
             if tick:
                 tick(1)
     del inputs
+    if paths:
+        res.path = "+".join(paths)
     for br, _ in active:
         if br.status == "ok" and samples[br.name]:
             br.summary = summarize(samples[br.name])
@@ -357,7 +431,7 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
         raise UsageError("--max-backend-seconds must be > 0")
     if sets is not None and not (1 <= sets <= MAX_SETS):
         raise UsageError(f"--sets must be between 1 and {MAX_SETS}")
-    selection.check_shapes(shapes)
+    # No head-dim check up front: a shape our library lacks is a "refused" row, timed for the others.
     backends_for(selection, 0, backends)  # validates names early
     started = _now()
     results: list[ShapeBench] = []
@@ -383,7 +457,7 @@ def _report(selection, dtype, repeats, warmup, seed, results, started, env,
     timer = _Timer(selection.device).name
     return BenchReport(selection.to_dict(), dtype, selection.device, repeats, warmup, seed, timer,
                        list(results), started, _now(), torch.__version__, name,
-                       selection.primary.name, env, layout)
+                       selection.primary.name, env, layout, primary_backend(selection)[1])
 
 
 class _progress:

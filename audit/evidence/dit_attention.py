@@ -1,10 +1,13 @@
-"""The self-attention swap of the video DiT: a processor for each block's attn1.
+"""The attention swap of the video DiT: a processor for each block's attn1 (self-attention)
+and, when cross-attention is swapped too, for its attn2.
 
 `SwappedSelfAttnProcessor` computes what diffusers' `WanAttnProcessor` computes for
 self-attention (QKV projections, RMS q/k norms, head split, RoPE, output projection), except the
-attention core, which calls the selected function on (B,N,H,D) q, k, v after RoPE. With the "sdpa"
-core the result is bit-identical to the stock processor (tests/test_pipeline_swap.py checks it
-with torch.equal before any timing is trusted). Cross-attention (attn2) is never touched.
+attention core, which calls the selected function on (B,N,H,D) q, k, v after RoPE.
+`SwappedCrossAttnProcessor` does the same for text cross-attention (q from the video tokens, k and
+v from the text embeddings, no RoPE; Nq != Nk). With the "sdpa" core both are bit-identical to the
+stock processor (tests/test_pipeline_swap.py checks it with torch.equal, and the pipeline checks it
+again before any timing is trusted). What is not swapped is left exactly as it was.
 
 Cores (`make_core`): "naive" = our library's pre-flash path, "flash" = our flash kernel,
 "sdpa" = torch SDPA with its default dispatch (what stock diffusers runs), "sdpa-flash",
@@ -22,6 +25,7 @@ from typing import Callable
 
 from audit.errors import UsageError
 
+SWAPS = ("self", "cross")  # which attention modules of every block get the core: attn1, attn2
 OUR_CORES = ("naive", "flash")
 SDPA_CORES = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
 CORES = OUR_CORES + SDPA_CORES
@@ -33,6 +37,20 @@ def _sdpa_backend(name: str):
 
     return {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
             "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa-math": SDPBackend.MATH}[name]
+
+
+def parse_swap(spec) -> tuple[str, ...]:
+    """'self,cross' -> ('self', 'cross'), in SWAPS order; a UsageError for anything else."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [str(s).strip() for s in items if str(s).strip()]
+    if not names:
+        raise UsageError("--swap needs self, cross or both (self,cross)")
+    for n in names:
+        if n not in SWAPS:
+            raise UsageError(f"unknown --swap entry {n!r}; use self, cross or self,cross")
+    if len(set(names)) != len(names):
+        raise UsageError(f"--swap lists {','.join(names)}: an entry twice")
+    return tuple(n for n in SWAPS if n in names)
 
 
 def make_core(name: str, lib=None) -> Callable:
@@ -78,11 +96,13 @@ def make_core(name: str, lib=None) -> Callable:
 class CoreTimer:
     """Per-call time of the attention core. On CUDA: events on the current stream, read after
     one synchronize (no sync per call, so the timed pass runs as the untimed one does); on CPU:
-    perf_counter around the call (CPU ops are synchronous)."""
+    perf_counter around the call (CPU ops are synchronous). Each call is tagged with its kind
+    ("self" or "cross"), kept in `kinds` beside `ms`."""
 
     enabled: bool = False
     _pending: list = field(default_factory=list)
     ms: list[float] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
 
     def start(self, device):
         import torch
@@ -93,15 +113,16 @@ class CoreTimer:
             return ev
         return time.perf_counter()
 
-    def stop(self, device, token) -> None:
+    def stop(self, device, token, kind: str = "self") -> None:
         import torch
 
         if device.type == "cuda":
             end = torch.cuda.Event(enable_timing=True)
             end.record()
-            self._pending.append((token, end))
+            self._pending.append((token, end, kind))
         else:
             self.ms.append((time.perf_counter() - token) * 1e3)
+            self.kinds.append(kind)
 
     def collect(self) -> list[float]:
         """All per-call times so far in ms (synchronizes when CUDA events are pending)."""
@@ -109,13 +130,20 @@ class CoreTimer:
 
         if self._pending:
             torch.cuda.synchronize()
-            self.ms.extend(s.elapsed_time(e) for s, e in self._pending)
+            self.ms.extend(s.elapsed_time(e) for s, e, _ in self._pending)
+            self.kinds.extend(k for _, _, k in self._pending)
             self._pending.clear()
         return self.ms
+
+    def by_kind(self) -> dict[str, list[float]]:
+        """The collected per-call times split by kind, in SWAPS order (kinds with calls only)."""
+        ms = self.collect()
+        return {k: [m for m, t in zip(ms, self.kinds) if t == k] for k in SWAPS if k in self.kinds}
 
     def reset(self) -> None:
         self._pending.clear()
         self.ms = []
+        self.kinds = []
 
 
 @dataclass
@@ -156,6 +184,8 @@ def _apply_rotary_emb(x, freqs_cos, freqs_sin):
 class SwappedSelfAttnProcessor:
     """A drop-in processor for a WanAttention used as self-attention (attn1)."""
 
+    kind = "self"
+
     def __init__(self, core: Callable, name: str, timer: CoreTimer | None = None,
                  perturbation: Perturbation | None = None):
         self.core = core
@@ -189,7 +219,7 @@ class SwappedSelfAttnProcessor:
             token = self.timer.start(query.device)
         out = self.core(query, key, value)
         if timed:
-            self.timer.stop(query.device, token)
+            self.timer.stop(query.device, token, "self")
         self.calls += 1
         if self.perturbation is not None:
             out = self.perturbation.apply(out)
@@ -200,20 +230,86 @@ class SwappedSelfAttnProcessor:
         return out
 
 
+class SwappedCrossAttnProcessor:
+    """A drop-in processor for a WanAttention used as text cross-attention (attn2): q from the
+    video tokens, k and v from the text embeddings (Nq != Nk), no RoPE, no mask. The image
+    branch of Wan's image-to-video models (add_k_proj) is not served: it raises."""
+
+    kind = "cross"
+
+    def __init__(self, core: Callable, name: str, timer: CoreTimer | None = None,
+                 perturbation: Perturbation | None = None):
+        self.core = core
+        self.name = name
+        self.timer = timer
+        self.perturbation = perturbation
+        self.calls = 0
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 rotary_emb=None, **kwargs):
+        if encoder_hidden_states is None or attention_mask is not None or rotary_emb is not None \
+                or attn.add_k_proj is not None:
+            raise RuntimeError("SwappedCrossAttnProcessor serves text cross-attention (attn2) only")
+        if getattr(attn, "fused_projections", False):
+            query = attn.to_q(hidden_states)
+            key, value = attn.to_kv(encoder_hidden_states).chunk(2, dim=-1)
+        else:
+            query = attn.to_q(hidden_states)
+            key = attn.to_k(encoder_hidden_states)
+            value = attn.to_v(encoder_hidden_states)
+        query = attn.norm_q(query)
+        key = attn.norm_k(key)
+        query = query.unflatten(2, (attn.heads, -1))
+        key = key.unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+
+        timed = self.timer is not None and self.timer.enabled
+        if timed:
+            token = self.timer.start(query.device)
+        out = self.core(query, key, value)
+        if timed:
+            self.timer.stop(query.device, token, "cross")
+        self.calls += 1
+        if self.perturbation is not None:
+            out = self.perturbation.apply(out)
+
+        out = out.flatten(2, 3).type_as(query)
+        out = attn.to_out[0](out)
+        out = attn.to_out[1](out)
+        return out
+
+
+PROCESSORS = {"self": SwappedSelfAttnProcessor, "cross": SwappedCrossAttnProcessor}
+
+
 def self_attention_modules(transformer) -> list:
     return [block.attn1 for block in transformer.blocks]
 
 
-def swap_self_attention(transformer, processor_for: Callable[[int], object]) -> list:
-    """Sets `processor_for(i)` on blocks[i].attn1; returns the previous attn1 processors.
-    attn2 (cross-attention) is left exactly as it was."""
+def attention_modules(transformer, kind: str) -> list:
+    """Every block's attn1 ("self") or attn2 ("cross")."""
+    return [block.attn1 if kind == "self" else block.attn2 for block in transformer.blocks]
+
+
+def swap_attention(transformer, kind: str, processor_for: Callable[[int], object]) -> list:
+    """Sets `processor_for(i)` on the attention of `kind` in blocks[i]; returns the previous ones."""
     before = []
-    for i, attn in enumerate(self_attention_modules(transformer)):
+    for i, attn in enumerate(attention_modules(transformer, kind)):
         before.append(attn.processor)
         attn.set_processor(processor_for(i))
     return before
 
 
-def restore_self_attention(transformer, processors: list) -> None:
-    for attn, proc in zip(self_attention_modules(transformer), processors):
+def restore_attention(transformer, kind: str, processors: list) -> None:
+    for attn, proc in zip(attention_modules(transformer, kind), processors):
         attn.set_processor(proc)
+
+
+def swap_self_attention(transformer, processor_for: Callable[[int], object]) -> list:
+    """Sets `processor_for(i)` on blocks[i].attn1; returns the previous attn1 processors.
+    attn2 (cross-attention) is left exactly as it was."""
+    return swap_attention(transformer, "self", processor_for)
+
+
+def restore_self_attention(transformer, processors: list) -> None:
+    restore_attention(transformer, "self", processors)

@@ -48,12 +48,27 @@ def _p(name, b, h, nq, d, nk=None, about=""):
 
 
 # name -> (shape, what it is). Video shapes: heads x head dim of each model's published config, N the
-# tokens of its default resolution and frame count.
+# tokens of its default resolution and frame count. Image shapes: the token counts of a 1024x1024
+# image (4096 latent tokens) plus the model's text tokens, batch 2 where the two CFG passes are
+# batched. Cross-attention: Nk = 512 umT5 text tokens.
 PRESETS: dict[str, tuple[Shape, str]] = dict([
     _p("wan2.1-1.3b-480p", 1, 12, 32760, 128, about="Wan2.1-T2V-1.3B, 480x832, 81 frames"),
     _p("wan2.1-14b-480p", 1, 40, 32760, 128, about="Wan2.1-14B, 480p"),
     _p("wan2.1-14b-720p", 1, 40, 75600, 128, about="Wan2.1-14B, 720p"),
+    _p("cogvideox-2b", 1, 30, 17776, 64, about="CogVideoX-2B, joint text+video"),
     _p("cogvideox-5b", 1, 48, 17776, 64, about="CogVideoX-5B, joint text+video"),
+    _p("flux-1024", 1, 24, 4608, 128, about="Flux-class image DiT, 1024x1024 + 512 text tokens"),
+    _p("sd3-1024", 2, 24, 4429, 64, about="SD3-class image DiT, 1024x1024 + 333 text tokens, CFG batch"),
+    _p("short-ragged", 1, 16, 4173, 64, about="short sequence, no multiple of any tile"),
+    _p("tokens-8k", 2, 24, 8192, 128, about="8k tokens, batch 2"),
+    _p("tokens-2k-b8", 8, 16, 2048, 128, about="2k tokens, batch 8"),
+    _p("wan2.1-1.3b-cross", 1, 12, 32760, 128, nk=512, about="Wan2.1-1.3B text cross-attention"),
+    _p("wan2.1-14b-cross", 2, 40, 32760, 128, nk=512, about="Wan2.1-14B cross-attention, CFG batch"),
+    _p("head-dim-32", 1, 16, 16384, 32, about="head dim 32"),
+    _p("head-dim-72", 1, 16, 17550, 72, about="Open-Sora/PixArt-class head dim 72"),
+    _p("head-dim-80", 1, 24, 16384, 80, about="head dim 80"),
+    _p("head-dim-96", 1, 24, 16384, 96, about="head dim 96"),
+    _p("head-dim-256", 1, 12, 16384, 256, about="head dim 256"),
     _p("hunyuanvideo-720p", 1, 24, 118800, 128, about="HunyuanVideo, 720p, 129 frames"),
     _p("mochi", 1, 24, 44776, 128, about="Mochi-1"),
     _p("ltx-video", 2, 32, 6144, 64, about="LTX-Video"),
@@ -66,12 +81,37 @@ PRESETS: dict[str, tuple[Shape, str]] = dict([
 VIDEO_PRESETS = [n for n in PRESETS if not n.startswith("tiny")]
 CPU_PRESETS = [n for n in PRESETS if n.startswith("tiny")]
 
+# Named groups of presets (`--preset GROUP` takes them all, in this order): the diffusion
+# transformer attention shapes, by kind, and all of them together.
+PRESET_GROUPS: dict[str, tuple[str, ...]] = {
+    "image": ("flux-1024", "sd3-1024", "short-ragged", "tokens-8k", "tokens-2k-b8"),
+    "video": ("wan2.1-1.3b-480p", "wan2.1-14b-720p", "cogvideox-2b"),
+    "cross": ("wan2.1-1.3b-cross", "wan2.1-14b-cross"),
+    "head-dims": ("head-dim-32", "head-dim-72", "head-dim-80", "head-dim-96", "head-dim-256"),
+}
+PRESET_GROUPS["dit"] = PRESET_GROUPS["video"] + PRESET_GROUPS["image"] + PRESET_GROUPS["cross"] \
+    + PRESET_GROUPS["head-dims"]
+PRESET_GROUPS["tiny"] = tuple(CPU_PRESETS)
+
 
 def preset(name: str) -> Shape:
     try:
         return PRESETS[name][0]
     except KeyError:
-        raise UsageError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+        raise UsageError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}; groups: "
+                         f"{', '.join(PRESET_GROUPS)}") from None
+
+
+def expand_preset(name: str) -> list[Shape]:
+    """A preset or a group of presets by name."""
+    if name in PRESET_GROUPS:
+        return [preset(n) for n in PRESET_GROUPS[name]]
+    return [preset(name)]
+
+
+def about(shape: Shape) -> str:
+    """What a preset's shape is ("" for a --shape)."""
+    return PRESETS[shape.name][1] if shape.name in PRESETS else ""
 
 
 def parse_shape(text: str) -> Shape:
@@ -96,8 +136,10 @@ def parse_shape(text: str) -> Shape:
 
 def resolve_shapes(shapes: tuple[str, ...] | list[str], presets: tuple[str, ...] | list[str],
                    default: list[str] | None = None) -> list[Shape]:
-    """--shape and --preset values in the order given (shapes first); `default` presets if none."""
-    out = [parse_shape(s) for s in shapes] + [preset(p) for p in presets]
+    """--shape and --preset values (presets or groups) in the order given (shapes first);
+    `default` presets if none."""
+    out = [parse_shape(s) for s in shapes] + [x for p in presets for x in expand_preset(p)]
     if not out:
         out = [preset(p) for p in (default or CPU_PRESETS)]
     return out
+

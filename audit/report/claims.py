@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from audit.report.readers import (bench_shapes, dig, linkage_files, parity_passed, parity_worst,
+from audit.report.readers import (bench_shapes, dig, linkage_files, parity_passed, parity_worst, pipeline_swapped,
                                   pipeline_speedup, primary_name, shape_label, speedups, stage_records)
 from audit.report.wording import (NEVER_RUN_WHY, baseline_name, e2e_phrase, is_level, metrics_line, num, plain, sci,
                                   short_reason, speed_phrase, times)
@@ -72,7 +72,8 @@ def claimed(ev, op, e2e, sov, device) -> list[Claim]:
         k = e2e["checks"][e2e["headline"]]
         out.append(Claim(
             f"The {preset} DiT pipeline (random weights) ran {times(fig.value)} faster ({e2e['headline_what']}, "
-            f"95% CI {times(fig.low)} to {times(fig.high)}) with our flash self-attention than with "
+            f"95% CI {times(fig.low)} to {times(fig.high)}) with our flash kernel in every "
+            f"{pipeline_swapped(ev)} than with "
             f"{baseline_name(e2e['reference'])} on {device}; {k.sentence()}.",
             ["evidence/pipeline.json"],
             f"{e2e['headline_what']} speedup of the {preset} pipeline over {baseline_name(e2e['reference'])} "

@@ -170,8 +170,17 @@ def pipeline_speedup(ev: dict, attention: str = "flash") -> dict | None:
                                                       [(run_steps, "sum"), (vae(run), "median")], seed=1))
     ref_calls = _samples(dig(ref, "instrumented_step", "attention_ms_samples", default=[]))
     run_calls = _samples(dig(run, "instrumented_step", "attention_ms_samples", default=[]))
-    op = _interval(c.get("op_speedup"), c.get("op_speedup_ci"),
-                   lambda: bootstrap_ratio_ci(ref_calls, run_calls, seed=2))
+    ref_kinds = dig(ref, "instrumented_step", "attention_ms_by_kind", default={}) or {}
+    run_kinds = dig(run, "instrumented_step", "attention_ms_by_kind", default={}) or {}
+
+    def op_ci():  # as the pipeline computes it: summed core times when two kinds were swapped
+        kinds = [k for k in ("self", "cross") if _samples(ref_kinds.get(k)) and _samples(run_kinds.get(k))]
+        if len(kinds) > 1:
+            return bootstrap_total_ratio_ci([(_samples(ref_kinds[k]), "sum") for k in kinds],
+                                            [(_samples(run_kinds[k]), "sum") for k in kinds], seed=2)
+        return bootstrap_ratio_ci(ref_calls, run_calls, seed=2)
+
+    op = _interval(c.get("op_speedup"), c.get("op_speedup_ci"), op_ci)
     share = num(c.get("reference_attention_share"))
     if num(dit.value) is None and num(full.value) is None:
         return None
@@ -196,6 +205,14 @@ def pipeline_speedup(ev: dict, attention: str = "flash") -> dict | None:
             "headline_what": {"full": "DiT loop + VAE decode", "dit": "DiT loop"}.get(headline or "", ""),
             "reference": plain(c.get("reference")), "attention": attention,
             "latents": c.get("latents"), "frames": c.get("frames")}
+
+
+def pipeline_swapped(ev: dict) -> str:
+    """Which attention the pipeline swapped, in words (evidence from before --swap: self only)."""
+    swap = dig(ev, "pipeline", "config", "swap", default=None)
+    kinds = [k for k in ("self", "cross") if k in swap] if isinstance(swap, list) else ["self"]
+    return {("self",): "self-attention", ("cross",): "cross-attention"}.get(tuple(kinds),
+                                                                             "self- and cross-attention")
 
 
 def parity_passed(ev: dict) -> bool | None:

@@ -36,7 +36,8 @@ STAGE_ABOUT = {
     "linkage": "Audit linkage: DT_NEEDED, transitive, versioned imports, symbols, dlopen strings, device code",
     "parity": "Check the flash forward against a float64 reference and our naive path",
     "bench": "Time the op against our naive path, torch eager and (GPU) the vendor SDPA backends",
-    "pipeline": "Run the DiT pipeline end to end with naive and flash self-attention",
+    "pipeline": "Run the DiT pipeline end to end once per attention core (stock SDPA-cuDNN as the "
+                "reference on a GPU, our naive path on a CPU), swapped into its attention",
     "report": "Render the research-object report from the evidence",
 }
 SIGNED_AFTER = frozenset({"manifest.json", "manifest.dsse.json"})  # written after the crate, to sign it

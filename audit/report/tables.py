@@ -6,7 +6,7 @@ import shlex
 
 from audit import __version__
 from audit.report import plots
-from audit.report.readers import (bench_shapes, bundle_relative, dig, finding_count, headline_op,
+from audit.report.readers import (bench_shapes, bundle_relative, dig, finding_count, headline_op, pipeline_swapped,
                                   linkage_files, parity_passed, parity_worst, pipeline_speedup, primary_name,
                                   shape_label, target_records)
 from audit.report.wording import (NEVER_RUN_WHY, baseline_name, finding_text, fmt_cos, is_level, metrics_line,
@@ -170,6 +170,7 @@ def pipeline_rows(ev) -> list[tuple[str, str]]:
             ("steps, guidance", f"{plain(cfg.get('steps'))} steps, {plain(cfg.get('cfg'))}, guidance {plain(cfg.get('guidance_scale'))}"),
             ("device, dtype", f"{plain(cfg.get('device'))}, {plain(cfg.get('dtype'))}"),
             ("attention cores", plain(cfg.get("attention"))),
+            ("swapped", f"every {pipeline_swapped(ev)}"),
             ("finished", {True: "yes: every core ran to the end", False: "no"}.get(p.get("complete"), "not recorded"))]
     for r in p.get("runs") or []:
         if isinstance(r, dict):

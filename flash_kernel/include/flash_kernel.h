@@ -88,6 +88,12 @@ int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity);
 /* The message of the last failed call on this thread ("" if none). */
 const char *fk_last_error(void);
 
+/* The flash path the last fk_flash_forward on this thread ran: "wgmma", "mma_sync", "generic" or
+ * "cpu"; "" when that call was refused or failed (or none was made). Dispatch picks the path per
+ * call (device, dtype, head dim, tensor layout), so fk_flash_path() alone cannot say which ran.
+ * Added within ABI 1: a caller that finds no such symbol treats the path as unknown. */
+const char *fk_last_flash_path(void);
+
 /* Flash forward: tiled online softmax, never materialising Nq x Nk. CUDA-graph safe (no
  * allocation, no synchronisation). */
 int32_t fk_flash_forward(const fk_attention_args *args);

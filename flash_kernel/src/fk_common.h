@@ -34,6 +34,19 @@ inline int32_t ok() {
     return FK_OK;
 }
 
+// The flash path the last fk_flash_forward on this thread ran ("" when it refused or failed):
+// what dispatch chose, read back by fk_last_flash_path() so a benchmark can name it per call.
+inline const char *&ran_path() {
+    static thread_local const char *path = "";
+    return path;
+}
+
+// Returns `status`, recording `path` as the one that ran when it is FK_OK.
+inline int32_t ran(int32_t status, const char *path) {
+    if (status == FK_OK) ran_path() = path;
+    return status;
+}
+
 inline int64_t dtype_size(int32_t dtype) {
     switch (dtype) {
         case FK_DTYPE_F32: return 4;

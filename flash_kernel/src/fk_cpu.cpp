@@ -396,7 +396,12 @@ int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity) {
 
 const char *fk_last_error(void) { return fk::last_error_buffer(); }
 
-int32_t fk_flash_forward(const fk_attention_args *args) { return forward(args, false); }
+const char *fk_last_flash_path(void) { return fk::ran_path(); }
+
+int32_t fk_flash_forward(const fk_attention_args *args) {
+    fk::ran_path() = "";
+    return fk::ran(forward(args, false), "cpu");
+}
 
 int32_t fk_naive_forward(const fk_attention_args *args) { return forward(args, true); }
 

@@ -68,8 +68,9 @@ int32_t launch_flash(Kernel kernel, fk::FlashParams p, int64_t bm, int threads, 
 template <class E, int D>
 int32_t run_generic(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
     using Tile = fk::GenericTile<D, E::kBytes>;
-    return launch_flash(fk::generic::flash_generic_kernel<E, D>, p, Tile::BM, Tile::kThreads, 0, s, bh,
-                        "flash (generic)");
+    return fk::ran(launch_flash(fk::generic::flash_generic_kernel<E, D>, p, Tile::BM, Tile::kThreads, 0, s, bh,
+                                "flash (generic)"),
+                   "generic");
 }
 
 template <class E>
@@ -94,7 +95,8 @@ int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
                                        Tile::kSmemBytes);
     if (e != hipSuccess)
         return fk::fail(FK_ERR_LAUNCH, "flash (mma_sync) shared memory opt-in failed: %s", hipGetErrorString(e));
-    return launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)");
+    return fk::ran(launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)"),
+                   "mma_sync");
 }
 #endif
 
@@ -146,7 +148,7 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
         kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md);
         if (int32_t st = check_launch("flash (wgmma)")) return st;
     }
-    return FK_OK;
+    return fk::ran(FK_OK, "wgmma");
 }
 
 // The wgmma path where it applies; kNotTaken otherwise.
@@ -290,7 +292,10 @@ int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity) {
 
 const char *fk_last_error(void) { return fk::last_error_buffer(); }
 
+const char *fk_last_flash_path(void) { return fk::ran_path(); }
+
 int32_t fk_flash_forward(const fk_attention_args *args) {
+    fk::ran_path() = "";
     fk::Validated v{};
     // Both flash paths load 16 bytes at a time: pointers and row strides must allow it.
     if (int32_t st = fk::validate(args, fk::kHeadDims, fk::kNumHeadDims, fk::kVectorBytes, &v)) return st;

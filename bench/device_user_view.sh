@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The user's view in one device run on an NVIDIA H200 (about 4-5 minutes):
+#   1. build the default CUDA library (sm_90a) and the CPU one, once, into build/ (where the public
+#      call flash_kernel.attention and `run` both find them)
+#   2. the GPU tests of the public call where users put it: inside a CUDA graph capture, on a
+#      non-default stream, on cuda:1 (skipped on a one-GPU host), plus the binding's GPU tests
+#   3. `sovereign-audit bench --preset dit`: every diffusion-transformer shape, ours through the
+#      public call against SDPA-flash and SDPA-cuDNN, the path each shape ran, refusals as rows
+#   4. with time left and diffusers carried as a wheel (.whl/): `sovereign-audit run --device cuda`
+#      with the default library, the research object tarred to $OUT/research-object.tgz
+# Results under $OUT; the short tables print last.
+#   OUT=/tmp/uv bash bench/device_user_view.sh      # BUDGET_S (default 285) bounds the whole run
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/user_view_out}
+BUDGET_S=${BUDGET_S:-285}
+START=$(date +%s)
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl >"$OUT/pip.log" 2>&1 && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  nvcc --version | tail -1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "gpus", torch.cuda.device_count())'
+  python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1; } > "$OUT/env.txt" 2>&1
+note "env: $(tr '\n' ';' < "$OUT/env.txt")"
+
+# 1. One build of the default libraries.
+python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log" 2>&1
+note "build rc=$? ($(( $(date +%s) - START )) s)"
+
+# 2. The public call in a graph capture, on a side stream, on cuda:1; the binding's GPU tests.
+timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_cuda_placement.py \
+    tests/test_binding.py >"$OUT/pytest.log" 2>&1
+note "pytest gpu rc=$?: $(tail -1 "$OUT/pytest.log")"
+grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/pytest.log" | head -8 | tee -a "$SUMMARY"
+
+# 3. The diffusion-transformer table through the public call.
+timeout -k 5 $(( $(left) > 130 ? 110 : $(left) - 20 )) python3 -m audit bench --device cuda --preset dit \
+    --backend primary --backend sdpa-flash --backend sdpa-cudnn --repeats 10 --warmup 2 --no-progress \
+    --json "$OUT/bench-dit.json" >"$OUT/bench-dit.txt" 2>&1
+note "bench --preset dit rc=$? ($(( $(date +%s) - START )) s)"
+
+# 4. The research object with the default library, if it can finish in the time left.
+if python3 -c 'import diffusers' 2>/dev/null && [ "$(left)" -gt 120 ]; then
+    rm -rf /tmp/ro
+    timeout -k 5 $(( $(left) - 10 )) python3 -m audit run --out /tmp/ro --device cuda --target sm_90a \
+        --target cpu --build-dir build --repeats 10 --pipeline-steps 2 >"$OUT/run.log" 2>&1
+    rc=$?
+    note "run rc=$rc ($(( $(date +%s) - START )) s)"
+    [ -d /tmp/ro ] && tar czf "$OUT/research-object.tgz" -C /tmp ro
+else
+    note "run: not started (diffusers missing or $(left) s left)"
+fi
+
+echo "==== summary"
+cat "$SUMMARY"
+echo "==== bench --preset dit"
+sed -n '/^ours = /,$p' "$OUT/bench-dit.txt"
+if [ -f /tmp/ro/evidence/pipeline.json ]; then
+    echo "==== pipeline (research object)"
+    python3 - <<'PY'
+import json
+from audit.evidence.pipeline_command import render_table
+d = json.load(open("/tmp/ro/evidence/pipeline.json"))
+print(render_table(type("R", (), {"to_dict": lambda self: d})()))
+PY
+fi
