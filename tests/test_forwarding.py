@@ -211,3 +211,48 @@ def test_a_wrapper_that_hands_its_own_name_to_dlsym_is_a_run_time_load(x86_stubs
     assert fw["cudnnCreate"].via == "dlsym" and fw["cudnnCreate"].target == "cudnnCreate"
     (cudnn,) = own(audit(x86_stubs["wrapper"]), "nvidia.cudnn")
     assert cudnn.kind == "dlopen-string" and 'cudnnCreate -> dlsym("cudnnCreate")' in cudnn.detail
+
+
+_FORKED = r"""
+import json, os, sys
+import audit.elf.reader as reader
+from audit.elf import prescan
+from audit.linkage.policy import load_policy
+
+pattern = load_policy(None).symbol_pattern
+decoded_here = []
+real = reader.read_forwarders
+reader.read_forwarders = lambda *a: decoded_here.append(1) or real(*a)  # counts this process's calls only
+out = {}
+for path in sys.argv[1:]:
+    plain = reader.read_elf(path, pattern).to_dict()
+    prescan.MIN_ENTRIES = 1  # every table counts as large: the child selects it, then decodes the stubs
+    before = len(decoded_here)
+    forked = reader.read_elf(path, pattern).to_dict()
+    prescan.MIN_ENTRIES = 10**9
+    out[path] = {"same": forked == plain, "stubs": len(plain["forwarders"]),
+                 "decoded_here": len(decoded_here) - before}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_stubs_decoded_in_the_prescan_child_are_the_same(request, arch):
+    """A file whose largest symbol table is selected in a forked child (audit.elf.prescan) has
+    its forwarding stubs decoded there too; they must equal the in-process reading. Run in a
+    fresh interpreter: the fork is taken only in a single-threaded process."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    libs = request.getfixturevalue(arch)
+    paths = [str(libs[k]) for k in ("thunks_plt", "thunks_noplt", "lazy_c", "env_mode", "copies")]
+    repo = str(Path(__file__).resolve().parent.parent)
+    cp = subprocess.run([sys.executable, "-c", _FORKED, *paths], capture_output=True, text=True,
+                        env={**os.environ, "PYTHONPATH": repo}, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    got = json.loads(cp.stdout)
+    assert all(r["same"] for r in got.values()), got
+    assert all(r["decoded_here"] == 0 for r in got.values()), got  # the child decoded them
+    assert sum(r["stubs"] for r in got.values()) >= 3  # the fixtures do hold stubs

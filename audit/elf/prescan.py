@@ -3,57 +3,96 @@
 The pattern scan over a big `.symtab` (libtorch_cpu.so: 530k entries, a 76 MB string table) is
 regex work that holds the GIL, so a thread cannot share it; a forked child can, on the second
 core. The child runs exactly the in-process code (audit.elf.symbols.select and names_at) on the
-same mapped file and sends back the selected indices, name ends, decoded names and warnings; the
-parent builds the Symbol objects as usual. Anything unusual (no fork, another thread already
-running, a child that fails or dies) leaves the table to be read in process: the result is the
-same either way, only slower.
+same mapped file and sends back the selected indices, name ends, decoded names and warnings;
+the parent builds the Symbol objects as usual. Then, while the parent builds them, the child
+runs the caller's `then` (the reader's forwarding-stub decoding, which needs every table's
+selection) and sends its answer as a second message. Anything unusual (no fork, another thread
+already running, a child that fails or dies) leaves the work to be done in process: the result
+is the same either way, only slower.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import struct
 import threading
+from collections.abc import Callable
 
 from audit.elf.symbols import SymbolTable, names_at, select
 
 MIN_ENTRIES = 200_000  # below this, forking costs more than it saves
+_LEN = struct.Struct("<Q")
+_FAILED = object()
 
 
 class Prescan:
     def __init__(self, pid: int, fd: int, index: int):
-        self.pid, self.fd, self.index = pid, fd, index
-        self._result = None
-        self._done = False
+        self.pid, self.index = pid, index
+        self._fh = os.fdopen(fd, "rb")
+        self._answers: list = []  # what the child has sent, in order
+        self._reaped = False
+
+    def _message(self, n: int):
+        """The child's n-th message (0, 1), or _FAILED if it never came."""
+        while len(self._answers) <= n and self._fh is not None:
+            try:
+                head = self._fh.read(_LEN.size)
+                size = _LEN.unpack(head)[0] if len(head) == _LEN.size else -1
+                data = self._fh.read(size) if size > 0 else b""
+                # a message cut short (the child died while writing) is no answer
+                self._answers.append(pickle.loads(data) if size > 0 and len(data) == size else _FAILED)
+            except (OSError, pickle.UnpicklingError, ValueError, EOFError, struct.error):
+                self._answers.append(_FAILED)
+            if self._answers[-1] is _FAILED:
+                self._finish()
+        return self._answers[n] if len(self._answers) > n else _FAILED
 
     def result(self):
         """(idx, ends, names, warnings) from the child, or None if it did not deliver."""
-        if not self._done:
-            self._done = True
-            try:
-                with os.fdopen(self.fd, "rb") as fh:
-                    data = fh.read()
-                _, status = os.waitpid(self.pid, 0)
-                if os.waitstatus_to_exitcode(status) == 0:
-                    idx, ends, names, warnings = pickle.loads(data)  # our own child's answer
-                    self._result = idx, ends, (names.split("\0") if len(idx) else []), warnings
-            except (OSError, pickle.UnpicklingError, ValueError, EOFError):
-                self._result = None
-        return self._result
+        got = self._message(0)
+        if got is _FAILED:
+            return None
+        idx, ends, names, warnings = got
+        return idx, ends, (names.split("\0") if len(idx) else []), warnings
 
-    def close(self) -> None:
-        """Reap the child if its answer was never read (the parent stopped on an error)."""
-        if not self._done:
-            self._done = True
+    def then(self):
+        """What the caller's `then` returned in the child, or None if it did not deliver."""
+        got = self._message(1)
+        self._finish()
+        return None if got is _FAILED else got
+
+    def _finish(self) -> None:
+        if self._fh is not None:
+            fh, self._fh = self._fh, None
             try:
-                os.close(self.fd)  # a child still writing gets EPIPE and exits
+                fh.close()  # a child still writing gets EPIPE and exits
+            except OSError:
+                pass
+        if not self._reaped:
+            self._reaped = True
+            try:
                 os.waitpid(self.pid, 0)
             except OSError:
                 pass
 
+    def close(self) -> None:
+        """Reap the child (the parent is done with it, or stopped on an error)."""
+        self._finish()
 
-def start(img, tables: list[SymbolTable], pattern, keep_imports: dict[int, bool]) -> Prescan | None:
-    """Fork a child selecting the largest table (if it is large enough), or return None."""
+
+def _send(fd: int, value) -> None:
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(_LEN.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def start(img, tables: list[SymbolTable], pattern, keep_imports: dict[int, bool],
+          then: Callable | None = None) -> Prescan | None:
+    """Fork a child selecting the largest table (if it is large enough), or return None.
+    `then(index, (idx, ends, names, warnings))`, if given, runs in the child afterwards, with the
+    table's index and selection; its (picklable) result is `Prescan.then()`'s."""
     if pattern is None or not tables or not hasattr(os, "fork") or threading.active_count() > 1:
         return None
     table = max(tables, key=len)
@@ -73,11 +112,11 @@ def start(img, tables: list[SymbolTable], pattern, keep_imports: dict[int, bool]
             warnings: list[str] = []
             idx, ends = select(img, table, pattern, keep_imports[table.index], warnings)
             names = names_at(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
-            payload = pickle.dumps((idx, ends, "\0".join(names), warnings), protocol=pickle.HIGHEST_PROTOCOL)
-            with os.fdopen(w, "wb") as out:
-                out.write(payload)
+            _send(w, (idx, ends, "\0".join(names), warnings))
+            if then is not None:
+                _send(w, then(table.index, (idx, ends, names, warnings)))
             code = 0
-        except BaseException:  # noqa: BLE001  (any failure: the parent reads the table itself)
+        except BaseException:  # noqa: BLE001  (any failure: the parent does the rest itself)
             pass
         os._exit(code)
     os.close(w)

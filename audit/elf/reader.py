@@ -5,9 +5,10 @@ and symbols of embedded code objects), and parts read once leave the resident se
 (parse.release), so resident memory follows what is being read, not the file's size. Its
 sha256 is computed beside the parse, from plain reads through a small buffer (audit.elf.hashing:
 a forked child for a large file, else a thread), and a very large symbol table is selected in a
-forked child too (audit.elf.prescan). Every failure to read or parse raises
-audit.errors.InputError with a one-line message naming the file; nothing else escapes for a
-malformed input.
+forked child too (audit.elf.prescan), which then decodes the forwarding stubs while this process
+builds the symbols (this process reads the data sections' strings while the child selects).
+Every failure to read or parse raises audit.errors.InputError with a one-line message naming
+the file; nothing else escapes for a malformed input.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, re
                                read_version_needs)
 from audit.elf.forward import read_forwarders
 from audit.elf.immediates import assembled_names
-from audit.elf.model import ElfInfo, StringHit, Symbol
+from audit.elf.model import ElfInfo, Forward, StringHit, Symbol
 from audit.elf.nvidia import read_nv_fatbin
-from audit.elf.parse import SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed, release
+from audit.elf.parse import SHN_UNDEF, SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed, release
 from audit.elf.strings import identifier_strings, library_strings
-from audit.elf.symbols import load_tables, make_symbols, select
+from audit.elf.symbols import load_tables, make_symbols, names_at, select
 from audit.errors import InputError
 
 # Imports through which a binary loads code at run time (exact names or prefixes).
@@ -167,15 +168,72 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
 
 
 def _prescan(buf, symbol_pattern) -> prescan.Prescan | None:
-    """The largest symbol table handed to a forked child (audit.elf.prescan), if it is large."""
+    """The largest symbol table handed to a forked child (audit.elf.prescan), if it is large;
+    the child then decodes the forwarding stubs too (_child_forwarders)."""
     try:
         img = ElfImage(buf)
         tables = load_tables(img) if img.sections else []
     except _MALFORMED:
         return None  # _parse reports it
+    keep = _keep_imports(tables)
+    return prescan.start(img, tables, symbol_pattern, keep,
+                         then=functools.partial(_child_forwarders, img, tables, symbol_pattern, keep))
+
+
+def _keep_imports(tables) -> dict[int, bool]:
+    """Per table: are its imports kept? From .dynsym; from .symtab only when there is no .dynsym
+    (relocatable objects)."""
     has_dynsym = any(t.name == ".dynsym" for t in tables)
-    return prescan.start(img, tables, symbol_pattern,
-                         {t.index: t.name == ".dynsym" or not has_dynsym for t in tables})
+    return {t.index: t.name == ".dynsym" or not has_dynsym for t in tables}
+
+
+def _select(img: ElfImage, table, symbol_pattern, keep_imports: bool):
+    """(indices kept, their name ends, their names, warnings) of one table."""
+    warns: list[str] = []
+    idx, ends = select(img, table, symbol_pattern, keep_imports, warns)
+    names = names_at(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
+    return idx, ends, names, warns
+
+
+def _code_loading(tables, sel: dict) -> list[str]:
+    """Imported names through which the object loads code (CODE_LOADING_RE), over the tables
+    selected so far."""
+    found = set()
+    for table in tables:
+        if table.index in sel:
+            idx, _, names, _ = sel[table.index]
+            undefined = (table.syms["st_shndx"][idx] == SHN_UNDEF).tolist()
+            found.update(n for n, u in zip(names, undefined) if u and CODE_LOADING_RE.match(n))
+    return sorted(found)
+
+
+def _imports_dlsym(code_loading: list[str]) -> bool:
+    return bool({"dlsym", "dlvsym"} & {n.split("@", 1)[0] for n in code_loading})
+
+
+def _forwarders(img: ElfImage, tables, sel: dict, imports_dlsym: bool, picks=None) -> tuple[list[Forward], str | None]:
+    """(forwarders, a warning if the code could not be read): a refinement of what the symbols
+    say, so a failure leaves them as they are."""
+    dynsym = next((t for t in tables if t.name == ".dynsym"), None)
+    if picks is None:
+        picks = [(t.syms[sel[t.index][0]], sel[t.index][2]) for t in tables]
+    try:
+        return read_forwarders(img, dynsym, picks, imports_dlsym), None
+    except _MALFORMED as exc:
+        return [], f"forwarding stubs not read: {exc or type(exc).__name__}"
+
+
+def _child_forwarders(img, tables, symbol_pattern, keep: dict[int, bool], index: int, got) -> tuple:
+    """In the prescan child, once the large table is sent: every other table selected exactly as
+    _parse does, then the forwarding stubs, as _parse would decode them."""
+    sel = {t.index: got if t.index == index else _select(img, t, symbol_pattern, keep[t.index]) for t in tables}
+    dlsym = _imports_dlsym(_code_loading(tables, sel))
+    picks = [(t.syms[sel[t.index][0]], sel[t.index][2]) for t in tables]
+    for t in tables:  # read once: memory for the code
+        sec = img.sections[t.index]
+        release(img.buf, sec.offset, sec.offset + sec.size)
+        release(img.buf, t.str_off, t.str_off + t.str_size)
+    return _forwarders(img, tables, sel, dlsym, picks)
 
 
 def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
@@ -193,38 +251,49 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
         warnings.append("no section header table: symbols, strings and device code not read")
 
     tables = load_tables(img)
-    has_dynsym = any(t.name == ".dynsym" for t in tables)
-    symbols: list[Symbol] = []
+    keep = _keep_imports(tables)
     counts: dict[str, int] = {}
-    picks = []
+    sel: dict[int, tuple] = {}
     for table in tables:
         counts[table.name] = counts.get(table.name, 0) + len(table)
-        # imports: from .dynsym; from .symtab only when there is no .dynsym (relocatable objects)
-        keep_imports = table.name == ".dynsym" or not has_dynsym
-        got = pre.result() if pre is not None and pre.index == table.index else None
-        if got is not None:  # selected by the child, exactly as select() would here
-            idx, ends, names, warns = got
-            warnings += warns
-        else:
-            names = None
-            idx, ends = select(img, table, symbol_pattern, keep_imports, warnings)
+        if pre is None or pre.index != table.index:  # the child's table is collected below
+            sel[table.index] = _select(img, table, symbol_pattern, keep[table.index])
+    # While the child reads its table: the data sections' strings (the API names handed to dlsym
+    # only where dlsym is imported: that scan reads all data), with what the tables read so far say.
+    api_warn: list[str] = []
+    lib_warn: list[str] = []
+    early = _code_loading(tables, sel)
+    early_dlsym = _imports_dlsym(early)
+    api = identifier_strings(img, api_prefixes, api_warn) if api_prefixes and early_dlsym else []
+    strings = library_strings(img, lib_warn)
+    if pre is not None:
+        big = next(t for t in tables if t.index == pre.index)
+        sel[big.index] = pre.result() or _select(img, big, symbol_pattern, keep[big.index])
+
+    symbols: list[Symbol] = []
+    picks = []
+    for table in tables:
+        idx, ends, names, warns = sel[table.index]
+        warnings += warns
         versym = _versym(img, table) if table.name == ".dynsym" else None
         kept = make_symbols(img, table, idx, versions, versym, ends, names)
         symbols += kept
-        picks.append((table.syms[idx], kept))  # a copy of the kept entries: the table's pages go now
+        picks.append((table.syms[idx], names))  # a copy of the kept entries: the table's pages go now
         sec = img.sections[table.index]
         release(img.buf, sec.offset, sec.offset + sec.size)  # read once: memory for the next table
         release(img.buf, table.str_off, table.str_off + table.str_size)
-    code_loading = sorted({s.name for s in symbols if not s.defined and CODE_LOADING_RE.match(s.name)})
-    imports_dlsym = bool({"dlsym", "dlvsym"} & {n.split("@", 1)[0] for n in code_loading})
-    # names handed to dlsym: looked for only where dlsym is imported (the scan reads all data)
-    api = identifier_strings(img, api_prefixes, warnings) if api_prefixes and imports_dlsym else []
-    dynsym = next((t for t in tables if t.name == ".dynsym"), None)
-    try:  # a refinement of what the symbols say: if the code cannot be read, they stand as they are
-        forwarders = read_forwarders(img, dynsym, picks, imports_dlsym)
-    except _MALFORMED as exc:
-        forwarders = []
-        warnings.append(f"forwarding stubs not read: {exc or type(exc).__name__}")
+    if pre is None:
+        code_loading = early
+    else:
+        code_loading = sorted({s.name for s in symbols if not s.defined and CODE_LOADING_RE.match(s.name)})
+    imports_dlsym = _imports_dlsym(code_loading)
+    if api_prefixes and imports_dlsym and not early_dlsym:  # dlsym is imported in the child's table
+        api = identifier_strings(img, api_prefixes, api_warn)
+    warnings += api_warn
+    done = pre.then() if pre is not None else None  # decoded by the child, exactly as here
+    forwarders, fw_warn = done if done is not None else _forwarders(img, tables, sel, imports_dlsym, picks)
+    if fw_warn:
+        warnings.append(fw_warn)
 
     device = []
     for sec in img.sections:
@@ -232,13 +301,14 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
             img.check_range(sec.offset, sec.size, f"section {sec.name}")
             reader = read_hip_fatbin if sec.name == ".hip_fatbin" else read_nv_fatbin
             device += reader(img.buf, sec.offset, sec.offset + sec.size, sec.name)  # in place
+    warnings += lib_warn
 
     return ElfInfo(
         path=path, sha256="", size=img.size, build_id=read_build_id(img), elf_class=img.bits,
         machine=img.machine_name, endian=img.endian, elf_type=img.type_name, soname=dyn.soname,
         needed=dyn.needed, rpath=dyn.rpath, runpath=dyn.runpath, interpreter=read_interpreter(img),
         version_needs=needs, symbols=symbols, symbol_counts=counts,
-        code_loading_imports=code_loading, forwarders=forwarders, library_strings=library_strings(img, warnings),
+        code_loading_imports=code_loading, forwarders=forwarders, library_strings=strings,
         api_strings=api,
         device_code=device, warnings=warnings)
 
