@@ -49,6 +49,7 @@ def _build(cc: str, out: Path) -> dict[str, Path]:
         p[f"thunks_{variant}"] = shared(cc, out / f"libthunks_{variant}.so", "thunks.c", *extra, *link)
     p["copies"] = shared(cc, out / "libcopies.so", "copies.c")
     p["lazy_c"] = shared(cc, out / "liblazy_c.so", "lazy_stub.c", "-ldl")
+    p["lazy_split"] = shared(cc, out / "liblazy_split.so", "lazy_split.c", "-ldl")
     p["registered"] = shared(cc, out / "libregistered.so", "registered.c")
     p["logs_own_name"] = shared(cc, out / "liblogs_own_name.so", "logs_own_name.c", "-ldl")
     p["wrapper"] = shared(cc, out / "libwrapper.so", "wrapper.c", "-ldl")
@@ -175,6 +176,17 @@ def test_a_lazy_dlsym_stub_is_a_run_time_load(request, arch, lib):
     assert set(by_names) == {stubs, ("libcublas.so.12",)}
     assert 'cublasCreate_v2 -> dlsym("cublasCreate_v2")' in by_names[stubs].detail
     assert "libcublas.so.12" in by_names[stubs].detail  # the library it loads by name
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_a_split_off_part_of_a_stub_is_no_static_copy(request, arch):
+    libs = request.getfixturevalue(arch)
+    info = read_elf(libs["lazy_split"], policy().symbol_pattern)
+    assert {f.symbol: f.via for f in info.forwarders} == {"cublasCreate_v2": "dlsym"}
+    assert "cublasCreate_v2.cold" in {s.name for s in info.symbols if s.defined}  # kept: it matches cublas*
+    cublas = own(audit(libs["lazy_split"]), "nvidia.cublas")
+    assert [f.kind for f in cublas] == ["dlopen-string"]
+    assert not any("cublasCreate_v2.cold" in m.names for f in cublas for m in f.matches)
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -14,6 +14,7 @@ import datetime as _dt
 import hashlib
 import re
 from dataclasses import dataclass, field
+from itertools import filterfalse
 from pathlib import Path
 
 import tomllib
@@ -219,27 +220,34 @@ class Policy:
         return None if at is None else self.rules[at]
 
     def classify_symbols(self, names) -> dict[str, Rule]:
-        """name -> the first rule (policy order) whose symbol patterns match it, for many names.
+        """name -> the first rule (policy order) whose symbol patterns match it, for many names."""
+        return {n: rule for rule, members in self.symbol_groups(names) for n in members}
+
+    def symbol_groups(self, names) -> list[tuple[Rule, list[str]]]:
+        """classify_symbols grouped: (rule, the names it claims) in policy order, rules that
+        claim none left out; each list is a few sorted runs (cheap to sort again).
 
         Names are sorted once; each rule then looks only at the contiguous range of names that
         start with one of its literal prefixes, so 85k vendor names cost ~one regex match each.
         """
-        unique = set(names)
+        unique = names if isinstance(names, (set, frozenset)) else set(names)
         ordered = sorted(unique)
-        out: dict[str, Rule] = {}
+        claimed: set[str] = set()
+        out = []
         for rule, prefixes in zip(self.rules, self._prefixes):
-            if rule.match_names:
-                out.update((n, rule) for n in sorted(rule.match_names.intersection(unique)) if n not in out)
+            got = sorted(n for n in rule.match_names.intersection(unique) if n not in claimed) if rule.match_names else []
+            claimed.update(got)
             rx = rule._re.get("symbols")
-            if rx is None:
-                continue
-            for lit, check in prefixes:
-                lo = bisect.bisect_left(ordered, lit)
-                hi = bisect.bisect_left(ordered, lit + "\U0010ffff") if lit else len(ordered)
-                if check:
-                    out.update((n, rule) for n in ordered[lo:hi] if n not in out and rx.match(n))
-                else:
-                    out.update((n, rule) for n in ordered[lo:hi] if n not in out)
+            if rx is not None:
+                # the prefixes are prefix-free (finalize): their ranges do not overlap
+                for lit, check in prefixes:
+                    lo = bisect.bisect_left(ordered, lit)
+                    hi = bisect.bisect_left(ordered, lit + "\U0010ffff") if lit else len(ordered)
+                    fresh = filterfalse(claimed.__contains__, ordered[lo:hi])
+                    got += filter(rx.match, fresh) if check else fresh
+            if got:
+                claimed.update(got)
+                out.append((rule, got))
         return out
 
     def rule_for_symbol(self, name: str) -> Rule | None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from itertools import compress, filterfalse
+from operator import attrgetter, not_
 
 from audit.elf.model import ElfInfo, Forward
 from audit.linkage.model import Finding, Match
@@ -14,7 +16,8 @@ from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
 from audit.linkage.resolve import DepNode, Resolver
 
 _MAX_EXAMPLES = 10
-_NOT_CODE = ("FILE", "SECTION")  # symbol-table entries that name a source file or a section, not code
+_NOT_CODE = {"FILE", "SECTION"}  # symbol-table entries that name a source file or a section, not code
+_KIND, _NAME, _DEFINED, _TABLE = (attrgetter(a) for a in ("kind", "name", "defined", "table"))
 _MAX_DIR_LIST = 20000  # entries looked at per RPATH/RUNPATH directory
 
 
@@ -42,43 +45,59 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
         if rule:
             strings.setdefault((rule.id, hit.text), []).append(hit)
 
-    # Set operations, not a Python loop per symbol: libtorch_cpu brings ~85k vendor names.
-    syms = [s for s in info.symbols if s.kind not in _NOT_CODE]
-    by_name = policy.classify_symbols(s.name for s in syms)
-    if by_name:
-        defined = {s.name for s in syms if s.defined}
-        imported = {s.name for s in syms if not s.defined}
-        in_table = {t: {s.name for s in syms if s.table == t} for t in {s.table for s in syms}}
+    # Whole columns through C-level map/filter/compress, never a Python statement per symbol:
+    # libtorch_cpu brings ~85k vendor names.
+    syms = info.symbols
+    kinds = list(map(_KIND, syms))
+    if _NOT_CODE.intersection(kinds):
+        syms = list(compress(syms, [k not in _NOT_CODE for k in kinds]))
+    names_all = list(map(_NAME, syms))
+    flags = list(map(_DEFINED, syms))
+    defined = set(compress(names_all, flags))
+    imported = set(compress(names_all, map(not_, flags)))
+    tables_of = list(map(_TABLE, syms))
+    in_table = {t: set(compress(names_all, map(t.__eq__, tables_of))) for t in set(tables_of)}
+    by_rule = policy.symbol_groups(defined | imported)
+    if by_rule:
         forwards = {f.symbol: f for f in info.forwarders}
+        # a defined name whose part before "." is a forwarding stub (GCC's split-off parts: X.cold,
+        # X.part.0) is a part of that stub, not a function of its own
+        stubs = {p for p, f in forwards.items() if _defined_as(policy, p, f)[1] is not None}
         groups: dict[tuple, list[str]] = {}
-        for name, rule in by_name.items():
-            if name in defined:
-                fw = forwards.get(name)
+        for rule, members in by_rule:
+            parts = {n for n in members if "." in n and n.split(".", 1)[0] in stubs and n in defined
+                     and n not in forwards} if stubs else set()
+            plain = list(filterfalse((forwards.keys() | parts).__contains__, filter(defined.__contains__, members)))
+            if plain:
+                groups.setdefault((rule.id, "static-symbol", None), []).extend(plain)
+            for name in (n for n in members if n in forwards and n in defined):
+                fw = forwards[name]
                 how = _defined_as(policy, name, fw)
-                parent = name.split(".", 1)[0]  # GCC's split-off parts: X.cold, X.part.0
-                if how[1] is None and parent != name and _defined_as(policy, parent, forwards.get(parent))[1]:
-                    continue  # a part of a forwarding stub is not a function of its own
+                if how[1] is None and name.split(".", 1)[0] in stubs and name.split(".", 1)[0] != name:
+                    parts.add(name)
+                    continue
                 # a stub belongs to the library whose code it reaches: cuBLAS's
                 # cublasGetEnvironmentMode -> cublasLtGetEnvironmentMode@plt is cuBLASLt's
                 owner = (policy.rule_for_symbol(fw.target) or rule) if how[1] == "stub" else rule
                 groups.setdefault((owner.id, *how), []).append(name)
-            if name in imported:
-                groups.setdefault((rule.id, "imported-symbol", None), []).append(name)
+            imports = list(filterfalse(parts.__contains__, filter(imported.__contains__, members)))
+            if imports:
+                groups.setdefault((rule.id, "imported-symbol", None), []).extend(imports)
         sources = _source_files(policy, info) if any(k[1] == "static-symbol" for k in groups) else {}
         # stubs before plain names of the same kind: grouped into one finding, its detail says so
         for (rid, kind, via), names in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2] is None)):
             tables = ", ".join(t for t, members in sorted(in_table.items()) if not members.isdisjoint(names))
             # .symtab spells versioned imports "name@VERSION": one name, not two
-            base = {n.split("@", 1)[0] or n if "@" in n else n for n in names}
-            every = sorted(base)
+            every = sorted({n.split("@", 1)[0] or n if "@" in n else n for n in names}) \
+                if "@" in "\0".join(names) else sorted(names)
             if via is None:
                 files = sources.get(rid, [])
                 detail = (f"{len(files)} source-file name(s) in .symtab match too (STT_FILE, not counted): "
                           + ", ".join(files[:3])) if kind == "static-symbol" and files else None
             else:
                 libs = sorted(text for (r, text) in strings if r == rid)
-                detail = _stub_detail(via, [forwards[n] for n in every[:3]], len(base), libs)
-            add(policy.rule(rid), kind, every[0], tables, count=len(base), detail=detail,
+                detail = _stub_detail(via, [forwards[n] for n in every[:3]], len(every), libs)
+            add(policy.rule(rid), kind, every[0], tables, count=len(every), detail=detail,
                 matches=[Match(every, tables, detail=detail)])
 
     for (rid, text), hits in strings.items():
