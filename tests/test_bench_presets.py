@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def cpu_build():
-    from audit.build.builder import ensure_built
+    from audit.kernel_build.builder import ensure_built
 
     if shutil.which("g++") is None:
         pytest.skip("g++ not on PATH: the CPU kernel library cannot be built here (make test installs it)")
