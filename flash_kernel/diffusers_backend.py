@@ -35,22 +35,28 @@ class DispatchCounts:
 
     served: int = 0
     passed_on: Counter = field(default_factory=Counter)
+    paths: Counter = field(default_factory=Counter)  # served calls by the kernel path that ran them
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def count(self, reason: str | None) -> None:
+    def count(self, reason: str | None, path: str | None = None) -> None:
         with self._lock:
             if reason is None:
                 self.served += 1
+                if path:
+                    self.paths[path] += 1
             else:
                 self.passed_on[reason] += 1
 
     def summary(self) -> str:
         passed = sum(self.passed_on.values())
+        ran = ", ".join(f"{p}: {n}" for p, n in sorted(self.paths.items()))
         why = ", ".join(f"{r}: {n}" for r, n in sorted(self.passed_on.items()))
-        return f"served {self.served}, passed on {passed}" + (f" ({why})" if why else "")
+        return (f"served {self.served}" + (f" ({ran})" if ran else "") + f", passed on {passed}"
+                + (f" ({why})" if why else ""))
 
     def to_dict(self) -> dict:
-        return {"served": self.served, "passed_on": dict(sorted(self.passed_on.items()))}
+        return {"served": self.served, "paths": dict(sorted(self.paths.items())),
+                "passed_on": dict(sorted(self.passed_on.items()))}
 
 
 def _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, return_lse,
@@ -110,9 +116,15 @@ def flash_attention_backend(library=None):
                 _parallel_config=None):
         why = _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, return_lse,
                        _parallel_config)
-        counts.count(why)
         if why is None:  # diffusers hands backends (B, N, H, D): our "bnhd" layout
-            return lib_for(query.device).attention(query, key, value, scale=scale, layout="bnhd")
+            import torch
+
+            lib = lib_for(query.device)
+            out = lib.attention(query, key, value, scale=scale, layout="bnhd")
+            # which kernel ran (a C call: not made while torch.compile traces, where it would break the graph)
+            counts.count(None, None if torch.compiler.is_compiling() else lib.last_flash_path())
+            return out
+        counts.count(why)
         kwargs = dict(query=query, key=key, value=value, attn_mask=attn_mask, dropout_p=dropout_p,
                       is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, return_lse=return_lse,
                       _parallel_config=_parallel_config)

@@ -59,6 +59,8 @@ def test_wan_runs_every_attention_on_the_kernel(lib):
     with flash_attention_backend(lib) as counts:
         ours = _forward(model, seed)
     assert counts.served == 2 * LAYERS and not counts.passed_on, counts.summary()  # self + cross per block
+    assert counts.paths == {"cpu": 2 * LAYERS}  # the path that ran each served call
+    assert f"served {2 * LAYERS} (cpu: {2 * LAYERS})" in counts.summary()
     assert _rel(ours, stock) <= 1e-5, f"seed {seed}"
     assert ad._AttentionBackendRegistry.get_active_backend()[0] == ad.AttentionBackendName.NATIVE
     assert not [k for k in ad._AttentionBackendRegistry._backends if str(k).startswith("sovereign_flash")]
@@ -70,11 +72,11 @@ def _qkv(n=33, d=64, gen=None):
 
 @pytest.mark.parametrize("case, reason", [
     ("mask", "attention mask"), ("causal", "causal"), ("dropout", "dropout"),
-    ("grad", "needs gradients (forward-only kernel)"), ("head dim", "head dim 40"),
+    ("grad", "needs gradients (forward-only kernel)"), ("head dim", "head dim 44"),
 ])
 def test_calls_it_cannot_serve_go_to_sdpa_unchanged(lib, case, reason):
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
-    q, k, v = _qkv(d=40 if case == "head dim" else 64, gen=gen)
+    q, k, v = _qkv(d=44 if case == "head dim" else 64, gen=gen)
     kw = {}
     if case == "mask":
         kw["attn_mask"] = torch.rand(2, 1, 33, 33, generator=gen) > 0.3
@@ -99,8 +101,9 @@ def test_blocks_nest_and_restore(lib):
         with flash_attention_backend(lib) as inner:
             ad.dispatch_attention_fn(q, k, v, attn_mask=torch.ones(2, 1, 33, 33, dtype=torch.bool))
         ad.dispatch_attention_fn(q, k, v)
-    assert inner.to_dict() == {"served": 0, "passed_on": {"attention mask": 1}}
-    assert outer.to_dict() == {"served": 1, "passed_on": {"attention mask": 1}}  # inner passed it on to outer
+    assert inner.to_dict() == {"served": 0, "paths": {}, "passed_on": {"attention mask": 1}}
+    # inner passed it on to outer
+    assert outer.to_dict() == {"served": 1, "paths": {"cpu": 1}, "passed_on": {"attention mask": 1}}
     assert ad._AttentionBackendRegistry.get_active_backend()[0] == ad.AttentionBackendName.NATIVE
 
 
@@ -124,4 +127,5 @@ def test_wan_on_the_gpu_in_bf16():
     with flash_attention_backend() as counts:
         ours = run()
     assert counts.served == 2 * LAYERS and not counts.passed_on, counts.summary()
+    assert sum(counts.paths.values()) == counts.served and set(counts.paths) <= {"wgmma", "mma_sync"}, counts.summary()
     assert torch.isfinite(ours).all() and _rel(ours, stock) <= 2e-2, f"seed {seed}"

@@ -94,15 +94,49 @@ def test_matches_float64_reference(cpu_lib, case, dtype, naive):
     assert err <= TOL[dtype], f"seed {seed}: relative L2 {err:.3e} > {TOL[dtype]:.0e}"
 
 
-@pytest.mark.parametrize("d", [32, 96, 256])
-def test_other_head_dims(cpu_lib, d):
+HEAD_DIMS = list(range(32, 257, 8))  # every head dim the library supports
+
+
+def test_supported_head_dims_are_32_to_256_in_steps_of_8(cpu_lib):
+    assert cpu_lib.head_dims == tuple(HEAD_DIMS)
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_every_head_dim(cpu_lib, d):
+    """Each head dim, each dtype, both layouts, Nq != Nk and ragged against the 32-row query
+    and 64-key tiles: flash and naive against float64."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
-    q, k, v = make((2, 2, 70, d), (2, 2, 130, d), torch.float32, gen)
-    for naive in (False, True):
-        out = run_poisoned(cpu_lib, q, k, v, 0.0, "bhnd", naive)
-        err = rel_l2(out, reference(q, k, v))
-        assert err <= 1e-4, f"seed {seed} naive={naive}: relative L2 {err:.3e}"
+    for dtype in DTYPES:
+        for layout, (b, h, nq, nk) in (("bhnd", (2, 2, 77, 130)), ("bnhd", (1, 3, 100, 33))):
+            sq, skv = shapes(b, h, nq, nk, d, layout)
+            q, k, v = make(sq, skv, dtype, gen)
+            ref = reference(q, k, v, layout=layout)
+            for naive in (False, True):
+                out = run_poisoned(cpu_lib, q, k, v, 0.0, layout, naive)
+                assert not torch.isnan(out).any(), f"seed {seed} {dtype} {layout} naive={naive}: NaN left"
+                err = rel_l2(out, ref)
+                assert err <= TOL[dtype], f"seed {seed} {dtype} {layout} naive={naive}: relative L2 {err:.3e}"
+            assert cpu_lib.last_flash_path() == "cpu"
+
+
+@pytest.mark.parametrize("d", [24, 44, 100, 264, 512])
+def test_other_head_dims_are_refused_with_the_supported_list(cpu_lib, d):
+    q = torch.zeros(1, 1, 4, d)
+    o = torch.full_like(q, float("nan"))
+    with pytest.raises(flash_kernel.KernelError) as exc:  # the binding checks first
+        cpu_lib.run_into(q, q, q, o, 0.0, "bhnd", False)
+    assert exc.value.status_name == "FK_ERR_HEAD_DIM" and "32, 40, 48" in exc.value.message
+    # ... and the library itself, called past the binding, names the same set
+    from flash_kernel import _binding
+
+    args = _binding.fill_args(q, q, q, o, "bhnd", 0.0, None)
+    for fn in (cpu_lib._dll.fk_flash_forward, cpu_lib._dll.fk_naive_forward):
+        assert fn(args) == _binding.FK_ERR_HEAD_DIM
+        msg = cpu_lib.last_error()
+        assert f"head_dim {d} is not supported" in msg
+        assert "(supported: " + ", ".join(map(str, HEAD_DIMS)) + ")" in msg
+    assert torch.isnan(o).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])

@@ -39,6 +39,13 @@ NVCC_ARCH = {  # the flags of audit/kernel_build/targets.py, written out
                '-DFK_TARGET="sm_90a"'],
 }
 FLASH_PATH = {"sm_90": "mma_sync", "sm_90-generic": "generic", "sm_90a": "wgmma"}  # on a cc 9.0 device
+HEAD_DIMS = list(range(32, 257, 8))  # every head dim every build supports
+
+
+def _expected_path(lib, dtype) -> str:
+    """The path a call must run: the build's own for fp16/bf16 at every head dim; fp32 has no
+    tensor-core kernel (generic)."""
+    return lib.flash_path if dtype != torch.float32 else "generic"
 
 # (B, H, Nq, Nk): N in {1, 77, 1000, 4097}, ragged everywhere, Nq != Nk, B and H > 1.
 SHAPES = [
@@ -136,8 +143,24 @@ def test_flash_matches_float64(lib, shape, d, dtype, layout):
     gen.seed()  # fresh inputs every run
     q, k, v = _make(*shape, d, dtype, layout, gen)
     out = _run(lib, q, k, v, layout, naive=False)
+    assert lib.last_flash_path() == _expected_path(lib, dtype)
     err = _rel_l2(out, _reference(q, k, v, 1.0 / math.sqrt(d), layout))
     assert err <= TOL[dtype], f"rel L2 {err:.3g} > {TOL[dtype]} (seed {gen.initial_seed()})"
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_every_head_dim(lib, d, dtype):
+    """Every supported head dim, both layouts, ragged Nq != Nk (several K/V and query tiles, the
+    ring of K/V stages wrapping), on the path the build promises (tensor cores for fp16/bf16)."""
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    for layout, shape in (("bhnd", (2, 3, 77, 1000)), ("bnhd", (1, 2, 1000, 77))):
+        q, k, v = _make(*shape, d, dtype, layout, gen)
+        out = _run(lib, q, k, v, layout, naive=False)
+        assert lib.last_flash_path() == _expected_path(lib, dtype), f"d {d} {layout}"
+        err = _rel_l2(out, _reference(q, k, v, 1.0 / math.sqrt(d), layout))
+        assert err <= TOL[dtype], f"d {d} {layout}: rel L2 {err:.3g} > {TOL[dtype]} (seed {gen.initial_seed()})"
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 77, 1000), (1, 2, 1000, 77), (1, 1, 4097, 4097)], ids=lambda s: "x".join(map(str, s)))
@@ -151,7 +174,7 @@ def test_naive_matches_float64(lib, shape, dtype):
     assert err <= TOL[dtype], f"rel L2 {err:.3g} > {TOL[dtype]}"
 
 
-@pytest.mark.parametrize("d", [32, 96, 256])
+@pytest.mark.parametrize("d", [32, 72, 160, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_other_head_dims(lib, d, dtype):
     gen = torch.Generator(device="cuda")
@@ -196,7 +219,7 @@ def test_misaligned_pointer_is_refused(lib):
 
 
 def test_unsupported_head_dim_is_refused(lib):
-    q = torch.randn(1, 1, 8, 48, device="cuda", dtype=torch.float16)
+    q = torch.randn(1, 1, 8, 44, device="cuda", dtype=torch.float16)
     o = torch.full_like(q, float("nan"))
     with pytest.raises(_binding.KernelError) as exc:  # the binding refuses it (head dims from the library)
         lib.run_into(q, q, q, o, 0.0, "bhnd", False)
@@ -206,7 +229,7 @@ def test_unsupported_head_dim_is_refused(lib):
     args = _binding.fill_args(q, q, q, o, "bhnd", 0.0, None)
     for fn in (lib._dll.fk_flash_forward, lib._dll.fk_naive_forward):
         assert fn(args) == _binding.FK_ERR_HEAD_DIM
-        assert "head_dim 48" in lib.last_error()
+        assert "head_dim 44" in lib.last_error() and "(supported: 32, 40, 48," in lib.last_error()
     torch.cuda.synchronize()
     assert torch.isnan(o).all()  # refused before anything was written
-    assert 48 not in lib.head_dims and {64, 128} <= set(lib.head_dims)
+    assert lib.head_dims == tuple(HEAD_DIMS)

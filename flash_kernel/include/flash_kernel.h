@@ -77,12 +77,14 @@ int32_t fk_abi_version(void);
 /* The target the library was built for: "gfx1030", "gfx90a", "sm_90", "sm_80", "cpu", ... */
 const char *fk_target(void);
 
-/* The flash path compiled in: "mma_sync" (NVIDIA tensor cores), "generic" (the tiled FMA path:
- * the RDNA2 kernel; on NVIDIA only when forced with -DFK_FORCE_GENERIC) or "cpu". */
+/* The flash path compiled in: "wgmma" (an sm_90a build on a cc 9.0 device), "mma_sync" (NVIDIA
+ * tensor cores), "generic" (the tiled FMA path: the RDNA2 kernel; on NVIDIA only when forced with
+ * -DFK_FORCE_GENERIC) or "cpu". fp16/bf16 calls take it at every supported head dim; fp32 calls on
+ * NVIDIA take "generic". */
 const char *fk_flash_path(void);
 
 /* Head dims this build supports, written into dims[0..n); returns how many there are (call with
- * dims NULL to count). */
+ * dims NULL to count). Every target: 32 to 256 in steps of 8. */
 int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity);
 
 /* The message of the last failed call on this thread ("" if none). */

@@ -29,6 +29,23 @@ inline int32_t fail(int32_t status, const char *fmt, ...) {
     return status;
 }
 
+// Head dims every target supports: 32 to 256 in steps of 8. A step of 8 keeps every row of every
+// dtype a whole number of 16-byte chunks (8 fp16/bf16 or 4 fp32 elements), which the vector loads
+// and the zero-filled padding of the GPU kernels (gpu/fk_traits.h, "Head-dim buckets") rely on.
+constexpr int32_t kMinHeadDim = 32, kMaxHeadDim = 256, kHeadDimStep = 8;
+constexpr int32_t kNumHeadDims = (kMaxHeadDim - kMinHeadDim) / kHeadDimStep + 1;
+
+constexpr bool head_dim_supported(int64_t d) {
+    return d >= kMinHeadDim && d <= kMaxHeadDim && d % kHeadDimStep == 0;
+}
+
+// fk_supported_head_dims of every target: the set, ascending, into dims[0..capacity).
+inline int32_t supported_head_dims(int32_t *dims, int32_t capacity) {
+    if (dims != nullptr)
+        for (int32_t i = 0; i < kNumHeadDims && i < capacity; ++i) dims[i] = kMinHeadDim + i * kHeadDimStep;
+    return kNumHeadDims;
+}
+
 inline int32_t ok() {
     last_error_buffer()[0] = '\0';
     return FK_OK;
@@ -81,8 +98,7 @@ struct Validated {
 
 // Checks everything the kernels rely on. `vector_bytes` is the load width of the vector path
 // (0: none); pointers and the B/H/N strides must then be multiples of it.
-inline int32_t validate(const fk_attention_args *a, const int32_t *dims, int32_t ndims,
-                        int64_t vector_bytes, Validated *v) {
+inline int32_t validate(const fk_attention_args *a, int64_t vector_bytes, Validated *v) {
     if (a == nullptr) return fail(FK_ERR_NULL_POINTER, "args is NULL");
     if (a->abi_version != FK_ABI_VERSION)
         return fail(FK_ERR_ABI, "args.abi_version is %d; this library implements ABI %d",
@@ -92,9 +108,14 @@ inline int32_t validate(const fk_attention_args *a, const int32_t *dims, int32_t
     if (es == 0) return fail(FK_ERR_DTYPE, "dtype %d is not f32 (0), f16 (1) or bf16 (2)", (int)a->dtype);
     if (a->batch < 1 || a->heads < 1 || a->nq < 1 || a->nk < 1 || a->head_dim < 1)
         return fail(FK_ERR_SIZE, "batch, heads, nq, nk and head_dim must all be >= 1");
-    bool dim_ok = false;
-    for (int32_t i = 0; i < ndims; ++i) dim_ok = dim_ok || dims[i] == a->head_dim;
-    if (!dim_ok) return fail(FK_ERR_HEAD_DIM, "head_dim %lld is not supported by this build", (long long)a->head_dim);
+    if (!head_dim_supported(a->head_dim)) {
+        char list[kNumHeadDims * 5 + 1] = "";  // "32, 40, ..., 256": at most 5 characters a dim
+        int used = 0;
+        for (int32_t i = 0; i < kNumHeadDims; ++i)
+            used += std::snprintf(list + used, sizeof list - used, "%s%d", i ? ", " : "", (int)(kMinHeadDim + i * kHeadDimStep));
+        return fail(FK_ERR_HEAD_DIM, "head_dim %lld is not supported by this build (supported: %s)",
+                    (long long)a->head_dim, list);
+    }
     const int64_t *strides[4] = {a->q_stride, a->k_stride, a->v_stride, a->o_stride};
     const char *names[4] = {"q", "k", "v", "o"};
     for (int t = 0; t < 4; ++t)

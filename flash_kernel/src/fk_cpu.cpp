@@ -27,8 +27,7 @@
 
 namespace {
 
-constexpr int32_t kHeadDims[] = {32, 64, 96, 128, 256};
-constexpr int32_t kNumHeadDims = sizeof(kHeadDims) / sizeof(kHeadDims[0]);
+constexpr int64_t kMaxD = fk::kMaxHeadDim;  // scratch is sized for it; D itself is a run-time value
 constexpr int64_t kBlockQ = 32;  // query rows per work item
 constexpr int64_t kBlockK = 64;  // key/value rows per streamed tile
 
@@ -135,21 +134,26 @@ void parallel_for(int64_t items, int64_t workers, const Body &body) {
 
 // ---- flash forward ------------------------------------------------------------------------------
 
-template <typename S, int D>
+// Per-thread scratch, sized for the largest head dim: ~ (32 + 64 + 64 + 32) * 256 floats.
 struct FlashTile {
-    // Per-thread scratch, sized for the largest tiles: ~ (32 + 64 + 64 + 32) * D floats.
-    float q[kBlockQ * D];       // scaled Q rows
-    float kt[D * kBlockK];      // K tile transposed: kt[d * kBlockK + j]
-    float v[kBlockK * D];       // V tile
-    float s[kBlockQ * kBlockK]; // scores of this Q tile against this K tile
-    float acc[kBlockQ * D];     // unnormalised O rows
+    float q[kBlockQ * kMaxD];       // scaled Q rows (row stride DP)
+    float kt[kMaxD * kBlockK];      // K tile transposed: kt[d * kBlockK + j]
+    float v[kBlockK * kMaxD];       // V tile
+    float s[kBlockQ * kBlockK];     // scores of this Q tile against this K tile
+    float acc[kBlockQ * kMaxD];     // unnormalised O rows
     float m[kBlockQ], l[kBlockQ];
 };
 
-template <typename S, int D>
-void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile<S, D> &t) {
+// One work item. D (the head dim) is a run-time bound of every loop over the head dim; DP, the row
+// stride of the scratch tiles, is a compile-time bucket (64, 128 or 256 >= D). The vectorised
+// loops run over J keys or J head-dim lanes (D is a multiple of 8 = J). With D as the stride too,
+// the address arithmetic doubled the time (1 thread, (1,2,1024,1024), D 64 and 128); with DP the
+// time equals that of a kernel compiled for one D.
+template <typename S, int DP>
+void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile &t) {
     using T = typename S::T;
     constexpr int R = 4, J = 8;  // register block: R query rows x J keys (or J head-dim lanes)
+    const int D = static_cast<int>(a.head_dim);  // validated: a multiple of 8 (J), at most kMaxD
     const int64_t qtiles = (a.nq + kBlockQ - 1) / kBlockQ;
     const int64_t bh = item / qtiles, qt = item % qtiles;
     const int64_t b = bh / a.heads, h = bh % a.heads;
@@ -163,11 +167,11 @@ void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile
     for (int64_t i = 0; i < rows_r; ++i) {
         if (i < rows) {
             const T *src = Q + (q0 + i) * a.q_stride[2];
-            for (int d = 0; d < D; ++d) t.q[i * D + d] = S::load(src[d]) * scale;
+            for (int d = 0; d < D; ++d) t.q[i * DP + d] = S::load(src[d]) * scale;
         } else {
-            for (int d = 0; d < D; ++d) t.q[i * D + d] = 0.0f;
+            for (int d = 0; d < D; ++d) t.q[i * DP + d] = 0.0f;
         }
-        for (int d = 0; d < D; ++d) t.acc[i * D + d] = 0.0f;
+        for (int d = 0; d < D; ++d) t.acc[i * DP + d] = 0.0f;
         t.m[i] = -INFINITY;
         t.l[i] = 0.0f;
     }
@@ -178,10 +182,10 @@ void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile
                 const T *ks = K + (k0 + j) * a.k_stride[2];
                 const T *vs = V + (k0 + j) * a.v_stride[2];
                 for (int d = 0; d < D; ++d) t.kt[d * kBlockK + j] = S::load(ks[d]);
-                for (int d = 0; d < D; ++d) t.v[j * D + d] = S::load(vs[d]);
+                for (int d = 0; d < D; ++d) t.v[j * DP + d] = S::load(vs[d]);
             } else {  // ragged last tile: zero keys and values, masked out of the softmax below
                 for (int d = 0; d < D; ++d) t.kt[d * kBlockK + j] = 0.0f;
-                for (int d = 0; d < D; ++d) t.v[j * D + d] = 0.0f;
+                for (int d = 0; d < D; ++d) t.v[j * DP + d] = 0.0f;
             }
         }
         // S = Q K^T for the tile, R x J accumulators kept in registers across the D loop
@@ -191,7 +195,7 @@ void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile
                 for (int d = 0; d < D; ++d) {
                     const float *kd = t.kt + d * kBlockK + j0;
                     for (int r = 0; r < R; ++r) {
-                        const float qd = t.q[(i0 + r) * D + d];
+                        const float qd = t.q[(i0 + r) * DP + d];
                         for (int jj = 0; jj < J; ++jj) c[r][jj] += qd * kd[jj];
                     }
                 }
@@ -213,7 +217,7 @@ void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile
             for (int64_t j = cols; j < kBlockK; ++j) srow[j] = 0.0f;
             t.l[i] = t.l[i] * alpha + sum;
             t.m[i] = mt;
-            float *arow = t.acc + i * D;
+            float *arow = t.acc + i * DP;
             for (int d = 0; d < D; ++d) arow[d] *= alpha;
         }
         // O += P V, R rows x J head-dim lanes in registers across the key loop
@@ -221,28 +225,29 @@ void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile
             for (int d0 = 0; d0 < D; d0 += J) {
                 float c[R][J];
                 for (int r = 0; r < R; ++r)
-                    for (int jj = 0; jj < J; ++jj) c[r][jj] = t.acc[(i0 + r) * D + d0 + jj];
+                    for (int jj = 0; jj < J; ++jj) c[r][jj] = t.acc[(i0 + r) * DP + d0 + jj];
                 for (int64_t j = 0; j < cols; ++j) {
-                    const float *vj = t.v + j * D + d0;
+                    const float *vj = t.v + j * DP + d0;
                     for (int r = 0; r < R; ++r) {
                         const float p = t.s[(i0 + r) * kBlockK + j];
                         for (int jj = 0; jj < J; ++jj) c[r][jj] += p * vj[jj];
                     }
                 }
                 for (int r = 0; r < R; ++r)
-                    for (int jj = 0; jj < J; ++jj) t.acc[(i0 + r) * D + d0 + jj] = c[r][jj];
+                    for (int jj = 0; jj < J; ++jj) t.acc[(i0 + r) * DP + d0 + jj] = c[r][jj];
             }
         }
     }
     for (int64_t i = 0; i < rows; ++i) {
         T *dst = O + (q0 + i) * a.o_stride[2];
         const float inv = 1.0f / t.l[i];
-        for (int d = 0; d < D; ++d) dst[d] = S::store(t.acc[i * D + d] * inv);
+        for (int d = 0; d < D; ++d) dst[d] = S::store(t.acc[i * DP + d] * inv);
     }
 }
 
-template <typename S, int D>
+template <typename S>
 int32_t flash_run(const fk_attention_args &a, float scale) {
+    const int64_t D = a.head_dim;
     const int64_t qtiles = (a.nq + kBlockQ - 1) / kBlockQ;
     int64_t bh = 0, items = 0;
     // zero strides let validated sizes be huge without huge extents: the item count must still fit
@@ -255,13 +260,18 @@ int32_t flash_run(const fk_attention_args &a, float scale) {
     std::atomic<bool> oom{false};
     parallel_for(items, workers, [&](int64_t item) {
         // one scratch per thread, freed when the thread ends (the caller's is kept for reuse)
-        static thread_local std::unique_ptr<FlashTile<S, D>> tile;
-        if (!tile) tile.reset(new (std::nothrow) FlashTile<S, D>);
+        static thread_local std::unique_ptr<FlashTile> tile;
+        if (!tile) tile.reset(new (std::nothrow) FlashTile);
         if (!tile) {
             oom = true;
             return;
         }
-        flash_item<S, D>(a, scale, item, *tile);
+        if (D <= 64)
+            flash_item<S, 64>(a, scale, item, *tile);
+        else if (D <= 128)
+            flash_item<S, 128>(a, scale, item, *tile);
+        else
+            flash_item<S, 256>(a, scale, item, *tile);
     });
     if (oom) return fk::fail(FK_ERR_NO_MEMORY, "could not allocate the per-thread tile scratch");
     return fk::ok();
@@ -317,7 +327,7 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
             });
             // 2) row softmax in place, 3) O = P V
             parallel_for(blocks, workers, [&](int64_t blk) {
-                float acc[256];  // D <= 256 (validated against kHeadDims)
+                float acc[kMaxD];  // D <= kMaxD (validated)
                 for (int64_t i = blk * row_block; i < std::min(a.nq, (blk + 1) * row_block); ++i) {
                     float *srow = Sm + i * nk;
                     float mx = -INFINITY, sum = 0.0f;
@@ -348,20 +358,12 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
 
 template <typename S>
 int32_t by_dim(const fk_attention_args &a, float scale, bool naive) {
-    if (naive) return naive_run<S>(a, scale);
-    switch (a.head_dim) {
-        case 32: return flash_run<S, 32>(a, scale);
-        case 64: return flash_run<S, 64>(a, scale);
-        case 96: return flash_run<S, 96>(a, scale);
-        case 128: return flash_run<S, 128>(a, scale);
-        case 256: return flash_run<S, 256>(a, scale);
-        default: return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld is not supported", (long long)a.head_dim);
-    }
+    return naive ? naive_run<S>(a, scale) : flash_run<S>(a, scale);
 }
 
 int32_t forward(const fk_attention_args *args, bool naive) {
     fk::Validated v{};
-    int32_t st = fk::validate(args, kHeadDims, kNumHeadDims, 0, &v);
+    int32_t st = fk::validate(args, 0, &v);
     if (st != FK_OK) return st;
     try {
         switch (args->dtype) {
@@ -388,11 +390,7 @@ const char *fk_target(void) { return "cpu"; }
 
 const char *fk_flash_path(void) { return "cpu"; }
 
-int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity) {
-    if (dims != nullptr)
-        for (int32_t i = 0; i < kNumHeadDims && i < capacity; ++i) dims[i] = kHeadDims[i];
-    return kNumHeadDims;
-}
+int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity) { return fk::supported_head_dims(dims, capacity); }
 
 const char *fk_last_error(void) { return fk::last_error_buffer(); }
 

@@ -1,9 +1,10 @@
 // fk_gpu.hip: the C ABI of flash_kernel.h for GPU targets (HIP dialect; nvcc compiles it through
 // gpu/fk_hip_compat.h). One translation unit: host dispatch here, kernels in gpu/*.h.
 //
-// Paths: wgmma (sm_90a builds (-DFK_WGMMA) on a cc 9.0 device, fp16/bf16, D 64/128), mma_sync
-// (NVIDIA sm_80+, fp16/bf16, D 64/128), generic (every other case, and every case on AMD or under
-// -DFK_FORCE_GENERIC), naive (fk_naive_forward).
+// Paths: wgmma (sm_90a builds (-DFK_WGMMA) on a cc 9.0 device, fp16/bf16), mma_sync (NVIDIA
+// sm_80+, fp16/bf16), generic (fp32, and every case on AMD or under -DFK_FORCE_GENERIC), naive
+// (fk_naive_forward). Every path runs every head dim 32..256 in steps of 8, each on the kernel of
+// its head-dim bucket (fk_traits.h).
 #include "gpu/fk_hip_compat.h"
 
 #include "fk_common.h"
@@ -46,6 +47,7 @@ fk::FlashParams flash_params(const fk_attention_args *a, const fk::Validated &v)
         p.os[i] = a->o_stride[i];
     }
     p.scale_log2 = v.scale * fk::kLog2e;
+    p.d = static_cast<int32_t>(a->head_dim);
     return p;
 }
 
@@ -75,11 +77,12 @@ int32_t run_generic(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
 
 template <class E>
 int32_t dispatch_generic(const fk::FlashParams &p, int64_t d, hipStream_t s, int64_t bh) {
-    switch (d) {
+    switch (fk::bucket_of(fk::kGenericBuckets, d)) {
         case 32: return run_generic<E, 32>(p, s, bh);
         case 64: return run_generic<E, 64>(p, s, bh);
         case 96: return run_generic<E, 96>(p, s, bh);
         case 128: return run_generic<E, 128>(p, s, bh);
+        case 192: return run_generic<E, 192>(p, s, bh);
         case 256: return run_generic<E, 256>(p, s, bh);
         default: return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld has no generic kernel", (long long)d);
     }
@@ -89,7 +92,7 @@ int32_t dispatch_generic(const fk::FlashParams &p, int64_t d, hipStream_t s, int
 template <class E, int D>
 int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
     using Tile = fk::MmaTile<D>;
-    auto kernel = fk::mma::flash_mma_kernel<E, D>;
+    auto kernel = p.d == D ? fk::mma::flash_mma_kernel<E, D, false> : fk::mma::flash_mma_kernel<E, D, true>;
     // Dynamic shared memory past 48 KiB must be opted into (per device; cheap, so every call).
     hipError_t e = hipFuncSetAttribute(reinterpret_cast<const void *>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize,
                                        Tile::kSmemBytes);
@@ -116,7 +119,7 @@ bool wgmma_usable() {
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
                     minor == 0 &&
-                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128>) == cudaSuccess &&
+                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128, false>) == cudaSuccess &&
                     fa.binaryVersion == 90 && fk::wgmma::encoder() != nullptr;
     (void)cudaGetLastError();
     if (dev >= 0 && dev < 64) known[dev].store(ok ? 1 : 2);
@@ -131,11 +134,12 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
     if (p.nq > INT32_MAX - Tile::BM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
     CUtensorMap tq, tk, tv;
     fk::wgmma::MapsDims md{};
-    if (!fk::wgmma::encode(&tq, &md.q, dtype, p.q, batch, p.heads, p.nq, D, p.qs, Tile::BM) ||
-        !fk::wgmma::encode(&tk, &md.k, dtype, p.k, batch, p.heads, p.nk, D, p.ks, Tile::BN) ||
-        !fk::wgmma::encode(&tv, &md.v, dtype, p.v, batch, p.heads, p.nk, D, p.vs, Tile::BN))
+    // dimension 0 of each map is the real head dim: TMA zero-fills the bucket's padding columns
+    if (!fk::wgmma::encode(&tq, &md.q, dtype, p.q, batch, p.heads, p.nq, p.d, p.qs, Tile::BM) ||
+        !fk::wgmma::encode(&tk, &md.k, dtype, p.k, batch, p.heads, p.nk, p.d, p.ks, Tile::BN) ||
+        !fk::wgmma::encode(&tv, &md.v, dtype, p.v, batch, p.heads, p.nk, p.d, p.vs, Tile::BN))
         return kNotTaken;
-    auto kernel = fk::wgmma::flash_wgmma_kernel<E, D>;
+    auto kernel = p.d == D ? fk::wgmma::flash_wgmma_kernel<E, D, false> : fk::wgmma::flash_wgmma_kernel<E, D, true>;
     hipError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
     if (e != hipSuccess)
         return fk::fail(FK_ERR_LAUNCH, "flash (wgmma) shared memory opt-in failed: %s", hipGetErrorString(e));
@@ -153,12 +157,14 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
 
 // The wgmma path where it applies; kNotTaken otherwise.
 int32_t dispatch_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t d, int64_t batch, hipStream_t s, int64_t bh) {
-    if (!wgmma_usable()) return kNotTaken;
-    if (dtype == FK_DTYPE_F16 && d == 64) return run_wgmma<fk::F16, 64>(p, dtype, batch, s, bh);
-    if (dtype == FK_DTYPE_F16 && d == 128) return run_wgmma<fk::F16, 128>(p, dtype, batch, s, bh);
-    if (dtype == FK_DTYPE_BF16 && d == 64) return run_wgmma<fk::BF16, 64>(p, dtype, batch, s, bh);
-    if (dtype == FK_DTYPE_BF16 && d == 128) return run_wgmma<fk::BF16, 128>(p, dtype, batch, s, bh);
-    return kNotTaken;
+    if (!wgmma_usable() || dtype == FK_DTYPE_F32) return kNotTaken;
+    const bool h = dtype == FK_DTYPE_F16;
+    switch (fk::bucket_of(fk::kWgmmaBuckets, d)) {
+        case 64: return h ? run_wgmma<fk::F16, 64>(p, dtype, batch, s, bh) : run_wgmma<fk::BF16, 64>(p, dtype, batch, s, bh);
+        case 128: return h ? run_wgmma<fk::F16, 128>(p, dtype, batch, s, bh) : run_wgmma<fk::BF16, 128>(p, dtype, batch, s, bh);
+        case 256: return h ? run_wgmma<fk::F16, 256>(p, dtype, batch, s, bh) : run_wgmma<fk::BF16, 256>(p, dtype, batch, s, bh);
+        default: return kNotTaken;
+    }
 }
 #endif
 
@@ -168,16 +174,24 @@ int32_t dispatch_flash(const fk::FlashParams &p, int32_t dtype, int64_t d, int64
     if (w != kNotTaken) return w;
 #endif
 #if defined(FK_HAVE_MMA)
-    if (dtype == FK_DTYPE_F16 && d == 64) return run_mma<fk::F16, 64>(p, s, bh);
-    if (dtype == FK_DTYPE_F16 && d == 128) return run_mma<fk::F16, 128>(p, s, bh);
-    if (dtype == FK_DTYPE_BF16 && d == 64) return run_mma<fk::BF16, 64>(p, s, bh);
-    if (dtype == FK_DTYPE_BF16 && d == 128) return run_mma<fk::BF16, 128>(p, s, bh);
-#endif
+    // fp16/bf16: mma.sync at every head dim, so this build holds no fp16/bf16 generic kernel
+    if (dtype != FK_DTYPE_F32) {
+        const bool h = dtype == FK_DTYPE_F16;
+        switch (fk::bucket_of(fk::kMmaBuckets, d)) {
+            case 64: return h ? run_mma<fk::F16, 64>(p, s, bh) : run_mma<fk::BF16, 64>(p, s, bh);
+            case 128: return h ? run_mma<fk::F16, 128>(p, s, bh) : run_mma<fk::BF16, 128>(p, s, bh);
+            case 256: return h ? run_mma<fk::F16, 256>(p, s, bh) : run_mma<fk::BF16, 256>(p, s, bh);
+            default: return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld has no mma_sync kernel", (long long)d);
+        }
+    }
+    return dispatch_generic<fk::F32>(p, d, s, bh);
+#else
     switch (dtype) {
         case FK_DTYPE_F32: return dispatch_generic<fk::F32>(p, d, s, bh);
         case FK_DTYPE_F16: return dispatch_generic<fk::F16>(p, d, s, bh);
         default: return dispatch_generic<fk::BF16>(p, d, s, bh);
     }
+#endif
 }
 
 template <class E>
@@ -276,7 +290,7 @@ const char *fk_target(void) {
 
 const char *fk_flash_path(void) {
 #if defined(FK_HAVE_WGMMA)
-    return wgmma_usable() ? "wgmma" : "mma_sync";  // the path fp16/bf16 D 64/128 take on this device
+    return wgmma_usable() ? "wgmma" : "mma_sync";  // the path fp16/bf16 take on this device
 #elif defined(FK_HAVE_MMA)
     return "mma_sync";
 #else
@@ -284,11 +298,7 @@ const char *fk_flash_path(void) {
 #endif
 }
 
-int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity) {
-    if (dims != nullptr)
-        for (int32_t i = 0; i < fk::kNumHeadDims && i < capacity; ++i) dims[i] = fk::kHeadDims[i];
-    return fk::kNumHeadDims;
-}
+int32_t fk_supported_head_dims(int32_t *dims, int32_t capacity) { return fk::supported_head_dims(dims, capacity); }
 
 const char *fk_last_error(void) { return fk::last_error_buffer(); }
 
@@ -298,7 +308,7 @@ int32_t fk_flash_forward(const fk_attention_args *args) {
     fk::ran_path() = "";
     fk::Validated v{};
     // Both flash paths load 16 bytes at a time: pointers and row strides must allow it.
-    if (int32_t st = fk::validate(args, fk::kHeadDims, fk::kNumHeadDims, fk::kVectorBytes, &v)) return st;
+    if (int32_t st = fk::validate(args, fk::kVectorBytes, &v)) return st;
     const fk::FlashParams p = flash_params(args, v);
     if (int32_t st = dispatch_flash(p, args->dtype, args->head_dim, args->batch, static_cast<hipStream_t>(args->stream),
                                     args->batch * args->heads))
@@ -308,7 +318,7 @@ int32_t fk_flash_forward(const fk_attention_args *args) {
 
 int32_t fk_naive_forward(const fk_attention_args *args) {
     fk::Validated v{};
-    if (int32_t st = fk::validate(args, fk::kHeadDims, fk::kNumHeadDims, 0, &v)) return st;
+    if (int32_t st = fk::validate(args, 0, &v)) return st;
     hipStream_t s = static_cast<hipStream_t>(args->stream);
     int32_t st = FK_OK;
     switch (args->dtype) {

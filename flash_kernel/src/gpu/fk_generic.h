@@ -1,6 +1,6 @@
 // fk_generic.h: the generic tiled flash kernel (FMA, shared-memory tiles, online softmax).
-// It is the RDNA2 (gfx1030) kernel; on NVIDIA it runs for fp32, for head dims the mma path lacks,
-// and everywhere under -DFK_FORCE_GENERIC.
+// It is the RDNA2 (gfx1030) kernel; on NVIDIA it runs for fp32, and everywhere under
+// -DFK_FORCE_GENERIC. D is the head-dim bucket (fk_traits.h); p.d <= D the real head dim.
 #ifndef FK_GENERIC_H
 #define FK_GENERIC_H
 
@@ -10,16 +10,17 @@ namespace fk {
 namespace generic {
 
 // Copies rows [r0, r0+rows) of a head (row stride rs elements) into smem words, 16 bytes per
-// load; rows past `valid` are zero-filled so masked lanes never read garbage (or NaN).
+// load; rows past `valid` and columns past the head dim dh (the bucket's padding) are zero-filled
+// so masked lanes never read garbage (or NaN).
 template <class E, int D, int W, int ROWS, int NT>
-FK_DEVICE void load_tile(uint32_t *dst, const typename E::storage *base, int64_t rs, int64_t r0, int64_t valid) {
+FK_DEVICE void load_tile(uint32_t *dst, const typename E::storage *base, int64_t rs, int64_t r0, int64_t valid, int dh) {
     constexpr int kPerVec = 16 / E::kBytes;             // elements per 16-byte load
     constexpr int kVecs = D / kPerVec;                  // per row
     constexpr int kWordsPerVec = 4;
     for (int i = threadIdx.x; i < ROWS * kVecs; i += NT) {
         const int r = i / kVecs, c = i % kVecs;
         uint4 x = make_uint4(0u, 0u, 0u, 0u);
-        if (r0 + r < valid) x = *reinterpret_cast<const uint4 *>(base + (r0 + r) * rs + c * kPerVec);
+        if (r0 + r < valid && c * kPerVec < dh) x = *reinterpret_cast<const uint4 *>(base + (r0 + r) * rs + c * kPerVec);
         uint32_t *d = dst + r * W + c * kWordsPerVec;
         d[0] = x.x; d[1] = x.y; d[2] = x.z; d[3] = x.w;
     }
@@ -62,7 +63,11 @@ __global__ void __launch_bounds__(128) flash_generic_kernel(FlashParams p) {
     const T *v = static_cast<const T *>(p.v) + b * p.vs[0] + h * p.vs[1];
     T *o = static_cast<T *>(p.o) + b * p.os[0] + h * p.os[1];
 
-    load_tile<E, D, W, BM, NT>(qs, q, p.qs[2], q0, p.nq);
+    // The head dim: columns dh..D-1 are zeros in shared memory. Q K^T and P V run over all D
+    // columns (a run-time bound there cost the exact buckets their unrolled hot loop on RDNA2);
+    // the padding costs FMA work only on head dims below their bucket.
+    const int dh = p.d;
+    load_tile<E, D, W, BM, NT>(qs, q, p.qs[2], q0, p.nq, dh);
 
     float acc[RM][DN], m[RM], l[RM];
 #pragma unroll
@@ -75,7 +80,7 @@ __global__ void __launch_bounds__(128) flash_generic_kernel(FlashParams p) {
 
     for (int64_t k0 = 0; k0 < p.nk; k0 += BN) {
         __syncthreads();  // the previous tile's P V is done with kv
-        load_tile<E, D, W, BN, NT>(kv, k, p.ks[2], k0, p.nk);
+        load_tile<E, D, W, BN, NT>(kv, k, p.ks[2], k0, p.nk, dh);
         __syncthreads();
 
         float s[RM][CN];
@@ -123,7 +128,7 @@ __global__ void __launch_bounds__(128) flash_generic_kernel(FlashParams p) {
         }
 
         __syncthreads();  // P written, everyone done with K
-        load_tile<E, D, W, BN, NT>(kv, v, p.vs[2], k0, p.nk);
+        load_tile<E, D, W, BN, NT>(kv, v, p.vs[2], k0, p.nk, dh);
         __syncthreads();
 
         const T *vt = reinterpret_cast<const T *>(kv);
@@ -151,7 +156,8 @@ __global__ void __launch_bounds__(128) flash_generic_kernel(FlashParams p) {
         if (r < p.nq) {
             const float inv = 1.0f / sum;
 #pragma unroll
-            for (int d = 0; d < DN; ++d) o[r * p.os[2] + cg + 16 * d] = E::from_float(acc[i][d] * inv);
+            for (int d = 0; d < DN; ++d)
+                if (cg + 16 * d < dh) o[r * p.os[2] + cg + 16 * d] = E::from_float(acc[i][d] * inv);
         }
     }
 }

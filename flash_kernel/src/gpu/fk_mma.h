@@ -103,41 +103,56 @@ template <int D> FK_DEVICE uint32_t swz(int r, int c) {
 }
 
 // The cp.async copies of one BM|BN x D tile. Each thread keeps one chunk column c = tid % C of rows
-// tid / C + i * RP (RP = NT / C, a multiple of 8, so the swizzle of its chunk is the same on every
-// row it copies): per copy one 64-bit pointer step and one cp.async; the bound test only on a
-// ragged tile. (A loop over i = tid, tid + NT, ... recomputing row, chunk and bound per copy was
-// ~25 SASS instructions a copy, ~400 per tile: 16-20 % slower, docs/perf.md "Fast loader".)
-// Masked rows zero-fill from row 0 of the head, never read past the tensor.
-template <int D, int ROWS, int NT>
+// tid / C + i * RP (RP = NT / C): per copy one 64-bit pointer step and one cp.async; the bound test
+// only on a ragged tile. Where RP is a multiple of 8 the swizzle of its chunk is the same on every
+// row it copies (one offset); else (D 256: RP 4) it is recomputed per copy from the unrolled i.
+// (A loop over i = tid, tid + NT, ... recomputing row, chunk and bound per copy was ~25 SASS
+// instructions a copy, ~400 per tile: 16-20 % slower, docs/perf.md "Fast loader".)
+// Masked rows, and chunk columns past the head dim d (the bucket's padding), zero-fill from row 0,
+// chunk 0 of the head: never a read past the tensor.
+template <int D, int ROWS, int NT, bool kPad>
 struct TileCopy {
     static constexpr int C = D / 8, RP = NT / C, IT = ROWS / RP;
-    static constexpr bool kOk = NT % C == 0 && RP % 8 == 0 && ROWS % RP == 0;
+    static constexpr bool kOk = NT % C == 0 && ROWS % RP == 0;
     uint32_t soff;   // byte offset of this thread's first chunk in the tile
     int row;         // its first row (tid / C)
-    int64_t step;    // elements between its consecutive rows (RP rows)
-    FK_DEVICE TileCopy(int64_t rs) {
-        const int c = threadIdx.x % C;
+    int c;           // its chunk column
+    int bytes;       // 16, or 0 for a padding column (past d): zero-filled, nothing read
+    int64_t step;    // elements between its consecutive rows (RP rows; 0 for a padding column)
+    FK_DEVICE TileCopy(int64_t rs, int d) {
+        c = threadIdx.x % C;
         row = threadIdx.x / C;
         soff = swz<D>(row, c);
-        step = RP * rs;
+        bytes = !kPad || c * 8 < d ? 16 : 0;
+        step = bytes ? RP * rs : 0;
     }
-    // gt: this thread's first element of the tile (tile row `row`, chunk c); g0: chunk c of row 0
-    // of the head (a safe source for zero-filled rows); rem: rows of the tile still inside the tensor.
+    FK_DEVICE uint32_t off(int i) const {
+        return RP % 8 == 0 ? soff + i * RP * D * 2 : swz<D>(row + i * RP, c);
+    }
+    // gt: this thread's first element of the tile (tile row `row`, chunk c); g0: a safe source
+    // for zero-filled copies (row 0 of the head); rem: rows of the tile still inside the tensor.
+    // Padding-column threads pass gt == g0 (see src()).
     FK_DEVICE void load(uint32_t sbase, const uint16_t *gt, const uint16_t *g0, int64_t rem) const {
         if (rem >= ROWS) {
 #pragma unroll
-            for (int i = 0; i < IT; ++i) cp_async16(sbase + soff + i * RP * D * 2, gt + i * step, 16);
+            for (int i = 0; i < IT; ++i) cp_async16(sbase + off(i), gt + i * step, bytes);
         } else {
 #pragma unroll
             for (int i = 0; i < IT; ++i) {
                 const bool in = row + i * RP < rem;
-                cp_async16(sbase + soff + i * RP * D * 2, in ? gt + i * step : g0, in ? 16 : 0);
+                cp_async16(sbase + off(i), in ? gt + i * step : g0, in ? bytes : 0);
             }
         }
     }
+    // This thread's source in a head: chunk c of row r, or row 0 chunk 0 for a padding column.
+    FK_DEVICE const uint16_t *src(const uint16_t *head, int64_t r, int64_t rs) const {
+        return bytes ? head + r * rs + c * 8 : head;
+    }
 };
 
-template <class E, int D>
+// D: the head-dim bucket. kPad: the head dim p.d is below it (run-time tests skip the padding);
+// without it the kernel is compiled for p.d == D alone, with no such test.
+template <class E, int D, bool kPad>
 __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) flash_mma_kernel(FlashParams p) {
 #if defined(FK_MMA_DEVICE_OK)
     using Tile = MmaTile<D>;
@@ -159,16 +174,18 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
     const uint16_t *v = static_cast<const uint16_t *>(p.v) + b * p.vs[0] + h * p.vs[1];
     uint16_t *o = static_cast<uint16_t *>(p.o) + b * p.os[0] + h * p.os[1];
 
-    using CopyQ = TileCopy<D, BM, NT>;
-    using CopyKV = TileCopy<D, BN, NT>;
-    static_assert(CopyQ::kOk && CopyKV::kOk, "tile copy: needs (threads / (D/8)) a multiple of 8 dividing BM and BN");
-    const CopyQ cq(p.qs[2]);
-    const CopyKV ck(p.ks[2]), cv(p.vs[2]);
-    const int chunk = (threadIdx.x % (D / 8)) * 8;
-    const uint16_t *const k00 = k + chunk, *const v00 = v + chunk;  // row 0: source of zero-filled rows
-    const uint16_t *kt = k00 + ck.row * p.ks[2], *vt = v00 + cv.row * p.vs[2];  // this thread's rows of tile j
-    const int64_t kstep = BN * p.ks[2], vstep = BN * p.vs[2];
-    cq.load(sq, q + (q0 + cq.row) * p.qs[2] + chunk, q + chunk, p.nq - q0);
+    using CopyQ = TileCopy<D, BM, NT, kPad>;
+    using CopyKV = TileCopy<D, BN, NT, kPad>;
+    static_assert(CopyQ::kOk && CopyKV::kOk, "tile copy: needs D/8 dividing the threads, threads/(D/8) dividing BM and BN");
+    const int dh = kPad ? p.d : D;       // the head dim: columns dh..D-1 are zero padding
+    const int ksteps = (dh + 15) / 16;   // k16 steps of Q K^T that hold data
+    const int dsteps = (dh + 15) / 16;   // pairs of n8 tiles of O that hold data
+    const CopyQ cq(p.qs[2], dh);
+    const CopyKV ck(p.ks[2], dh), cv(p.vs[2], dh);
+    const uint16_t *const k00 = ck.src(k, 0, 0), *const v00 = cv.src(v, 0, 0);  // row 0: source of zero-filled rows
+    const uint16_t *kt = ck.src(k, ck.row, p.ks[2]), *vt = cv.src(v, cv.row, p.vs[2]);  // this thread's rows of tile j
+    const int64_t kstep = ck.bytes ? BN * p.ks[2] : 0, vstep = cv.bytes ? BN * p.vs[2] : 0;
+    cq.load(sq, cq.src(q, q0 + cq.row, p.qs[2]), cq.src(q, 0, 0), p.nq - q0);
     cp_async_commit();
     ck.load(sk, kt, k00, p.nk);
     // kShift: the first step multiplies a zero P by "V(-1)": zero-fill its buffer (no global read)
@@ -185,7 +202,8 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
 #pragma unroll
         for (int ks = 0; ks < (kQInRegs ? KS : 1); ++ks)
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(qf[ks][mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
+            for (int mt = 0; mt < MT; ++mt)
+                if (ks < ksteps) ldmatrix_x4(qf[ks][mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
     }
 
     float acc[MT][DT][4];
@@ -209,6 +227,7 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
         const int rr = (lane % 8) + 8 * (lane / 16), cc = (lane / 8) % 2;
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
+            if (ks >= ksteps) break;  // padding columns: zero in Q and K, nothing to add
             uint32_t qt[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
@@ -295,6 +314,7 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
         for (int kk = 0; kk < NS / 2; ++kk)
 #pragma unroll
             for (int dp = 0; dp < DT / 2; ++dp) {
+                if (dp >= dsteps) break;  // padding columns of O: never stored
                 uint32_t vf[4];
                 ldmatrix_x4_trans(vf, svb + swz<D>(kk * 16 + rr, 2 * dp + cc));
 #pragma unroll
@@ -372,6 +392,7 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
         const int64_t r0 = q0 + warp * 16 * MT + mt * 16 + lane / 4, r1 = r0 + 8;
 #pragma unroll
         for (int d = 0; d < DT; ++d) {
+            if (d * 8 >= dh) break;  // padding columns
             if (r0 < p.nq)
                 *reinterpret_cast<uint32_t *>(o + r0 * p.os[2] + d * 8 + c) = Ptx<E>::pack(acc[mt][d][0] * i0, acc[mt][d][1] * i0);
             if (r1 < p.nq)

@@ -30,9 +30,25 @@ struct BF16 {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kVectorBytes = 16;  // global loads of the flash paths are 16 bytes wide
 
-// Head dims every GPU build supports (fk_supported_head_dims).
-constexpr int32_t kHeadDims[] = {32, 64, 96, 128, 256};
-constexpr int32_t kNumHeadDims = 5;
+// ---- head-dim buckets ----
+// Every head dim d of 32..256 in steps of 8 (fk_common.h) runs on a kernel compiled for a padded
+// head dim DP >= d, its bucket: columns d..DP-1 of the Q, K and V tiles are zero-filled in shared
+// memory (never read from global memory), so Q K^T and P V stay exact, and columns past d are
+// never stored. The tensor-core kernels skip the k16 steps of Q K^T that hold only padding (and
+// the n8 tiles / n64 column blocks of P V past d), so there a bucket costs shared memory and
+// registers, and tensor-core work only up to the next multiple of 16 (of 64 for wgmma's P V at
+// bucket 256); they are compiled twice per bucket, for d == D with no such test and for d < D.
+// The generic kernel computes over all D columns (FMA work on the padding). A few buckets keep
+// the binary small: no instantiation per head dim.
+template <int N>
+constexpr int bucket_of(const int (&dims)[N], int64_t d) {
+    for (int i = 0; i < N; ++i)
+        if (d <= dims[i]) return dims[i];
+    return 0;
+}
+constexpr int kGenericBuckets[] = {32, 64, 96, 128, 192, 256};
+constexpr int kMmaBuckets[] = {64, 128, 256};
+constexpr int kWgmmaBuckets[] = {64, 128, 256};
 
 // ---- generic path (the RDNA2 kernel): 128 threads = 8 row groups x 16 lanes ----
 // Each thread owns RM query rows x CN key columns of S and RM rows x DN columns of O; a row's
@@ -44,8 +60,8 @@ constexpr int32_t kNumHeadDims = 5;
 template <int D, int ES>
 struct GenericTile {
     static constexpr int kThreads = 128;
-    static constexpr int BM = ES == 4 ? (D >= 256 ? 16 : 32) : (D >= 256 ? 32 : 64);
-    static constexpr int BN = ES == 4 ? (D >= 256 ? 16 : 32) : (D <= 64 ? 64 : 32);
+    static constexpr int BM = ES == 4 ? (D > 128 ? 16 : 32) : (D >= 256 ? 32 : 64);
+    static constexpr int BN = ES == 4 ? (D > 128 ? 16 : 32) : (D <= 64 ? 64 : 32);
     static constexpr int RM = BM / 8;
     static constexpr int CN = BN / 16;
     static constexpr int DN = D / 16;
@@ -109,28 +125,45 @@ struct GenericTile {
 #ifndef FK_MMA_SHIFT_PV_D128
 #define FK_MMA_SHIFT_PV_D128 0
 #endif
+// Bucket 256 (head dims 136..256), FlashAttention-2's sm_80 shape for D 256: 4 warps of one m16
+// tile (BM 64), BN 64, plain order; O alone is 128 fp32 registers a thread.
+#ifndef FK_MMA_WARPS_D256
+#define FK_MMA_WARPS_D256 4
+#endif
+#ifndef FK_MMA_BN_D256
+#define FK_MMA_BN_D256 64
+#endif
+#ifndef FK_MMA_MT_D256
+#define FK_MMA_MT_D256 1
+#endif
 
+// D is the bucket (kMmaBuckets): 64 runs head dims 32..64, 128 runs 72..128, 256 runs 136..256.
 template <int D>
 struct MmaTile {
-    static constexpr int kWarps = D == 64 ? FK_MMA_WARPS_D64 : FK_MMA_WARPS_D128;
-    static constexpr int BN = D == 64 ? FK_MMA_BN_D64 : FK_MMA_BN_D128;
-    static constexpr int MT = D == 64 ? FK_MMA_MT_D64 : FK_MMA_MT_D128;
-    static constexpr int kMinBlocks = D == 64 ? FK_MMA_MIN_BLOCKS_D64 : FK_MMA_MIN_BLOCKS_D128;
+    static constexpr int kWarps = D == 64 ? FK_MMA_WARPS_D64 : D == 128 ? FK_MMA_WARPS_D128 : FK_MMA_WARPS_D256;
+    static constexpr int BN = D == 64 ? FK_MMA_BN_D64 : D == 128 ? FK_MMA_BN_D128 : FK_MMA_BN_D256;
+    static constexpr int MT = D == 64 ? FK_MMA_MT_D64 : D == 128 ? FK_MMA_MT_D128 : FK_MMA_MT_D256;
+    static constexpr int kMinBlocks = D == 64 ? FK_MMA_MIN_BLOCKS_D64 : D == 128 ? FK_MMA_MIN_BLOCKS_D128 : 0;
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int BM = 16 * MT * kWarps;
     static constexpr bool kQInRegs = FK_MMA_Q_IN_REGS && MT * D <= 128 && BN <= 64;
-    static constexpr bool kShiftPV = (D == 64 ? FK_MMA_SHIFT_PV_D64 : FK_MMA_SHIFT_PV_D128) != 0;
+    static constexpr bool kShiftPV = (D == 64 ? FK_MMA_SHIFT_PV_D64 : D == 128 ? FK_MMA_SHIFT_PV_D128 : 0) != 0;
     static constexpr int kChunks = D / 8;             // 16-byte chunks per row
     static constexpr int kSmemBytes = (BM + (kShiftPV ? 3 : 2) * BN) * D * 2;
-    static_assert(D == 64 || D == 128, "mma path: head dims 64 and 128");
+    static_assert(D == 64 || D == 128 || D == 256, "mma path: buckets 64, 128 and 256");
     static_assert(BN % 16 == 0 && kChunks >= 8 && (MT == 1 || MT == 2), "mma tile shape");
+    // 99 KiB: the most a block gets on cc 8.6/8.9 (the sm_80 cubin runs there too)
+    static_assert(kSmemBytes <= 99 * 1024, "mma tiles exceed 99 KiB of shared memory");
 };
 
-// ---- wgmma path (NVIDIA sm_90a, fp16/bf16, D 64/128) ----
+// ---- wgmma path (NVIDIA sm_90a, fp16/bf16; buckets 64, 128, 256) ----
 // One producer warpgroup (TMA loads) and two consumer warpgroups of 64 query rows each (BM 128),
 // in ping-pong: one computes its softmax while the other's GEMMs run. Tiles sit in shared memory
 // as 64-element column blocks of 128-byte rows (the TMA / wgmma 128B swizzle). The K/V ring is
 // kStages deep; 227 KiB of shared memory bounds it (D 128: 32 KiB Q + 3 x 64 KiB K/V = 224 KiB).
+// Bucket 256 (head dims 136..256) takes K/V tiles of 64 keys and 2 stages (64 KiB Q + 2 x 64 KiB
+// K/V = 192 KiB); BN 128 would leave room for one stage only. Its consumers hold O in 128 fp32
+// registers and S in 32 (FlashAttention-3 runs D 256 with BN 80 for the same reason).
 #ifndef FK_WGMMA_BN
 #define FK_WGMMA_BN 128
 #endif
@@ -139,6 +172,12 @@ struct MmaTile {
 #endif
 #ifndef FK_WGMMA_STAGES_D64
 #define FK_WGMMA_STAGES_D64 4
+#endif
+#ifndef FK_WGMMA_BN_D256
+#define FK_WGMMA_BN_D256 64
+#endif
+#ifndef FK_WGMMA_STAGES_D256
+#define FK_WGMMA_STAGES_D256 2
 #endif
 // Intra-warpgroup overlap: wait for S(j) alone and compute its exponentials while P(j-1) V(j-1) runs.
 // Measured on the H200 (docs/perf.md, "Hopper path"): overlap + 3 stages 585 TFLOP/s at D 128
@@ -150,8 +189,8 @@ template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups
     static constexpr int BM = 64 * kConsumers;           // query rows per block
-    static constexpr int BN = FK_WGMMA_BN;               // keys per K/V tile
-    static constexpr int kStages = D == 64 ? FK_WGMMA_STAGES_D64 : FK_WGMMA_STAGES_D128;
+    static constexpr int BN = D == 256 ? FK_WGMMA_BN_D256 : FK_WGMMA_BN;  // keys per K/V tile
+    static constexpr int kStages = D == 64 ? FK_WGMMA_STAGES_D64 : D == 128 ? FK_WGMMA_STAGES_D128 : FK_WGMMA_STAGES_D256;
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kColBlock = 64;                 // elements per 128-byte swizzled row
     static constexpr int kColBlocks = D / kColBlock;
@@ -161,7 +200,7 @@ struct WgmmaTile {
     // + 1 KiB: the dynamic shared window is aligned up to the 1 KiB swizzle period in the kernel
     static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;   // setmaxnreg: 24*128 + 240*256 <= 64K
-    static_assert(D == 64 || D == 128, "wgmma path: head dims 64 and 128");
+    static_assert(D == 64 || D == 128 || D == 256, "wgmma path: buckets 64, 128 and 256");
     static_assert(BN == 64 || BN == 128, "wgmma path: S tiles of n64 or n128");
     static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");
 };
@@ -182,6 +221,7 @@ struct FlashParams {
     int64_t qs[3], ks[3], vs[3], os[3];
     float scale_log2;   // scale * log2(e): softmax runs in base 2
     int64_t bh0;        // first (batch*heads + head) of this launch
+    int32_t d;          // the head dim; the kernel's template D is its bucket (>= d)
 };
 
 }  // namespace fk

@@ -1,4 +1,4 @@
-// fk_wgmma.h: the Hopper flash kernel (sm_90a, fp16/bf16, D 64/128).
+// fk_wgmma.h: the Hopper flash kernel (sm_90a, fp16/bf16; head-dim buckets 64, 128, 256).
 //
 // Warp-specialised, in the manner FlashAttention-3 describes (no code of it is used here):
 //  - warpgroup 0 is the producer: it gives back registers (setmaxnreg.dec) and one thread issues
@@ -14,7 +14,10 @@
 // Tensor maps are encoded on the host through the driver entry point that the CUDA runtime hands
 // out (cudaGetDriverEntryPointByVersion): no libcuda link, nothing beyond the base runtime.
 // Ragged tiles: TMA zero-fills rows past N; scores of keys past nk are set to -inf; rows past nq
-// are not stored.
+// are not stored. Head dims below the bucket D: the tensor maps' dimension 0 is the real head dim d,
+// so TMA zero-fills columns d..D-1 of a column block it loads; column blocks wholly past d are
+// neither loaded nor read; Q K^T stops after the k16 steps that hold data, P V (bucket 256, in
+// n64 column blocks) after the blocks that do; columns past d are not stored.
 #ifndef FK_WGMMA_H
 #define FK_WGMMA_H
 
@@ -91,7 +94,10 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 }
 #endif  // FK_WGMMA_DEVICE_OK
 
-template <class E, int D>
+// D: the head-dim bucket. kPad: the head dim p.d is below it (run-time tests skip the padding);
+// without it the kernel is compiled for p.d == D alone, with no such test (ptxas injects
+// warpgroup.arrive fences around the tested wgmmas; the untested kernel keeps none).
+template <class E, int D, bool kPad>
 __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md) {
@@ -112,6 +118,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     const int q0 = static_cast<int>(blockIdx.x) * BM;
     const int nk = static_cast<int>(p.nk);
     const int ntiles = (nk + BN - 1) / BN;
+    const int dh = kPad ? p.d : D;           // the head dim (<= D)
+    const int cbn = (dh + 63) / 64;          // column blocks holding data (TMA zero-fills the rest of the last)
+    const int ksteps = (dh + 15) / 16;       // k16 steps of Q K^T holding data
 
     if (threadIdx.x == 0) {
         mbar_init(q_full, 1);
@@ -127,23 +136,26 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     if (wg == 0) {  // ---------------- producer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (warp == 0 && lane == 0) {
-            mbar_expect_tx(q_full, T::kQBytes);
+            mbar_expect_tx(q_full, cbn * BM * kRowBytes);
 #pragma unroll
             for (int cb = 0; cb < CB; ++cb)
+                if (cb < cbn)
                 tma_load_4d(sq + cb * BM * kRowBytes, &tq, q_full, cb * 64, pick(md.q, 1, q0, h, b),
                             pick(md.q, 2, q0, h, b), pick(md.q, 3, q0, h, b));
             for (int j = 0; j < ntiles; ++j) {
                 const int st = j % S;
                 if (j >= S) mbar_wait(empty + 8 * st, ((j / S) - 1) & 1);
                 const int n0 = j * BN;
-                mbar_expect_tx(k_full + 8 * st, T::kKVBytes);
+                mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);
 #pragma unroll
                 for (int cb = 0; cb < CB; ++cb)
+                    if (cb < cbn)
                     tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
                                 pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
-                mbar_expect_tx(v_full + 8 * st, T::kKVBytes);
+                mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
 #pragma unroll
                 for (int cb = 0; cb < CB; ++cb)
+                    if (cb < cbn)
                     tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
                                 pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
             }
@@ -159,6 +171,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     const uint32_t sq_wg = sq + c * 64 * kRowBytes;
     const float sl2 = p.scale_log2;
 
+    // k16 steps of Q K^T every head dim of this bucket fills (bucket 64 starts at 32, the others
+    // at 72 and 136): only later steps test the head dim.
+    constexpr int kMinSteps = D == 64 ? 2 : D == 128 ? 5 : 9;
     float s[BN / 2];          // S accumulators: n8 tile t holds rows r, r+8 x cols 8t + 2(lane%4) + {0,1}
     float o[D / 2];           // O accumulators, same layout over the head dim
     uint32_t pf[BN / 16][4];  // P as wgmma's register A operand, one k16 step per pair of n8 tiles
@@ -170,6 +185,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         const uint32_t kb = sk + st * T::kKVBytes;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
+            // past the head dim Q and K hold zeros (or, in blocks never loaded, nothing): stop
+            if (ks >= kMinSteps && ks >= ksteps) break;
             const uint32_t off = (ks % 4) * 32;  // k16 step inside a 128-byte row
             const uint64_t da = smem_desc(sq_wg + (ks / 4) * BM * kRowBytes + off, 16, 1024);
             const uint64_t db = smem_desc(kb + (ks / 4) * BN * kRowBytes + off, 16, 1024);
@@ -182,8 +199,19 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             const uint64_t db = smem_desc(vb + kk * 16 * kRowBytes, BN * kRowBytes, 8 * kRowBytes);
-            if constexpr (D == 128) Ops<E>::rs_n128(o, pf[kk], db);
-            else Ops<E>::rs_n64(o, pf[kk], db);
+            if constexpr (D == 128) {
+                Ops<E>::rs_n128(o, pf[kk], db);
+            } else if constexpr (D == 64) {
+                Ops<E>::rs_n64(o, pf[kk], db);
+            } else {  // one n64 wgmma per column block of O that holds data (>= 3 of 4 here)
+#pragma unroll
+                for (int cb = 0; cb < CB; ++cb) {
+                    if (cb >= 3 && cb >= cbn) break;
+                    const uint64_t dbc = smem_desc(vb + cb * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes,
+                                                   8 * kRowBytes);
+                    Ops<E>::rs_n64(*reinterpret_cast<float(*)[32]>(&o[32 * cb]), pf[kk], dbc);
+                }
+            }
         }
     };
     // Softmax in two halves, so that the first can run while this warpgroup's P V is in flight:
@@ -328,6 +356,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     const int col = 2 * (lane % 4);
 #pragma unroll
     for (int t = 0; t < D / 8; ++t) {
+        if (t * 8 >= dh) break;  // padding columns
         if (r0 < p.nq)
             *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
         if (r1 < p.nq)
