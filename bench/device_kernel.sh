@@ -105,7 +105,11 @@ int main(int argc, char **argv) {
     fwd_t flash = (fwd_t)dlsym(h, "fk_flash_forward"), naive = (fwd_t)dlsym(h, "fk_naive_forward");
     const char *(*err)() = (const char *(*)())dlsym(h, "fk_last_error");
     const long shapes[][4] = {{2,3,1,1},{2,3,77,77},{2,2,1000,1000},{1,2,4097,4097},{2,2,77,1000},{1,3,1000,77},{2,1,1,4097},{1,2,4097,1}};
-    const int dims[] = {32, 40, 64, 72, 96, 128, 160, 192, 256};  // exact buckets and padded head dims
+    std::vector<int> dims = {32, 40, 64, 72, 96, 128, 160, 192, 256};  // exact buckets and padded head dims
+    if (const char *only = std::getenv("FK_DRIVER_DIMS")) {  // e.g. "40,72,160": these alone
+        dims.clear();
+        for (const char *p = only; *p;) { dims.push_back(std::atoi(p)); while (*p && *p != ',') ++p; if (*p) ++p; }
+    }
     int calls = 0, bad = 0;
     auto on = [](const char *name) { const char *v = std::getenv(name); return v && *v; };
     const bool small = on("FK_DRIVER_SMALL");            // racecheck: fewer, smaller calls
@@ -153,6 +157,7 @@ CPP
     done
 }
 
+# FK_DRIVER_DIMS="40,72,160" limits the driver to those head dims (memcheck and racecheck).
 # Shared-memory races (racecheck) on the flash path (FK_RACECHECK_FLASH_ONLY= to add the naive path),
 # small shapes, fp16/bf16 at D 64/128.
 stage_racecheck() {
