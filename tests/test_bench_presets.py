@@ -89,7 +89,7 @@ def test_bench_times_the_public_call_names_the_path_and_refuses_a_missing_head_d
 
     monkeypatch.setattr(flash_kernel, "attention", counting)
     js = tmp_path / "bench.json"
-    code, out, err = run_cli(["bench", "--device", "cpu", "--shape", "1,2,40,80", "--shape", "1,2,33,70,64",
+    code, out, err = run_cli(["bench", "--device", "cpu", "--shape", "1,2,40,44", "--shape", "1,2,33,70,64",
                               "--repeats", "3", "--warmup", "1", "--sets", "2", "--backend", "primary",
                               "--backend", "sdpa-flash", "--backend", "sdpa-cudnn", "--json", str(js),
                               "--no-progress"], capsys)
@@ -98,10 +98,10 @@ def test_bench_times_the_public_call_names_the_path_and_refuses_a_missing_head_d
     assert data["primary"] == "flash" and data["primary_call"] == "flash_kernel.attention (the public call)"
     refused, cross = data["shapes"]
     # every call of ours went through flash_kernel.attention: warm-up + repeats on each shape
-    assert calls.count((1, 2, 33, 64)) == 1 + 3 and calls.count((1, 2, 40, 80)) == 1
+    assert calls.count((1, 2, 33, 64)) == 1 + 3 and calls.count((1, 2, 40, 44)) == 1
     by = {b["name"]: b for b in refused["backends"]}
     assert refused["path"] == "refused" and by["flash"]["status"] == "refused"
-    assert by["flash"]["reason"].startswith("FK_ERR_HEAD_DIM: head_dim 80 is not supported")
+    assert by["flash"]["reason"].startswith("FK_ERR_HEAD_DIM: head_dim 44 is not supported")
     assert by["sdpa-flash"]["status"] == "ok"  # the others are still timed on a refused shape
     assert refused["speedups"] == []
     assert cross["path"] == "cpu" and cross["shape"]["nq"] == 33 and cross["shape"]["nk"] == 70
@@ -109,7 +109,7 @@ def test_bench_times_the_public_call_names_the_path_and_refuses_a_missing_head_d
     assert [sp["baseline"] for sp in cross["speedups"]] == ["sdpa-flash"]  # no cuDNN on the CPU
     table = out[out.index("ours = flash"):].splitlines()
     assert "ours/cuDNN" in table[1] and "ours/SDPA-flash" in table[1]
-    row = next(line for line in table if line.startswith("1,2,40,40,80"))
+    row = next(line for line in table if line.startswith("1,2,40,40,44"))
     assert " refused " in row
     assert any("refused: FK_ERR_HEAD_DIM" in line for line in table)
     sp = cross["speedups"][0]
@@ -118,7 +118,7 @@ def test_bench_times_the_public_call_names_the_path_and_refuses_a_missing_head_d
 
 
 def test_bench_of_only_refused_shapes_exits_1(cpu_build, capsys):
-    code, _, err = run_cli(["bench", "--device", "cpu", "--shape", "1,2,40,80", "--repeats", "2",
+    code, _, err = run_cli(["bench", "--device", "cpu", "--shape", "1,2,40,44", "--repeats", "2",
                             "--backend", "primary", "--no-progress"], capsys)
     assert code == 1 and "flash ran on no shape" in err and "FK_ERR_HEAD_DIM" in err
 
