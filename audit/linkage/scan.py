@@ -281,8 +281,8 @@ def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: lis
             name, rule = found
             finding = Finding.from_rule(
                 rule, policy, "rpath", name, f"{tag} {entry}", chain, in_file=None if len(chain) <= 1 else node.path,
-                detail=f"directory {d} holds it; not loaded by name here (no DT_NEEDED or string names it), "
-                       f"but the object imports {', '.join(loaders)}: a name built at run time would find it")
+                detail=f"directory {d} holds it; no DT_NEEDED or string of this object names it, but it "
+                       f"imports {', '.join(loaders)}: a name built at run time could load it from there")
             finding.severity = "warn"
             out.append(finding)
     return out
