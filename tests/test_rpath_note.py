@@ -62,7 +62,7 @@ def test_a_needed_library_found_through_runpath_is_a_needed_finding_only(tmp_pat
     _, fr = audit(ext)
     needed = [f for f in fr.findings if f.kind == "needed"]
     assert [(f.rule, f.subject) for f in needed] == [("nvidia.cudnn", "libcudnn.so.9")]
-    assert needed[0].detail.endswith("pkg.libs/libcudnn.so.9 (runpath)")
+    assert needed[0].detail.endswith("pkg.libs/libcudnn.so.9 (DT_RUNPATH of ext.so)")
     assert rpath(fr) == [] and fr.verdict == "fail"
 
 

@@ -305,7 +305,8 @@ def tree_findings(tree: DepNode, resolver: Resolver, policy: Policy) -> tuple[li
             if node.how == "member":  # its path is an extraction folder's: the note names the member
                 detail = node.note
             else:
-                detail = f"found at {node.path} ({node.how})" if node.path else "not found on this system"
+                how = f"DT_{node.how.upper()} of {node.via}" if node.how in ("rpath", "runpath") else node.how
+                detail = f"found at {node.path} ({how})" if node.path else "not found on this system"
                 detail += f"; {node.note}" if node.note and node.path else ""
             findings.append(Finding.from_rule(rule, policy, kind, node.name, where, names, detail=detail))
         elif node.status == "unresolved":
