@@ -65,7 +65,8 @@ def test_a_property_value_is_escaped_in_the_archive_name(static_cublas, tmp_path
 def test_image_members_annotate_the_image(static_cublas, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    layer = layer_tar([("dir", "usr"), ("dir", "usr/lib"), ("file", "usr/lib/libstatic.so", static_cublas.read_bytes())])
+    layer = layer_tar([("dir", "usr"), ("dir", "usr/lib"),
+                       ("file", "usr/lib/libstatic.so", static_cublas.read_bytes())])
     docker_archive(tmp_path / "app.tar", [layer], ["COPY libstatic.so /usr/lib/"], [])
     _, lines = github(capsys, "app.tar")
     (line,) = [ln for ln in lines if "nvidia.cublas" in ln]

@@ -4,7 +4,8 @@ Directories are walked (symlinked directories are not followed, so loops cannot 
 in them that are not ELF are counted and skipped. Wheels, conda packages and container images
 are opened as `check` opens them. A path named on the command line that is not
 an ELF file is an error. Exit 0, or 3 if any input or any embedded device-code entry could not
-be read (the others still print; each error is one line on stderr), or if no ELF file was found, as `check` does. All strings from binaries and file names are escaped.
+be read (the others still print; each error is one line on stderr), or if no ELF file was
+found, as `check` does. All strings from binaries and file names are escaped.
 """
 
 from __future__ import annotations

@@ -148,7 +148,8 @@ class CheckReport:
     policy: dict  # {"name", "sources"}
     options: dict
     inputs: list[str]
-    skipped: dict[str, int] = field(default_factory=dict)  # why -> count: non_elf, tar, archive, broken_symlink, not_regular, duplicate, ...
+    # why -> count: non_elf, tar, archive, broken_symlink, not_regular, duplicate, ...
+    skipped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # run-level: e.g. no ELF file found (exit 3)
     elapsed_s: float = 0.0

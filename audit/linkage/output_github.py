@@ -54,9 +54,12 @@ def render_github(report: CheckReport) -> str:
     for fr in report.files:
         # GitHub maps `file=` to a file of the repository: a member of a wheel or image is not one,
         # so its archive is annotated and the member named in the message
-        file, member = (fr.archive, f"{fr.path[len(fr.archive):].removeprefix('!/')}: ") if fr.archive else (fr.path, "")
+        file, member = fr.path, ""
+        if fr.archive:
+            file, member = fr.archive, fr.path[len(fr.archive):].removeprefix("!/") + ": "
         if fr.error:
-            lines.append(_command("error", f"{member}cannot audit: {fr.error}", file, "sovereign-audit: unreadable input"))
+            lines.append(_command("error", f"{member}cannot audit: {fr.error}", file,
+                                  "sovereign-audit: unreadable input"))
         for f in fr.findings:
             if f.excepted or f.baseline == "unchanged":
                 continue
