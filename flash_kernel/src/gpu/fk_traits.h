@@ -161,9 +161,9 @@ struct MmaTile {
 // in ping-pong: one computes its softmax while the other's GEMMs run. Tiles sit in shared memory
 // as 64-element column blocks of 128-byte rows (the TMA / wgmma 128B swizzle). The K/V ring is
 // kStages deep; 227 KiB of shared memory bounds it (D 128: 32 KiB Q + 3 x 64 KiB K/V = 224 KiB).
-// Bucket 256 (head dims 136..256) takes K/V tiles of 64 keys and 2 stages (64 KiB Q + 2 x 64 KiB
-// K/V = 192 KiB); BN 128 would leave room for one stage only. Its consumers hold O in 128 fp32
-// registers and S in 32 (FlashAttention-3 runs D 256 with BN 80 for the same reason).
+// Bucket 256 (head dims 136..256) takes K/V tiles of 80 keys and 2 stages (64 KiB Q + 2 x 80 KiB
+// K/V = 224 KiB); BN 128 would leave room for one stage only (FlashAttention-3 runs D 256 with BN
+// 80 for the same reason). Its consumers hold O in 128 fp32 registers and S in 40.
 #ifndef FK_WGMMA_BN
 #define FK_WGMMA_BN 128
 #endif
@@ -174,7 +174,7 @@ struct MmaTile {
 #define FK_WGMMA_STAGES_D64 4
 #endif
 #ifndef FK_WGMMA_BN_D256
-#define FK_WGMMA_BN_D256 64
+#define FK_WGMMA_BN_D256 80
 #endif
 #ifndef FK_WGMMA_STAGES_D256
 #define FK_WGMMA_STAGES_D256 2
@@ -201,7 +201,7 @@ struct WgmmaTile {
     static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;   // setmaxnreg: 24*128 + 240*256 <= 64K
     static_assert(D == 64 || D == 128 || D == 256, "wgmma path: buckets 64, 128 and 256");
-    static_assert(BN == 64 || BN == 128, "wgmma path: S tiles of n64 or n128");
+    static_assert(BN == 64 || BN == 80 || BN == 128, "wgmma path: S tiles of n64, n80 or n128");
     static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");
 };
 

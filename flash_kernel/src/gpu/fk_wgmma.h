@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             const uint64_t da = smem_desc(sq_wg + (ks / 4) * BM * kRowBytes + off, 16, 1024);
             const uint64_t db = smem_desc(kb + (ks / 4) * BN * kRowBytes + off, 16, 1024);
             if constexpr (BN == 128) Ops<E>::ss_n128(s, da, db, ks > 0);
+            else if constexpr (BN == 80) Ops<E>::ss_n80(s, da, db, ks > 0);
             else Ops<E>::ss_n64(s, da, db, ks > 0);
         }
     };
