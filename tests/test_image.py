@@ -372,6 +372,7 @@ def test_images_in_a_folder_are_audited_as_when_named(elf, tmp_path, capsys):
     oci_tar = oci_layout(dist / "oci.tar", layers, CREATED[:2], ENV, how="gzip", as_tar=True)
     oci_dir = oci_layout(dist / "nested/oci", layers, CREATED[:2], ENV)
     (dist / "notes.tar").write_bytes(layer_tar([("file", "README", b"not an image\n")]))
+    (dist / "app.tar.gz").write_bytes(gzip.compress(docker.read_bytes()))  # counted: read only uncompressed
     (dist / "libbad.so").write_bytes(elf["bad"])
     report = audit(dist)
     for img in (docker, oci_tar, oci_dir):
@@ -380,7 +381,7 @@ def test_images_in_a_folder_are_audited_as_when_named(elf, tmp_path, capsys):
         assert _verdicts(report, f"{img}!")["/usr/lib/libbad.so"][0] == "fail"
     assert not [f.path for f in report.files if "/nested/oci/" in f.path]  # its blobs are not walked
     assert {f.path: f.verdict for f in report.files if "!" not in f.path} == {str(dist / "libbad.so"): "fail"}
-    assert report.skipped["tar"] == 1
+    assert report.skipped["tar"] == 1 and report.skipped["compressed_tar"] == 1
     assert f"{dist / 'notes.tar'}: tar archive that is not a container image (no manifest.json or index.json), " \
            "not audited" in report.warnings
     rc, out, _ = cli(capsys, "check", dist, "--format", "json")

@@ -24,6 +24,7 @@ from audit.linkage.image import Image, is_oci_dir, looks_like_tar, open_image, t
 from audit.linkage.resolve import Member, MemberSet, ResolveOptions
 
 _MAX_WHEEL_MEMBERS = 200_000
+_COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
 _PARALLEL_UNPACK_BYTES = 16 << 20  # compressed bytes below which one process unpacks a wheel
 # Members smaller than this may compress as well as they like: they cannot fill a disk, and real
 # ones do (cuDNN 9's libcudnn_engines_tensor_ir.so.9: 2 MB at 327:1).
@@ -114,7 +115,7 @@ class Inputs:
             yield from _members_of(arg, self._wheel(arg, arg))
         elif is_conda(arg):
             yield from _members_of(arg, self._conda(arg, arg))
-        elif arg.endswith((".tar.gz", ".tgz", ".tar.zst", ".tar.xz")):
+        elif arg.endswith(_COMPRESSED_TAR):
             yield Input(arg, None, True, "a compressed archive: decompress it first "
                                          "(an image tar is read in place, so it must be uncompressed)")
         elif _is_tar(arg):
@@ -193,6 +194,8 @@ class Inputs:
             self.warnings.append(f"{report}: static archive (ar) not audited; audit the object it is linked into")
         elif explicit:
             yield Input(report, None, True, "not an ELF file" + (" (empty)" if not magic else ""))
+        elif host.endswith(_COMPRESSED_TAR):  # an sdist, or an image that must be decompressed to be read
+            self.skip("compressed_tar")
         else:
             self.skip("non_elf")
 
