@@ -184,7 +184,7 @@ stage_bench() {
     SHAPE_ARGS=()
     for s in $FK_SHAPES; do SHAPE_ARGS+=(--shape "$s"); done
     for dt in $FK_DTYPE; do  # one or more of bf16 fp16
-        timeout ${FK_BENCH_TIMEOUT:-240} python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$dt" \
+        FLASH_KERNEL_BUILD=$FK_BUILD timeout ${FK_BENCH_TIMEOUT:-240} python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --dtype "$dt" \
             --lib "ours_mma=$FK_BUILD/sm_90/libflash_kernel.so" \
             ${FK_NO_WGMMA:---lib "ours_wgmma=$FK_BUILD/sm_90a/libflash_kernel.so"} "${VARIANT_LIBS[@]}" \
             ${FK_SLOW_PATHS:+--generic-lib "$FK_BUILD/sm_90-generic/libflash_kernel.so"} \

@@ -7,7 +7,8 @@
 #   3. `sovereign-audit bench --preset dit`: every diffusion-transformer shape, ours through the
 #      public call against SDPA-flash and SDPA-cuDNN, the path each shape ran, refusals as rows
 #   4. with time left and diffusers carried as a wheel (.whl/): `sovereign-audit run --device cuda`
-#      with the default library, the research object tarred to $OUT/research-object.tgz
+#      with the default library (and a carried gfx1030 build audited beside it), the research
+#      object tarred to $OUT/research-object.tgz
 # Results under $OUT; the short tables print last.
 #   OUT=/tmp/uv bash bench/device_user_view.sh      # BUDGET_S (default 285) bounds the whole run
 set -u
@@ -50,11 +51,17 @@ timeout -k 5 $(( $(left) > 130 ? 110 : $(left) - 20 )) python3 -m audit bench --
     --json "$OUT/bench-dit.json" >"$OUT/bench-dit.txt" 2>&1
 note "bench --preset dit rc=$? ($(( $(date +%s) - START )) s)"
 
-# 4. The research object with the default library, if it can finish in the time left.
+# 4. The research object with the default library, if it can finish in the time left. An RDNA2
+#    (gfx1030) build carried in .device/gfx1030/ (this machine has no hipcc) is audited beside it.
 if python3 -c 'import diffusers' 2>/dev/null && [ "$(left)" -gt 120 ]; then
     rm -rf /tmp/ro
+    ARTIFACTS=()
+    if [ -f .device/gfx1030/libflash_kernel.so ]; then
+        mkdir -p build/gfx1030 && cp .device/gfx1030/libflash_kernel.so build/gfx1030/
+        ARTIFACTS=(--artifact build/gfx1030/libflash_kernel.so)
+    fi
     timeout -k 5 $(( $(left) - 10 )) python3 -m audit run --out /tmp/ro --device cuda --target sm_90a \
-        --target cpu --build-dir build --repeats 10 --pipeline-steps 2 >"$OUT/run.log" 2>&1
+        --target cpu "${ARTIFACTS[@]}" --build-dir build --repeats 10 --pipeline-steps 2 >"$OUT/run.log" 2>&1
     rc=$?
     note "run rc=$rc ($(( $(date +%s) - START )) s)"
     [ -d /tmp/ro ] && tar czf "$OUT/research-object.tgz" -C /tmp ro

@@ -233,9 +233,10 @@ def main(argv=None) -> int:
     if not args.no_public:  # as users call it: the library for the device, resolved by the call
         try:
             public_lib = flash_kernel.library_for("cuda")
-        except flash_kernel.KernelError as exc:
-            ap.error(f"the public call has no library: {exc}")
-        methods.append(("ours", lambda q, k, v: flash_kernel.attention(q, k, v), args.repeats, set(), public_lib))
+            methods.append(("ours", lambda q, k, v: flash_kernel.attention(q, k, v), args.repeats, set(),
+                            public_lib))
+        except flash_kernel.KernelError as exc:  # the --lib methods still run
+            print(f"warning: 'ours' left out, the public call finds no library: {exc}", file=sys.stderr)
     for spec in args.lib:
         label, _, path = spec.partition("=")
         name, _, dims = label.partition("@")
