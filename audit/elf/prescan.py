@@ -88,16 +88,19 @@ def _send(fd: int, value) -> None:
         view = view[os.write(fd, view):]
 
 
-def start(img, tables: list[SymbolTable], pattern, keep_imports: dict[int, bool],
-          then: Callable | None = None) -> Prescan | None:
-    """Fork a child selecting the largest table (if it is large enough), or return None.
-    `then(index, (idx, ends, names, warnings))`, if given, runs in the child afterwards, with the
-    table's index and selection; its (picklable) result is `Prescan.then()`'s."""
+def candidate(tables: list[SymbolTable], pattern) -> SymbolTable | None:
+    """The table worth selecting in a child (the largest, if large enough and a fork can be
+    taken now), or None."""
     if pattern is None or not tables or not hasattr(os, "fork") or threading.active_count() > 1:
         return None
     table = max(tables, key=len)
-    if len(table) < MIN_ENTRIES:
-        return None
+    return table if len(table) >= MIN_ENTRIES else None
+
+
+def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable | None = None) -> Prescan | None:
+    """Fork a child selecting `table` (see candidate), or return None if the fork fails.
+    `then((idx, ends, names, warnings))`, if given, runs in the child afterwards, with the table's
+    selection; its (picklable) result is `Prescan.then()`'s."""
     r, w = os.pipe()
     try:
         pid = os.fork()
@@ -110,11 +113,11 @@ def start(img, tables: list[SymbolTable], pattern, keep_imports: dict[int, bool]
         try:
             os.close(r)
             warnings: list[str] = []
-            idx, ends = select(img, table, pattern, keep_imports[table.index], warnings)
+            idx, ends = select(img, table, pattern, keep_imports, warnings)
             names = names_at(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
             _send(w, (idx, ends, "\0".join(names), warnings))
             if then is not None:
-                _send(w, then(table.index, (idx, ends, names, warnings)))
+                _send(w, then((idx, ends, names, warnings)))
             code = 0
         except BaseException:  # noqa: BLE001  (any failure: the parent does the rest itself)
             pass

@@ -145,10 +145,10 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
     else:
         hasher = threading.Thread(target=lambda: digest.setdefault("sha256", hashlib.sha256(buf).hexdigest()),
                                   daemon=True)
-    pre = _prescan(buf, symbol_pattern)  # forks: before any thread of ours starts
+    pre, sel = _prescan(buf, symbol_pattern)  # forks: before any thread of ours starts
     hasher.start()
     try:
-        info = _parse(name, buf, symbol_pattern, api_prefixes, pre)
+        info = _parse(name, buf, symbol_pattern, api_prefixes, pre, sel)
     except _MALFORMED as exc:
         msg = str(exc) or type(exc).__name__
         raise InputError(f"{name}: not a readable ELF file: {msg}") from None
@@ -167,17 +167,22 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
     return info
 
 
-def _prescan(buf, symbol_pattern) -> prescan.Prescan | None:
-    """The largest symbol table handed to a forked child (audit.elf.prescan), if it is large;
-    the child then decodes the forwarding stubs too (_child_forwarders)."""
+def _prescan(buf, symbol_pattern) -> tuple[prescan.Prescan | None, dict]:
+    """The largest symbol table handed to a forked child (audit.elf.prescan), if it is large,
+    and the other tables' selections ({section index: _select's answer}), made here first so
+    that the child inherits them: it decodes the forwarding stubs, which need every table."""
     try:
         img = ElfImage(buf)
         tables = load_tables(img) if img.sections else []
+        big = prescan.candidate(tables, symbol_pattern)
+        if big is None:
+            return None, {}
+        keep = _keep_imports(tables)
+        sel = {t.index: _select(img, t, symbol_pattern, keep[t.index]) for t in tables if t is not big}
     except _MALFORMED:
-        return None  # _parse reports it
-    keep = _keep_imports(tables)
-    return prescan.start(img, tables, symbol_pattern, keep,
-                         then=functools.partial(_child_forwarders, img, tables, symbol_pattern, keep))
+        return None, {}  # _parse reports it
+    then = functools.partial(_child_forwarders, img, tables, symbol_pattern, keep, big.index, sel)
+    return prescan.start(img, big, symbol_pattern, keep[big.index], then), sel
 
 
 def _keep_imports(tables) -> dict[int, bool]:
@@ -223,10 +228,10 @@ def _forwarders(img: ElfImage, tables, sel: dict, imports_dlsym: bool, picks=Non
         return [], f"forwarding stubs not read: {exc or type(exc).__name__}"
 
 
-def _child_forwarders(img, tables, symbol_pattern, keep: dict[int, bool], index: int, got) -> tuple:
-    """In the prescan child, once the large table is sent: every other table selected exactly as
-    _parse does, then the forwarding stubs, as _parse would decode them."""
-    sel = {t.index: got if t.index == index else _select(img, t, symbol_pattern, keep[t.index]) for t in tables}
+def _child_forwarders(img, tables, symbol_pattern, keep: dict[int, bool], index: int, sel: dict, got) -> tuple:
+    """In the prescan child, once the large table (`index`) is sent: the forwarding stubs, as
+    _parse would decode them from every table's selection."""
+    sel = {**sel, index: got}
     dlsym = _imports_dlsym(_code_loading(tables, sel))
     picks = [(t.syms[sel[t.index][0]], sel[t.index][2]) for t in tables]
     for t in tables:  # read once: memory for the code
@@ -237,7 +242,8 @@ def _child_forwarders(img, tables, symbol_pattern, keep: dict[int, bool], index:
 
 
 def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
-           pre: prescan.Prescan | None = None) -> ElfInfo:
+           pre: prescan.Prescan | None = None, selected: dict | None = None) -> ElfInfo:
+    """The whole reading; `pre`, `selected`: what _prescan started and selected already."""
     img = ElfImage(mm)
     warnings = list(img.warnings)
     dyn = read_dynamic(img)
@@ -256,8 +262,10 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     sel: dict[int, tuple] = {}
     for table in tables:
         counts[table.name] = counts.get(table.name, 0) + len(table)
-        if pre is None or pre.index != table.index:  # the child's table is collected below
-            sel[table.index] = _select(img, table, symbol_pattern, keep[table.index])
+        if pre is not None and pre.index == table.index:  # the child's table is collected below
+            continue
+        got = (selected or {}).get(table.index)
+        sel[table.index] = got or _select(img, table, symbol_pattern, keep[table.index])
     # While the child reads its table: the data sections' strings (the API names handed to dlsym
     # only where dlsym is imported: that scan reads all data), with what the tables read so far say.
     api_warn: list[str] = []
