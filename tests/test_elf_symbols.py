@@ -66,11 +66,10 @@ def test_default_policy_pattern_matches_oracle(host_libs, cuda_libs):
 def test_fast_symbol_is_a_real_symbol():
     import dataclasses
 
-    from audit.elf.model import Symbol
-    from audit.elf.symbols import _symbol
+    from audit.elf.model import Symbol, make_symbol
 
     args = ("dlopen", False, ".dynsym", "FUNC", "GLOBAL", "GLIBC_2.34", "libc.so.6")
-    fast, slow = _symbol(*args), Symbol(*args)
+    fast, slow = make_symbol(*args), Symbol(*args)
     assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
     assert dataclasses.asdict(fast) == dataclasses.asdict(slow)
     try:
@@ -79,3 +78,21 @@ def test_fast_symbol_is_a_real_symbol():
         pass
     else:
         raise AssertionError("a Symbol must stay frozen")
+
+
+def test_symbol_columns_read_as_a_list_of_symbols(host_libs):
+    """The reader keeps symbols as columns (SymbolColumns); read as a list, they are the Symbols
+    a plain list would hold: same order, fields, equality and JSON form."""
+    import dataclasses
+
+    from audit.elf.model import Symbol, SymbolColumns
+
+    info = read_elf(host_libs["main"], re.compile(rb"cublas|fk_"))
+    cols = info.symbols
+    assert isinstance(cols, SymbolColumns) and len(cols) > 3
+    plain = [Symbol(*(getattr(cols, f)[i] for f in SymbolColumns.FIELDS)) for i in range(len(cols))]
+    assert list(cols) == plain and cols == plain and plain == list(cols)
+    assert cols[1] == plain[1] and cols[-1] == plain[-1] and cols[1:3] == plain[1:3]
+    assert cols != plain[:-1] and cols != plain[:-1] + [dataclasses.replace(plain[-1], name="other")]
+    assert info.to_dict()["symbols"] == [dataclasses.asdict(s) for s in plain]
+    assert {s.table for s in cols} == {".dynsym", ".symtab"} and any(s.version for s in cols)

@@ -7,8 +7,8 @@ All strings here are untrusted (they come from binaries): render them escaped.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,59 @@ class Symbol:
     bind: str  # "GLOBAL", "WEAK", "LOCAL"
     version: str | None = None  # e.g. "GLIBC_2.2.5" from .gnu.version/.gnu.version_r
     version_file: str | None = None  # the file .gnu.version_r names for that version
+
+
+_new, _set = object.__new__, object.__setattr__
+
+
+def make_symbol(name, defined, table, kind, bind, version=None, version_file=None) -> Symbol:
+    """Symbol(...) without the frozen dataclass's per-field object.__setattr__ calls: the same
+    object (equal, hashable, still frozen), built in about 60% of the time."""
+    sym = _new(Symbol)
+    _set(sym, "__dict__", {"name": name, "defined": defined, "table": table, "kind": kind, "bind": bind,
+                           "version": version, "version_file": version_file})
+    return sym
+
+
+class SymbolColumns(Sequence):
+    """A list of Symbols kept as columns (one list per field), each Symbol made only when it is
+    asked for: a large library keeps ~10^5 symbols, and judging them takes a few whole columns
+    (audit.linkage.scan), never the objects. Reads like a list of Symbol (len, index, iterate,
+    compare with a list); the columns are the attributes named after Symbol's fields."""
+
+    FIELDS = ("name", "defined", "table", "kind", "bind", "version", "version_file")
+
+    def __init__(self):
+        for f in self.FIELDS:
+            setattr(self, f, [])
+
+    def extend(self, **columns) -> None:
+        """Append rows: one equally long list per field (version and version_file may be left out)."""
+        n = len(columns["name"])
+        for f in self.FIELDS:
+            col = columns.get(f)
+            getattr(self, f).extend([None] * n if col is None else col)
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return make_symbol(*(getattr(self, f)[i] for f in self.FIELDS))
+
+    def __iter__(self):
+        return map(make_symbol, *(getattr(self, f) for f in self.FIELDS))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (SymbolColumns, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, like a list)
+
+    def __repr__(self) -> str:
+        return f"SymbolColumns({list(self)!r})"
 
 
 @dataclass(frozen=True)
@@ -80,7 +133,7 @@ class ElfInfo:
     version_needs: list[VersionNeed] = field(default_factory=list)
     # Only symbols worth reporting are kept as Symbol objects (the reader filters in bulk):
     # imports and definitions whose names the caller's patterns select. Counts are of all.
-    symbols: list[Symbol] = field(default_factory=list)
+    symbols: Sequence[Symbol] = field(default_factory=list)  # a SymbolColumns from the reader
     symbol_counts: dict[str, int] = field(default_factory=dict)  # {".dynsym": n, ".symtab": m}
     code_loading_imports: list[str] = field(default_factory=list)  # dlopen, hipModuleLoad, nvrtc...
     # Kept symbols that are defined but only forward (audit/elf/forward.py), sorted by name.
@@ -97,6 +150,6 @@ class ElfInfo:
     read_assembled_names: Callable[[], list[StringHit]] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = asdict(replace(self, symbols=list(self.symbols)))
         d.pop("read_assembled_names")
         return d

@@ -32,11 +32,11 @@ from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, re
                                read_version_needs)
 from audit.elf.forward import read_forwarders
 from audit.elf.immediates import assembled_names
-from audit.elf.model import ElfInfo, Forward, StringHit, Symbol
+from audit.elf.model import ElfInfo, Forward, StringHit, SymbolColumns
 from audit.elf.nvidia import read_nv_fatbin
 from audit.elf.parse import SHN_UNDEF, SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed, release
 from audit.elf.strings import identifier_strings, library_strings
-from audit.elf.symbols import load_tables, make_symbols, names_at, select
+from audit.elf.symbols import load_tables, names_at, select, symbol_columns
 from audit.errors import InputError
 
 # Imports through which a binary loads code at run time (exact names or prefixes).
@@ -278,14 +278,13 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
         big = next(t for t in tables if t.index == pre.index)
         sel[big.index] = pre.result() or _select(img, big, symbol_pattern, keep[big.index])
 
-    symbols: list[Symbol] = []
+    symbols = SymbolColumns()
     picks = []
     for table in tables:
         idx, ends, names, warns = sel[table.index]
         warnings += warns
         versym = _versym(img, table) if table.name == ".dynsym" else None
-        kept = make_symbols(img, table, idx, versions, versym, ends, names)
-        symbols += kept
+        symbols.extend(**symbol_columns(img, table, idx, versions, versym, ends, names))
         picks.append((table.syms[idx], names))  # a copy of the kept entries: the table's pages go now
         sec = img.sections[table.index]
         release(img.buf, sec.offset, sec.offset + sec.size)  # read once: memory for the next table
@@ -293,7 +292,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     if pre is None:
         code_loading = early
     else:
-        code_loading = sorted({s.name for s in symbols if not s.defined and CODE_LOADING_RE.match(s.name)})
+        code_loading = sorted({n for n, d in zip(symbols.name, symbols.defined) if not d and CODE_LOADING_RE.match(n)})
     imports_dlsym = _imports_dlsym(code_loading)
     if api_prefixes and imports_dlsym and not early_dlsym:  # dlsym is imported in the child's table
         api = identifier_strings(img, api_prefixes, api_warn)

@@ -1,6 +1,7 @@
 r"""Symbol tables in bulk: numpy structured arrays over the section bytes, no per-symbol objects.
 
-Only the symbols worth reporting become `Symbol`s: imports from `.dynsym` always (from `.symtab`
+Only the symbols worth reporting are kept (as `SymbolColumns`, whole columns rather than a
+`Symbol` object each): imports from `.dynsym` always (from `.symtab`
 too when the file has no `.dynsym`, as in relocatable objects), and any symbol whose name matches
 the caller's pattern. Names are resolved only for those: the pattern runs once over the whole
 string table (`audit.elf.textscan`), the matching string ranges are joined to st_name with numpy
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 
-from audit.elf.model import Symbol
+from audit.elf.model import SymbolColumns
 from audit.elf.parse import SHN_UNDEF, SHT_DYNSYM, SHT_SYMTAB, ElfImage, Malformed, decode, find_nul
 from audit.elf.textscan import matching_strings
 
@@ -183,42 +186,25 @@ def names_at(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[i
     return decode(b"\0".join(raws)).split("\0") if raws else []
 
 
-_new = object.__new__
-_set = object.__setattr__
-
-
-def _symbol(name, defined, table, kind, bind, version, version_file) -> Symbol:
-    """Symbol(...) without the frozen dataclass's per-field object.__setattr__ calls: the same
-    object (equal, hashable, still frozen), built in about 60% of the time. Up to ~10^5 are
-    built per large library, so it shows. tests/test_elf_symbols.py checks the equivalence."""
-    sym = _new(Symbol)
-    _set(sym, "__dict__", {"name": name, "defined": defined, "table": table, "kind": kind, "bind": bind,
-                           "version": version, "version_file": version_file})
-    return sym
-
-
-def make_symbols(img: ElfImage, table: SymbolTable, idx: np.ndarray,
-                 versions: dict[int, tuple[str, str | None]] | None = None,
-                 versym: np.ndarray | None = None, ends: np.ndarray | None = None,
-                 names: list[str] | None = None) -> list[Symbol]:
-    """Symbols for entries `idx` (`names`: theirs, when already read, as audit.elf.prescan does)."""
+def symbol_columns(img: ElfImage, table: SymbolTable, idx: np.ndarray,
+                   versions: dict[int, tuple[str, str | None]] | None = None,
+                   versym: np.ndarray | None = None, ends: np.ndarray | None = None,
+                   names: list[str] | None = None) -> dict[str, list]:
+    """The columns of SymbolColumns (audit.elf.model) for entries `idx` (`names`: theirs, when
+    already read, as audit.elf.prescan does): whole numpy columns turned into lists, no Python
+    statement per symbol."""
     if len(idx) == 0:
-        return []
+        return {"name": []}
     sub = table.syms[idx]
     if names is None:
         offsets = sub["st_name"].tolist()
         names = names_at(img, table, offsets, ends.tolist() if ends is not None else [-1] * len(offsets))
-    infos = sub["st_info"].tolist()
-    defined = (sub["st_shndx"] != SHN_UNDEF).tolist()
-    label = table.name
-    kinds, binds, make = _KINDS, _BINDS, _symbol
+    info = sub["st_info"]
+    out = {"name": names, "defined": (sub["st_shndx"] != SHN_UNDEF).tolist(), "table": [table.name] * len(idx),
+           "kind": list(map(_KINDS.__getitem__, (info & 0xF).tolist())),
+           "bind": list(map(_BINDS.__getitem__, (info >> 4).tolist()))}
     if versym is not None and versions and len(versym) == len(table.syms):
-        vers = (versym[idx] & 0x7FFF).tolist()
-        get = versions.get
-        out = []
-        for name, info, d, v in zip(names, infos, defined, vers):
-            version, vfile = get(v, (None, None))
-            out.append(make(name, d, label, kinds[info & 0xF], binds[info >> 4], version, vfile))
-        return out
-    return [make(name, d, label, kinds[info & 0xF], binds[info >> 4], None, None)
-            for name, info, d in zip(names, infos, defined)]
+        pairs = list(map(versions.get, (versym[idx] & 0x7FFF).tolist(), repeat((None, None), len(idx))))
+        out["version"] = list(map(itemgetter(0), pairs))
+        out["version_file"] = list(map(itemgetter(1), pairs))
+    return out

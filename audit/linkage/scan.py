@@ -10,7 +10,7 @@ import os
 from itertools import compress, filterfalse
 from operator import attrgetter, not_
 
-from audit.elf.model import ElfInfo, Forward
+from audit.elf.model import ElfInfo, Forward, SymbolColumns
 from audit.linkage.model import Finding, Match
 from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
 from audit.linkage.resolve import DepNode, Resolver
@@ -18,6 +18,15 @@ from audit.linkage.resolve import DepNode, Resolver
 _MAX_EXAMPLES = 10
 _NOT_CODE = {"FILE", "SECTION"}  # symbol-table entries that name a source file or a section, not code
 _KIND, _NAME, _DEFINED, _TABLE = (attrgetter(a) for a in ("kind", "name", "defined", "table"))
+
+
+def symbol_columns(symbols) -> tuple[list, list, list, list]:
+    """(kind, name, defined, table) of every symbol, as whole columns: the reader's SymbolColumns
+    as they are, any other list of Symbols read through."""
+    if isinstance(symbols, SymbolColumns):
+        return symbols.kind, symbols.name, symbols.defined, symbols.table
+    return (list(map(_KIND, symbols)), list(map(_NAME, symbols)), list(map(_DEFINED, symbols)),
+            list(map(_TABLE, symbols)))
 _MAX_DIR_LIST = 20000  # entries looked at per RPATH/RUNPATH directory
 
 
@@ -47,15 +56,12 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
 
     # Whole columns through C-level map/filter/compress, never a Python statement per symbol:
     # libtorch_cpu brings ~85k vendor names.
-    syms = info.symbols
-    kinds = list(map(_KIND, syms))
+    kinds, names_all, flags, tables_of = symbol_columns(info.symbols)
     if _NOT_CODE.intersection(kinds):
-        syms = list(compress(syms, [k not in _NOT_CODE for k in kinds]))
-    names_all = list(map(_NAME, syms))
-    flags = list(map(_DEFINED, syms))
+        code = list(map(not_, map(_NOT_CODE.__contains__, kinds)))
+        names_all, flags, tables_of = (list(compress(c, code)) for c in (names_all, flags, tables_of))
     defined = set(compress(names_all, flags))
     imported = set(compress(names_all, map(not_, flags)))
-    tables_of = list(map(_TABLE, syms))
     in_table = {t: set(compress(names_all, map(t.__eq__, tables_of))) for t in set(tables_of)}
     by_rule = policy.symbol_groups(defined | imported)
     if by_rule:
@@ -237,7 +243,8 @@ def _stub_detail(via: str, stubs: list[Forward], count: int, libs: list[str]) ->
 
 def _source_files(policy: Policy, info: ElfInfo) -> dict[str, list[str]]:
     """rule id -> source-file names (STT_FILE) whose stem is a name of that rule (cblas_daxpy.c)."""
-    files = sorted({s.name for s in info.symbols if s.kind == "FILE"})
+    kinds, names, _, _ = symbol_columns(info.symbols)
+    files = sorted(set(compress(names, map("FILE".__eq__, kinds))))
     stems = {f: f.rsplit(".", 1)[0] for f in files if "." in f}
     by_stem = policy.classify_symbols(stems.values())
     out: dict[str, list[str]] = {}
