@@ -315,13 +315,14 @@ class _Context:
             return None
         want = name.encode("utf-8", "surrogateescape") + b"\0"
         if self.x86:
+            # the name first: most bodies screened in do not load their own name (cheap to see)
+            own = [end for end, a in _x86_strings(body, addr) if self.data(a, len(want)) == want]
+            if not own:
+                return None
             refs = _x86_refs(body, addr)
             if refs is None:
                 return None
-            strings, left, called, stored = refs
-            own = [end for end, a in strings if self.data(a, len(want)) == want]
-            if not own:
-                return None
+            _, left, called, stored = refs
             slots = stored & left
             if not slots and any(self.calls_dlsym(body, addr, end) for end in own):
                 # a wrapper: its own name goes straight to dlsym, and it calls what came back
@@ -580,14 +581,19 @@ def _x86_refs(body: bytes, addr: int):
     loaded = _rip_operands(body, addr, (b"\x48\x8b", b"\x4c\x8b"))
     left = _through(body, addr, 0x25, True).union(*(loaded.get(r, ()) for r in _registers(body, addr, 0xE0, True)))
     called = _through(body, addr, 0x15, False).union(*(loaded.get(r, ()) for r in _registers(body, addr, 0xD0, False)))
+    return _x86_strings(body, addr), left, called, stored
+
+
+def _x86_strings(body: bytes, addr: int) -> list[tuple[int, int]]:
+    """[(end of the lea, address)] of the lea reg, [rip + disp32] instructions of a body."""
     strings = []
-    for pat in (b"\x48\x8d", b"\x4c\x8d"):  # lea reg, [rip + disp32]
+    for pat in (b"\x48\x8d", b"\x4c\x8d"):
         i = body.find(pat)
         while 0 <= i <= len(body) - 7:
             if body[i + 2] & 0xC7 == 0x05:
                 strings.append((i + 7, addr + i + 7 + struct.unpack_from("<i", body, i + 3)[0]))
             i = body.find(pat, i + 1)
-    return strings, left, called, stored
+    return strings
 
 
 # ---------------------------------------------------------------- AArch64
