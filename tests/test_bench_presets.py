@@ -136,3 +136,25 @@ def test_a_library_other_than_the_public_calls_is_called_directly_and_says_so(cp
     data = json.loads(js.read_text())
     assert data["primary_call"].startswith("Library.attention") and data["shapes"][0]["path"] == "cpu"
     assert "called through Library.attention" in out
+
+
+def test_the_report_names_the_path_ours_ran_and_what_the_pipeline_swapped():
+    from audit.report.readers import pipeline_swapped
+    from audit.report.tables import bench_table
+
+    def shape(path):
+        return {"shape": {"label": "x", "batch": 1, "heads": 1, "nq": 8, "nk": 8, "head_dim": 64}, "path": path,
+                "backends": [{"name": "flash", "status": "ok" if path != "refused" else "refused",
+                              "reason": "FK_ERR_HEAD_DIM: no" if path == "refused" else "", "timing": {}},
+                             {"name": "sdpa-cudnn", "vendor": True, "status": "ok", "timing": {}}],
+                "speedups": []}
+
+    ev = {"bench": {"primary": "flash", "shapes": [shape("wgmma"), shape("refused"), shape(None)]}}
+    _, rows = bench_table(ev)
+    names = [r["cells"][1]["text"] for r in rows]
+    assert names == ["flash (ours, wgmma path)", "sdpa-cudnn (vendor)", "flash (ours)", "sdpa-cudnn (vendor)",
+                     "flash (ours)", "sdpa-cudnn (vendor)"]
+    assert rows[2]["cells"][2]["text"].startswith("refused: FK_ERR_HEAD_DIM")
+    assert pipeline_swapped({"pipeline": {"config": {"swap": ["self", "cross"]}}}) == "self- and cross-attention"
+    assert pipeline_swapped({"pipeline": {"config": {"swap": ["cross"]}}}) == "cross-attention"
+    assert pipeline_swapped({"pipeline": {"config": {}}}) == "self-attention"  # evidence from before --swap

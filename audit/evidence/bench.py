@@ -337,7 +337,7 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
         except Exception as exc:  # unsupported or out of memory: recorded, the rest goes on
             refused = _refusal(exc) if be.sovereign else None
             br.status, br.reason = ("refused", refused) if refused else ("skipped", _reason(exc, caught, sel.device))
-            if refused and lib is not None:
+            if refused and name == sel.primary.name:
                 res.path = "refused"
             _release(sel.device)
             if tick:

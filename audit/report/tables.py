@@ -143,7 +143,10 @@ def bench_table(ev) -> tuple[list[str], list[dict]]:
             if not isinstance(b, dict):
                 continue
             t = b.get("timing") or {}
-            name = str(b.get("name")) + (" (vendor)" if b.get("vendor") else "") + (" (ours)" if b.get("name") == prim else "")
+            ours = b.get("name") == prim
+            path = s.get("path") if ours and isinstance(s.get("path"), str) else None
+            name = (str(b.get("name")) + (" (vendor)" if b.get("vendor") else "")
+                    + ((f" (ours, {path} path)" if path and path != "refused" else " (ours)") if ours else ""))
             sp = sps.get(b.get("name"))
             sp_t = (f"{times(sp.get('ratio'))} ({times(sp.get('ci_low'))} to {times(sp.get('ci_high'))})"
                     + (", level" if is_level(sp.get("ci_low"), sp.get("ci_high")) else "") if sp else "")
