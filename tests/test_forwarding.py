@@ -241,9 +241,14 @@ for path in sys.argv[1:]:
     prescan.MIN_ENTRIES = 1  # every table counts as large: the child selects it, then decodes the stubs
     before = len(decoded_here)
     forked = reader.read_elf(path, pattern).to_dict()
+    # a parent that never hands the other tables over: the child stops, the parent decodes
+    give, prescan.Prescan.give = prescan.Prescan.give, lambda self, selections: None
+    middle = len(decoded_here)
+    unhanded = reader.read_elf(path, pattern).to_dict()
+    prescan.Prescan.give = give
     prescan.MIN_ENTRIES = 10**9
-    out[path] = {"same": forked == plain, "stubs": len(plain["forwarders"]),
-                 "decoded_here": len(decoded_here) - before}
+    out[path] = {"same": forked == plain == unhanded, "stubs": len(plain["forwarders"]),
+                 "decoded_here": middle - before, "decoded_here_unhanded": len(decoded_here) - middle}
 print(json.dumps(out))
 """
 
@@ -251,8 +256,10 @@ print(json.dumps(out))
 @pytest.mark.parametrize("arch", ARCHES)
 def test_stubs_decoded_in_the_prescan_child_are_the_same(request, arch):
     """A file whose largest symbol table is selected in a forked child (audit.elf.prescan) has
-    its forwarding stubs decoded there too; they must equal the in-process reading. Run in a
-    fresh interpreter: the fork is taken only in a single-threaded process."""
+    its forwarding stubs decoded there too, from the other tables' selections the parent hands
+    over; they must equal the in-process reading, also when nothing is handed over (the parent
+    then decodes them). Run in a fresh interpreter: the fork is taken only in a single-threaded
+    process."""
     import json
     import os
     import subprocess
@@ -267,4 +274,5 @@ def test_stubs_decoded_in_the_prescan_child_are_the_same(request, arch):
     got = json.loads(cp.stdout)
     assert all(r["same"] for r in got.values()), got
     assert all(r["decoded_here"] == 0 for r in got.values()), got  # the child decoded them
+    assert all(r["decoded_here_unhanded"] == 1 for r in got.values()), got
     assert sum(r["stubs"] for r in got.values()) >= 3  # the fixtures do hold stubs

@@ -4,20 +4,25 @@ The pattern scan over a big `.symtab` (libtorch_cpu.so: 530k entries, a 76 MB st
 regex work that holds the GIL, so a thread cannot share it; a forked child can, on the second
 core. The child runs exactly the in-process code (audit.elf.symbols.select and names_at) on the
 same mapped file and sends back the selected indices, name ends, decoded names and warnings;
-the parent builds the Symbol objects as usual. Then, while the parent builds them, the child
-runs the caller's `then` (the reader's forwarding-stub decoding, which needs every table's
-selection) and sends its answer as a second message. Anything unusual (no fork, another thread
+the parent builds the symbols as usual. Meanwhile the parent selects the other tables and hands
+their selections over (`give`: index arrays through a shared anonymous map, so no pipe fills
+up while both sides write); then the child runs the caller's `then` (the reader's
+forwarding-stub decoding, which needs every table's selection) and sends its answer as a second
+message. Anything unusual (no fork, another thread
 already running, a child that fails or dies) leaves the work to be done in process: the result
 is the same either way, only slower.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import struct
 import threading
 from collections.abc import Callable
+
+import numpy as np
 
 from audit.elf.symbols import SymbolTable, names_at, select
 
@@ -27,9 +32,11 @@ _FAILED = object()
 
 
 class Prescan:
-    def __init__(self, pid: int, fd: int, index: int):
+    def __init__(self, pid: int, fd: int, index: int, given_fd: int, shared: mmap.mmap):
         self.pid, self.index = pid, index
         self._fh = os.fdopen(fd, "rb")
+        self._given_fd: int | None = given_fd
+        self._shared = shared
         self._answers: list = []  # what the child has sent, in order
         self._reaped = False
 
@@ -48,6 +55,30 @@ class Prescan:
                 self._finish()
         return self._answers[n] if len(self._answers) > n else _FAILED
 
+    def give(self, selections: dict) -> None:
+        """Hand the child the other tables' selections ({index: (idx, ends, ..., warnings)}):
+        their index arrays through the shared map, the rest through a pipe (a few bytes)."""
+        if self._given_fd is None:
+            return
+        head, at = [], 0
+        try:
+            for index, (idx, ends, *_, warnings) in selections.items():
+                n = len(idx)
+                if at + 16 * n > len(self._shared):
+                    return  # more than start() was told: the child is left without (it stops)
+                self._shared[at:at + 8 * n] = np.asarray(idx, dtype=np.int64).tobytes()
+                self._shared[at + 8 * n:at + 16 * n] = np.asarray(ends, dtype=np.int64).tobytes()
+                head.append((index, n, warnings))
+                at += 16 * n
+            data = memoryview(pickle.dumps(head, protocol=pickle.HIGHEST_PROTOCOL))
+            while data:
+                data = data[os.write(self._given_fd, data):]
+        except OSError:
+            pass
+        finally:
+            os.close(self._given_fd)
+            self._given_fd = None
+
     def result(self):
         """(idx, ends, names, warnings) from the child, or None if it did not deliver."""
         got = self._message(0)
@@ -58,11 +89,17 @@ class Prescan:
 
     def then(self):
         """What the caller's `then` returned in the child, or None if it did not deliver."""
+        if self._given_fd is not None:  # never handed over: the child must not wait for it
+            os.close(self._given_fd)
+            self._given_fd = None
         got = self._message(1)
         self._finish()
         return None if got is _FAILED else got
 
     def _finish(self) -> None:
+        if self._given_fd is not None:  # never handed over: the child stops waiting
+            os.close(self._given_fd)
+            self._given_fd = None
         if self._fh is not None:
             fh, self._fh = self._fh, None
             try:
@@ -97,30 +134,53 @@ def candidate(tables: list[SymbolTable], pattern) -> SymbolTable | None:
     return table if len(table) >= MIN_ENTRIES else None
 
 
-def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable | None = None) -> Prescan | None:
+def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable | None = None,
+          rows: int = 0) -> Prescan | None:
     """Fork a child selecting `table` (see candidate), or return None if the fork fails.
-    `then((idx, ends, names, warnings))`, if given, runs in the child afterwards, with the table's
-    selection; its (picklable) result is `Prescan.then()`'s."""
+    `then((idx, ends, names, warnings), given)`, if given, runs in the child afterwards, with the
+    table's selection and what the parent handed over with `Prescan.give` (the selections of the
+    other tables, of `rows` entries at most in all); its (picklable) result is `Prescan.then()`'s."""
     r, w = os.pipe()
+    given_r, given_w = os.pipe()
+    shared = mmap.mmap(-1, 16 * max(rows, 1))  # anonymous and shared: the parent's arrays, no pipe to fill
     try:
         pid = os.fork()
     except OSError:
-        os.close(r)
-        os.close(w)
+        for fd in (r, w, given_r, given_w):
+            os.close(fd)
         return None
     if pid == 0:  # the child: compute, send, exit without running any of the parent's cleanup
         code = 1
         try:
             os.close(r)
+            os.close(given_w)
             warnings: list[str] = []
             idx, ends = select(img, table, pattern, keep_imports, warnings)
             names = names_at(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
             _send(w, (idx, ends, "\0".join(names), warnings))
             if then is not None:
-                _send(w, then((idx, ends, names, warnings)))
+                given = _given(given_r, shared)
+                if given is not None:  # None: the parent stopped before handing them over
+                    _send(w, then((idx, ends, names, warnings), given))
             code = 0
         except BaseException:  # noqa: BLE001  (any failure: the parent does the rest itself)
             pass
         os._exit(code)
     os.close(w)
-    return Prescan(pid, r, table.index)
+    os.close(given_r)
+    return Prescan(pid, r, table.index, given_w, shared)
+
+
+def _given(fd: int, shared: mmap.mmap) -> dict | None:
+    """What the parent handed over (see Prescan.give): {index: (idx, ends, warnings)}."""
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read()
+    if not data:
+        return None
+    out, at = {}, 0
+    for index, n, warnings in pickle.loads(data):
+        idx = np.frombuffer(shared, dtype=np.int64, count=n, offset=at).copy()
+        ends = np.frombuffer(shared, dtype=np.int64, count=n, offset=at + 8 * n).copy()
+        out[index] = (idx, ends, warnings)
+        at += 16 * n
+    return out

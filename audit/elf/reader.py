@@ -169,8 +169,8 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
 
 def _prescan(buf, symbol_pattern) -> tuple[prescan.Prescan | None, dict]:
     """The largest symbol table handed to a forked child (audit.elf.prescan), if it is large,
-    and the other tables' selections ({section index: _select's answer}), made here first so
-    that the child inherits them: it decodes the forwarding stubs, which need every table."""
+    and the other tables' selections ({section index: _select's answer}), made here while the
+    child selects and handed over to it: it decodes the forwarding stubs, which need every table."""
     try:
         img = ElfImage(buf)
         tables = load_tables(img) if img.sections else []
@@ -178,11 +178,18 @@ def _prescan(buf, symbol_pattern) -> tuple[prescan.Prescan | None, dict]:
         if big is None:
             return None, {}
         keep = _keep_imports(tables)
-        sel = {t.index: _select(img, t, symbol_pattern, keep[t.index]) for t in tables if t is not big}
     except _MALFORMED:
         return None, {}  # _parse reports it
-    then = functools.partial(_child_forwarders, img, tables, symbol_pattern, keep, big.index, sel)
-    return prescan.start(img, big, symbol_pattern, keep[big.index], then), sel
+    then = functools.partial(_child_forwarders, img, tables, keep, big.index)
+    pre = prescan.start(img, big, symbol_pattern, keep[big.index], then,
+                        rows=sum(len(t) for t in tables if t is not big))
+    try:
+        sel = {t.index: _select(img, t, symbol_pattern, keep[t.index]) for t in tables if t is not big}
+    except _MALFORMED:
+        sel = {}  # _parse reports it (the child, left without, stops)
+    if pre is not None:
+        pre.give(sel)
+    return pre, sel
 
 
 def _keep_imports(tables) -> dict[int, bool]:
@@ -228,10 +235,15 @@ def _forwarders(img: ElfImage, tables, sel: dict, imports_dlsym: bool, picks=Non
         return [], f"forwarding stubs not read: {exc or type(exc).__name__}"
 
 
-def _child_forwarders(img, tables, symbol_pattern, keep: dict[int, bool], index: int, sel: dict, got) -> tuple:
-    """In the prescan child, once the large table (`index`) is sent: the forwarding stubs, as
-    _parse would decode them from every table's selection."""
-    sel = {**sel, index: got}
+def _child_forwarders(img, tables, keep: dict[int, bool], index: int, got, given: dict) -> tuple:
+    """In the prescan child, once the large table (`index`) is sent and the parent has handed
+    over the others' selections (`given`: their indices, name ends, warnings): the forwarding
+    stubs, as _parse would decode them from every table's selection."""
+    sel = {index: got}
+    for t in tables:
+        if t.index != index:
+            idx, ends, warns = given[t.index]
+            sel[t.index] = idx, ends, names_at(img, t, t.syms["st_name"][idx].tolist(), ends.tolist()), warns
     dlsym = _imports_dlsym(_code_loading(tables, sel))
     picks = [(t.syms[sel[t.index][0]], sel[t.index][2]) for t in tables]
     for t in tables:  # read once: memory for the code
