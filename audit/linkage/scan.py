@@ -76,7 +76,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
             plain = list(filterfalse((forwards.keys() | parts).__contains__, filter(defined.__contains__, members)))
             if plain:
                 groups.setdefault((rule.id, "static-symbol", None), []).extend(plain)
-            for name in (n for n in members if n in forwards and n in defined):
+            for name in filter(defined.__contains__, filter(forwards.__contains__, members)):
                 fw = forwards[name]
                 how = _defined_as(policy, name, fw)
                 if how[1] is None and name.split(".", 1)[0] in stubs and name.split(".", 1)[0] != name:
