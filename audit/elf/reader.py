@@ -3,8 +3,8 @@
 The file is mmap'ed and only the parts that are read are touched (tables, strings, the headers
 and symbols of embedded code objects), and parts read once leave the resident set again
 (parse.release), so resident memory follows what is being read, not the file's size. Its
-sha256 is computed beside the parse, from plain reads through a small buffer (audit.elf.hashing:
-a forked child for a large file, else a thread), and a very large symbol table is selected in a
+sha256 is computed beside the parse, a chunk at a time (audit.elf.hashing: a forked child for a
+large file, else a thread), and a very large symbol table is selected in a
 forked child too (audit.elf.prescan), which then decodes the forwarding stubs while this process
 builds the symbols (this process reads the data sections' strings while the child selects).
 Every failure to read or parse raises audit.errors.InputError with a one-line message naming
