@@ -240,14 +240,15 @@ for path in sys.argv[1:]:
     plain = reader.read_elf(path, pattern).to_dict()
     prescan.MIN_ENTRIES = 1  # every table counts as large: the child selects it, then decodes the stubs
     before = len(decoded_here)
-    forked = reader.read_elf(path, pattern).to_dict()
+    waited = []
+    forked = reader.read_elf(path, pattern, meanwhile=lambda: waited.append(1)).to_dict()
     # a parent that never hands the other tables over: the child stops, the parent decodes
     give, prescan.Prescan.give = prescan.Prescan.give, lambda self, selections: None
     middle = len(decoded_here)
     unhanded = reader.read_elf(path, pattern).to_dict()
     prescan.Prescan.give = give
     prescan.MIN_ENTRIES = 10**9
-    out[path] = {"same": forked == plain == unhanded, "stubs": len(plain["forwarders"]),
+    out[path] = {"same": forked == plain == unhanded, "stubs": len(plain["forwarders"]), "meanwhile": len(waited),
                  "decoded_here": middle - before, "decoded_here_unhanded": len(decoded_here) - middle}
 print(json.dumps(out))
 """
@@ -275,4 +276,5 @@ def test_stubs_decoded_in_the_prescan_child_are_the_same(request, arch):
     assert all(r["same"] for r in got.values()), got
     assert all(r["decoded_here"] == 0 for r in got.values()), got  # the child decoded them
     assert all(r["decoded_here_unhanded"] == 1 for r in got.values()), got
+    assert all(r["meanwhile"] == 1 for r in got.values()), got  # the caller's work, run while the child reads
     assert sum(r["stubs"] for r in got.values()) >= 3  # the fixtures do hold stubs

@@ -220,3 +220,19 @@ def test_symbol_prefixes_and_suffixes_extend_and_rename_only_c_patterns(tmp_path
         "mkl_fkv_gemm_", "mkl_fkv_gemm_64_", "scipy_fkv_[a-z]*", "mkl_fkv_[a-z]*")
     assert pol.rule_for_symbol("scipy_fkv_gemm_64_").id == "x.y"
     assert pol.rule_for_symbol("scipy__ZN3fkv1fEv") is None  # C++ names are never renamed so
+
+
+def test_regexes_left_for_first_use_are_those_prepare_makes():
+    """finalize compiles only the reader's bulk filter; the other regexes come on first use or
+    all at once from prepare (check runs it while the reader's helpers read): the same either way."""
+    lazy, ready = load_policy(None), load_policy(None)
+    ready.prepare()
+    assert lazy._re._recipes and all(r._re._recipes for r in lazy.rules)  # nothing else compiled yet
+    assert not ready._re._recipes and not any(r._re._recipes for r in ready.rules)
+    for a, b in zip([lazy] + lazy.rules, [ready] + ready.rules):
+        for key in sorted(set(b._re) - {"soname_memo"}):
+            got, want = a._re.get(key), b._re.get(key)
+            assert (got and got.pattern) == (want and want.pattern), key
+    names = ["cublasCreate_v2", "cblas_daxpy", "_ZN4dnnl6engineC2Ev", "mkl_free", "unrelated", "dgemm_"]
+    assert {n: r.id for n, r in lazy.classify_symbols(names).items()} == \
+        {n: r.id for n, r in ready.classify_symbols(names).items()}

@@ -23,6 +23,7 @@ import stat
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from audit.elf.nvidia import read_nv_fatbin
 from audit.elf.parse import SHN_UNDEF, SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed, release
 from audit.elf.strings import identifier_strings, library_strings
 from audit.elf.symbols import load_tables, names_at, select, symbol_columns
+from audit.elf.textscan import scan_plan
 from audit.errors import InputError
 
 # Imports through which a binary loads code at run time (exact names or prefixes).
@@ -83,11 +85,13 @@ def _open(path: str) -> tuple[int, int]:
 
 
 def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
-             api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
+             api_prefixes: tuple[bytes, ...] = (), meanwhile: Callable[[], object] | None = None) -> ElfInfo:
     """Read one ELF file. Keeps imports always and other symbols when their (bytes) names match
     `symbol_pattern` (searched anywhere in the name; see audit.elf.symbols). Where the object
     imports dlsym/dlvsym, strings in its data that are identifiers starting with one of
-    `api_prefixes` are kept as `api_strings`. Raises InputError."""
+    `api_prefixes` are kept as `api_strings`. `meanwhile`, if given, is called once while helper
+    processes read for this one (the caller's own preparation, off the critical path); not at
+    all if none does. Raises InputError."""
     path = os.fspath(path)
     fd, size = _open(path)
     try:
@@ -98,7 +102,8 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
     finally:
         os.close(fd)
     try:
-        info = read_elf_buffer(path, mm, symbol_pattern, hash_path=path, api_prefixes=api_prefixes)
+        info = read_elf_buffer(path, mm, symbol_pattern, hash_path=path, api_prefixes=api_prefixes,
+                               meanwhile=meanwhile)
         info.read_assembled_names = functools.partial(read_assembled_names, path)
         return info
     finally:
@@ -133,7 +138,8 @@ def assembled_names_in(buf) -> list[StringHit]:
 
 
 def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = None, *,
-                    hash_path: str | None = None, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
+                    hash_path: str | None = None, api_prefixes: tuple[bytes, ...] = (),
+                    meanwhile: Callable[[], object] | None = None) -> ElfInfo:
     """read_elf on bytes already in memory (an archive member); `name` labels it in messages.
     `buf` must offer find/rfind (bytes, mmap): the string scans use them. The sha256 is of
     `buf`, or of the file at `hash_path` read plainly (then mapped pages are not all touched)."""
@@ -148,7 +154,7 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
     pre, sel = _prescan(buf, symbol_pattern)  # forks: before any thread of ours starts
     hasher.start()
     try:
-        info = _parse(name, buf, symbol_pattern, api_prefixes, pre, sel)
+        info = _parse(name, buf, symbol_pattern, api_prefixes, pre, sel, meanwhile)
     except _MALFORMED as exc:
         msg = str(exc) or type(exc).__name__
         raise InputError(f"{name}: not a readable ELF file: {msg}") from None
@@ -180,6 +186,7 @@ def _prescan(buf, symbol_pattern) -> tuple[prescan.Prescan | None, dict]:
         keep = _keep_imports(tables)
     except _MALFORMED:
         return None, {}  # _parse reports it
+    scan_plan(symbol_pattern)  # the pattern's scanner, made once here: the child inherits it
     then = functools.partial(_child_forwarders, img, tables, keep, big.index)
     pre = prescan.start(img, big, symbol_pattern, keep[big.index], then,
                         rows=sum(len(t) for t in tables if t is not big))
@@ -254,7 +261,8 @@ def _child_forwarders(img, tables, keep: dict[int, bool], index: int, got, given
 
 
 def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
-           pre: prescan.Prescan | None = None, selected: dict | None = None) -> ElfInfo:
+           pre: prescan.Prescan | None = None, selected: dict | None = None,
+           meanwhile: Callable[[], object] | None = None) -> ElfInfo:
     """The whole reading; `pre`, `selected`: what _prescan started and selected already."""
     img = ElfImage(mm)
     warnings = list(img.warnings)
@@ -287,6 +295,11 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     api = identifier_strings(img, api_prefixes, api_warn) if api_prefixes and early_dlsym else []
     strings = library_strings(img, lib_warn)
     if pre is not None:
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except Exception:  # noqa: BLE001  (the caller's warm-up: its own use says what failed)
+                pass
         big = next(t for t in tables if t.index == pre.index)
         sel[big.index] = pre.result() or _select(img, big, symbol_pattern, keep[big.index])
 

@@ -48,6 +48,8 @@ class CachedReader:
         self._pattern = policy.symbol_pattern
         # vendor API names as strings (dlsym evidence)
         self._more = {"api_prefixes": policy.api_prefixes} if read_elf is None else {}
+        if read_elf is None and fs is HOST:  # the policy's other regexes compiled while helpers read
+            self._more["meanwhile"] = policy.prepare
         self._real = os.path.realpath if fs is HOST else (lambda p, paths=Paths(None, fs): paths.real(p) or p)
         self._cache: dict[str, ElfInfo | Exception] = {}
 

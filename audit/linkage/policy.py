@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import datetime as _dt
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -94,10 +95,12 @@ class Rule:
     def compile(self, prefixes: tuple[str, ...] = (), suffixes: tuple[str, ...] = ()) -> None:
         self.match_symbols = affixed(self.symbols, prefixes, suffixes)
         self.match_names = frozenset(affixed(tuple(sorted(self.names)), prefixes, suffixes))
-        self._re = {k: compile_globs(getattr(self, k)) for k in ("sonames", "strings", "kernels", "shared_kernels")}
-        self._re["symbols"] = compile_globs(self.match_symbols)
+        recipes = {k: functools.partial(compile_globs, getattr(self, k))
+                   for k in ("sonames", "strings", "kernels", "shared_kernels")}
+        recipes["symbols"] = functools.partial(compile_globs, self.match_symbols)
         # Device kernel names are mangled like host symbols: symbol patterns apply to them too.
-        self._re["device"] = compile_globs(self.kernels + self.symbols)
+        recipes["device"] = functools.partial(compile_globs, self.kernels + self.symbols)
+        self._re = LazyRegexes(recipes)
 
     def matches_soname(self, name: str) -> bool:
         return soname_matches(self._re.get("sonames"), name)
@@ -122,6 +125,33 @@ class Rule:
             "strings": list(self.strings), "kernels": list(self.kernels), "shared_kernels": list(self.shared_kernels),
             "source": self.source, "builtin": self.builtin,
         }
+
+
+class LazyRegexes(dict):
+    """Regexes by name, each compiled from its recipe on first use (`[key]` or `.get`): a run
+    that meets no device code never needs the kernel patterns, and compiling every rule's
+    patterns up front is a good part of loading a policy."""
+
+    def __init__(self, recipes: dict):
+        super().__init__()
+        self._recipes = dict(recipes)
+
+    def __missing__(self, key):
+        if key not in self._recipes:
+            raise KeyError(key)
+        value = self[key] = self._recipes[key]()
+        del self._recipes[key]
+        return value
+
+    def get(self, key, default=None):
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def make_all(self) -> None:
+        for key in list(self._recipes):
+            self[key]
 
 
 def affixed(patterns: tuple[str, ...], prefixes: tuple[str, ...], suffixes: tuple[str, ...]) -> tuple[str, ...]:
@@ -175,9 +205,19 @@ class Policy:
     _re: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def finalize(self) -> Policy:
+        """Ready for use. Only what reading a file needs first (the reader's bulk filter) is made
+        here; every other regex is compiled on first use, or all at once by `prepare` (which
+        `check` runs while the reader's helper processes read: see audit.elf.reader)."""
         for rule in self.rules:
             rule.compile(self.symbol_prefixes, self.symbol_suffixes)
-        self._re = {"trusted": compile_globs(self.trusted), "inspected": compile_globs(self.inspected)}
+        recipes = {"trusted": functools.partial(compile_globs, self.trusted),
+                   "inspected": functools.partial(compile_globs, self.inspected)}
+        # Single lookups (strings, kernels): one regex per evidence type, a named group per
+        # rule in policy order, so the first rule that matches wins.
+        for kind, attrs in (("symbols", ("match_symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",)),
+                            ("shared", ("shared_kernels",))):
+            recipes["by_" + kind] = functools.partial(self._by_rule_regex, attrs)
+        self._re = LazyRegexes(recipes)
         # The reader's bulk filter: the patterns, and for the name lists a few covering globs
         # (first three characters, last one): a superset, checked exactly afterwards.
         self._re["symbols"] = combined_bytes_regex([p for r in self.rules for p in r.match_symbols]
@@ -188,26 +228,36 @@ class Policy:
         for i, r in enumerate(self.rules):
             for n in r.match_names:
                 self._name_owner.setdefault(n, i)
-        # Single lookups (strings, kernels): one regex per evidence type, a named group per
-        # rule in policy order, so the first rule that matches wins.
-        for kind, attrs in (("symbols", ("match_symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",)),
-                            ("shared", ("shared_kernels",))):
-            alts = []
-            for i, r in enumerate(self.rules):
-                pats = [p for a in attrs for p in getattr(r, a)]
-                if pats:
-                    alts.append(f"(?P<r{i}>" + "|".join(glob_to_regex(p) for p in pats) + ")")
-            self._re["by_" + kind] = re.compile("(?:" + "|".join(alts) + r")\Z") if alts else None
-        # Bulk symbol classification: each rule's literal prefixes (cublas, _ZN7cutlass, sgemm_ ...).
-        # A prefix whose pattern rest is "*" (e.g. _ZN4dnnl*) needs no regex check per name.
-        self._prefixes = []
-        for r in self.rules:
-            parts = [(lit, rest) for p in r.match_symbols for lit, rest in literal_prefixes(p)]
-            lits = sorted({lit for lit, _ in parts})
-            free = {lit for lit, rest in parts if rest == "*"}
-            self._prefixes.append([(x, x not in free) for x in lits
-                                   if not any(x != y and x.startswith(y) for y in lits)])
+        self._prefixes_made: list | None = None
         return self
+
+    def prepare(self) -> None:
+        """Compile now every regex finalize left for first use (the same regexes either way)."""
+        for lazy in [self._re] + [r._re for r in self.rules]:
+            lazy.make_all()
+        self._prefixes  # noqa: B018  (made and kept)
+
+    def _by_rule_regex(self, attrs: tuple[str, ...]) -> re.Pattern[str] | None:
+        alts = []
+        for i, r in enumerate(self.rules):
+            pats = [p for a in attrs for p in getattr(r, a)]
+            if pats:
+                alts.append(f"(?P<r{i}>" + "|".join(glob_to_regex(p) for p in pats) + ")")
+        return re.compile("(?:" + "|".join(alts) + r")\Z") if alts else None
+
+    @property
+    def _prefixes(self) -> list:
+        """Bulk symbol classification: each rule's literal prefixes (cublas, _ZN7cutlass, sgemm_ ...),
+        prefix-free. A prefix whose pattern rest is "*" (e.g. _ZN4dnnl*) needs no regex check per name."""
+        if self._prefixes_made is None:
+            made = []
+            for r in self.rules:
+                parts = [(lit, rest) for p in r.match_symbols for lit, rest in literal_prefixes(p)]
+                lits = sorted({lit for lit, _ in parts})
+                free = {lit for lit, rest in parts if rest == "*"}
+                made.append([(x, x not in free) for x in lits if not any(x != y and x.startswith(y) for y in lits)])
+            self._prefixes_made = made
+        return self._prefixes_made
 
     def _classify(self, kind: str, name: str) -> Rule | None:
         rx = self._re.get("by_" + kind)
