@@ -41,6 +41,7 @@ class _Unscannable(Exception):
 
 
 _C = _sre_constants
+_SPAN = re.Match.span
 _START_ATS = {_C.AT_BEGINNING, _C.AT_BEGINNING_STRING}
 _KEEP_ATS = {_C.AT_BOUNDARY, _C.AT_NON_BOUNDARY}
 
@@ -272,7 +273,7 @@ def matching_strings(buf, off: int, size: int, pattern: re.Pattern[bytes]):
                 starts.append(0)
                 ends.append(e - off)
                 finals.append(True)
-        spans = [m.span() for m in plan.scanner.finditer(buf, off, end)]
+        spans = list(map(_SPAN, plan.scanner.finditer(buf, off, end)))
         if plan.nul_safe and spans:
             # no match can run over a NUL: a match ending at a NUL (the usual case with `$`)
             # ends its string; only the others need a look for their NUL
