@@ -241,7 +241,9 @@ for path in sys.argv[1:]:
     prescan.MIN_ENTRIES = 1  # every table counts as large: the child selects it, then decodes the stubs
     before = len(decoded_here)
     waited = []
-    forked = reader.read_elf(path, pattern, meanwhile=lambda: waited.append(1)).to_dict()
+    seen = []
+    forked_info = reader.read_elf(path, pattern, meanwhile=lambda: waited.append(1), on_symbols=seen.append)
+    forked = forked_info.to_dict()
     # a parent that never hands the other tables over: the child stops, the parent decodes
     give, prescan.Prescan.give = prescan.Prescan.give, lambda self, selections: None
     middle = len(decoded_here)
@@ -249,6 +251,7 @@ for path in sys.argv[1:]:
     prescan.Prescan.give = give
     prescan.MIN_ENTRIES = 10**9
     out[path] = {"same": forked == plain == unhanded, "stubs": len(plain["forwarders"]), "meanwhile": len(waited),
+                 "on_symbols": len(seen) == 1 and seen[0] is forked_info.symbols,
                  "decoded_here": middle - before, "decoded_here_unhanded": len(decoded_here) - middle}
 print(json.dumps(out))
 """
@@ -276,5 +279,21 @@ def test_stubs_decoded_in_the_prescan_child_are_the_same(request, arch):
     assert all(r["same"] for r in got.values()), got
     assert all(r["decoded_here"] == 0 for r in got.values()), got  # the child decoded them
     assert all(r["decoded_here_unhanded"] == 1 for r in got.values()), got
-    assert all(r["meanwhile"] == 1 for r in got.values()), got  # the caller's work, run while the child reads
+    assert all(r["meanwhile"] == 1 and r["on_symbols"] for r in got.values()), got  # run while the child reads
     assert sum(r["stubs"] for r in got.values()) >= 3  # the fixtures do hold stubs
+
+
+def test_the_symbol_basis_made_ahead_is_the_one_judged(x86_stubs):
+    """check has the reader hand it the kept symbols while its helper still reads (prejudge):
+    the basis kept for them must be what judging them afresh gives, and the findings the same."""
+    from audit.linkage.scan import prejudge, scan_object, symbol_basis
+
+    policy = load_policy(None)
+    early, fresh = (read_elf(x86_stubs["env_mode"], policy.symbol_pattern) for _ in range(2))
+    prejudge(policy, early.symbols)
+    assert "basis" in early.symbols.memo and not fresh.symbols.memo
+    assert symbol_basis(early.symbols, policy) == symbol_basis(list(fresh.symbols), policy)
+    assert scan_object(early, policy, ["x"], None) == scan_object(fresh, policy, ["x"], None)
+    other = load_policy(None)  # another policy never takes a basis made for the first
+    assert symbol_basis(early.symbols, other)[3] == [(other.rules[policy.rules.index(r)], n)
+                                                     for r, n in symbol_basis(early.symbols, policy)[3]]

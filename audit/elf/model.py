@@ -45,6 +45,7 @@ class SymbolColumns(Sequence):
     def __init__(self):
         for f in self.FIELDS:
             setattr(self, f, [])
+        self.memo: dict = {}  # the consumer's own cache of what it made from these symbols
 
     def extend(self, **columns) -> None:
         """Append rows: one equally long list per field (version and version_file may be left out)."""

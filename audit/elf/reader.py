@@ -85,13 +85,15 @@ def _open(path: str) -> tuple[int, int]:
 
 
 def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
-             api_prefixes: tuple[bytes, ...] = (), meanwhile: Callable[[], object] | None = None) -> ElfInfo:
+             api_prefixes: tuple[bytes, ...] = (), meanwhile: Callable[[], object] | None = None,
+             on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
     """Read one ELF file. Keeps imports always and other symbols when their (bytes) names match
     `symbol_pattern` (searched anywhere in the name; see audit.elf.symbols). Where the object
     imports dlsym/dlvsym, strings in its data that are identifiers starting with one of
     `api_prefixes` are kept as `api_strings`. `meanwhile`, if given, is called once while helper
-    processes read for this one (the caller's own preparation, off the critical path); not at
-    all if none does. Raises InputError."""
+    processes read for this one (the caller's own preparation, off the critical path), and
+    `on_symbols(symbols)` once the kept symbols are known while a helper still reads (the caller
+    may start on them); neither is called if no helper reads. Raises InputError."""
     path = os.fspath(path)
     fd, size = _open(path)
     try:
@@ -103,7 +105,7 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
         os.close(fd)
     try:
         info = read_elf_buffer(path, mm, symbol_pattern, hash_path=path, api_prefixes=api_prefixes,
-                               meanwhile=meanwhile)
+                               meanwhile=meanwhile, on_symbols=on_symbols)
         info.read_assembled_names = functools.partial(read_assembled_names, path)
         return info
     finally:
@@ -139,7 +141,8 @@ def assembled_names_in(buf) -> list[StringHit]:
 
 def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = None, *,
                     hash_path: str | None = None, api_prefixes: tuple[bytes, ...] = (),
-                    meanwhile: Callable[[], object] | None = None) -> ElfInfo:
+                    meanwhile: Callable[[], object] | None = None,
+                    on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
     """read_elf on bytes already in memory (an archive member); `name` labels it in messages.
     `buf` must offer find/rfind (bytes, mmap): the string scans use them. The sha256 is of
     `buf`, or of the file at `hash_path` read plainly (then mapped pages are not all touched)."""
@@ -154,7 +157,7 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
     pre, sel = _prescan(buf, symbol_pattern)  # forks: before any thread of ours starts
     hasher.start()
     try:
-        info = _parse(name, buf, symbol_pattern, api_prefixes, pre, sel, meanwhile)
+        info = _parse(name, buf, symbol_pattern, api_prefixes, pre, sel, meanwhile, on_symbols)
     except _MALFORMED as exc:
         msg = str(exc) or type(exc).__name__
         raise InputError(f"{name}: not a readable ELF file: {msg}") from None
@@ -262,7 +265,8 @@ def _child_forwarders(img, tables, keep: dict[int, bool], index: int, got, given
 
 def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
            pre: prescan.Prescan | None = None, selected: dict | None = None,
-           meanwhile: Callable[[], object] | None = None) -> ElfInfo:
+           meanwhile: Callable[[], object] | None = None,
+           on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
     """The whole reading; `pre`, `selected`: what _prescan started and selected already."""
     img = ElfImage(mm)
     warnings = list(img.warnings)
@@ -295,11 +299,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     api = identifier_strings(img, api_prefixes, api_warn) if api_prefixes and early_dlsym else []
     strings = library_strings(img, lib_warn)
     if pre is not None:
-        if meanwhile is not None:
-            try:
-                meanwhile()
-            except Exception:  # noqa: BLE001  (the caller's warm-up: its own use says what failed)
-                pass
+        _run_hook(meanwhile)
         big = next(t for t in tables if t.index == pre.index)
         sel[big.index] = pre.result() or _select(img, big, symbol_pattern, keep[big.index])
 
@@ -322,6 +322,8 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     if api_prefixes and imports_dlsym and not early_dlsym:  # dlsym is imported in the child's table
         api = identifier_strings(img, api_prefixes, api_warn)
     warnings += api_warn
+    if pre is not None:
+        _run_hook(on_symbols, symbols)
     done = pre.then() if pre is not None else None  # decoded by the child, exactly as here
     forwarders, fw_warn = done if done is not None else _forwarders(img, tables, sel, imports_dlsym, picks)
     if fw_warn:
@@ -343,6 +345,16 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
         code_loading_imports=code_loading, forwarders=forwarders, library_strings=strings,
         api_strings=api,
         device_code=device, warnings=warnings)
+
+
+def _run_hook(hook, *args) -> None:
+    """A caller's work run while a helper reads: a failure is its own to report when it does
+    the same work again, never this file's."""
+    if hook is not None:
+        try:
+            hook(*args)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _versym(img: ElfImage, table) -> np.ndarray | None:

@@ -13,6 +13,7 @@ cannot be parsed makes the file's verdict `error` (exit 3), never `pass`.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from audit.linkage.model import CheckReport, FileResult, Finding
 from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.policy import Policy
 from audit.linkage.resolve import Paths, ResolveOptions, Resolver, TreeTooLarge
-from audit.linkage.scan import scan_object, tree_findings
+from audit.linkage.scan import prejudge, scan_object, tree_findings
 
 __all__ = ["CachedReader", "CheckReport", "FileResult", "Finding", "ResolveOptions", "check_file", "check_paths"]
 
@@ -48,8 +49,10 @@ class CachedReader:
         self._pattern = policy.symbol_pattern
         # vendor API names as strings (dlsym evidence)
         self._more = {"api_prefixes": policy.api_prefixes} if read_elf is None else {}
-        if read_elf is None and fs is HOST:  # the policy's other regexes compiled while helpers read
+        if read_elf is None and fs is HOST:  # while the reader's helpers read: the policy's other
+            # regexes compiled, then the symbols' basis for judging made (audit.linkage.scan)
             self._more["meanwhile"] = policy.prepare
+            self._more["on_symbols"] = functools.partial(prejudge, policy)
         self._real = os.path.realpath if fs is HOST else (lambda p, paths=Paths(None, fs): paths.real(p) or p)
         self._cache: dict[str, ElfInfo | Exception] = {}
 

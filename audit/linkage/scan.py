@@ -18,16 +18,45 @@ from audit.linkage.resolve import DepNode, Resolver
 _MAX_EXAMPLES = 10
 _NOT_CODE = {"FILE", "SECTION"}  # symbol-table entries that name a source file or a section, not code
 _KIND, _NAME, _DEFINED, _TABLE = (attrgetter(a) for a in ("kind", "name", "defined", "table"))
+_MAX_DIR_LIST = 20000  # entries looked at per RPATH/RUNPATH directory
 
 
-def symbol_columns(symbols) -> tuple[list, list, list, list]:
+def _columns(symbols) -> tuple[list, list, list, list]:
     """(kind, name, defined, table) of every symbol, as whole columns: the reader's SymbolColumns
     as they are, any other list of Symbols read through."""
     if isinstance(symbols, SymbolColumns):
         return symbols.kind, symbols.name, symbols.defined, symbols.table
     return (list(map(_KIND, symbols)), list(map(_NAME, symbols)), list(map(_DEFINED, symbols)),
             list(map(_TABLE, symbols)))
-_MAX_DIR_LIST = 20000  # entries looked at per RPATH/RUNPATH directory
+
+
+def symbol_basis(symbols, policy: Policy) -> tuple[set[str], set[str], dict[str, set[str]], list]:
+    """What judging an object's symbols starts from, made from the symbols alone: the defined and
+    the imported names (source files and sections left out), the names in each table, and the
+    names each rule claims (Policy.symbol_groups). Whole columns through C-level map/filter/
+    compress, never a Python statement per symbol: libtorch_cpu brings ~85k vendor names. Kept
+    in the reader's SymbolColumns.memo, per policy: `prejudge` has it made while the reader's
+    helper still reads."""
+    memo = getattr(symbols, "memo", None)
+    hit = memo.get("basis") if memo is not None else None
+    if hit is not None and hit[0] is policy:
+        return hit[1]
+    kinds, names_all, flags, tables_of = _columns(symbols)
+    if _NOT_CODE.intersection(kinds):
+        code = list(map(not_, map(_NOT_CODE.__contains__, kinds)))
+        names_all, flags, tables_of = (list(compress(c, code)) for c in (names_all, flags, tables_of))
+    defined = set(compress(names_all, flags))
+    imported = set(compress(names_all, map(not_, flags)))
+    in_table = {t: set(compress(names_all, map(t.__eq__, tables_of))) for t in set(tables_of)}
+    basis = defined, imported, in_table, policy.symbol_groups(defined | imported)
+    if memo is not None:
+        memo["basis"] = (policy, basis)
+    return basis
+
+
+def prejudge(policy: Policy, symbols) -> None:
+    """symbol_basis made ahead (read_elf's on_symbols hook: while the reader waits for its helper)."""
+    symbol_basis(symbols, policy)
 
 
 def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | None) -> tuple[list[Finding], list[str]]:
@@ -54,16 +83,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
         if rule:
             strings.setdefault((rule.id, hit.text), []).append(hit)
 
-    # Whole columns through C-level map/filter/compress, never a Python statement per symbol:
-    # libtorch_cpu brings ~85k vendor names.
-    kinds, names_all, flags, tables_of = symbol_columns(info.symbols)
-    if _NOT_CODE.intersection(kinds):
-        code = list(map(not_, map(_NOT_CODE.__contains__, kinds)))
-        names_all, flags, tables_of = (list(compress(c, code)) for c in (names_all, flags, tables_of))
-    defined = set(compress(names_all, flags))
-    imported = set(compress(names_all, map(not_, flags)))
-    in_table = {t: set(compress(names_all, map(t.__eq__, tables_of))) for t in set(tables_of)}
-    by_rule = policy.symbol_groups(defined | imported)
+    defined, imported, in_table, by_rule = symbol_basis(info.symbols, policy)
     if by_rule:
         forwards = {f.symbol: f for f in info.forwarders}
         # a defined name whose part before "." is a forwarding stub (GCC's split-off parts: X.cold,
@@ -243,7 +263,7 @@ def _stub_detail(via: str, stubs: list[Forward], count: int, libs: list[str]) ->
 
 def _source_files(policy: Policy, info: ElfInfo) -> dict[str, list[str]]:
     """rule id -> source-file names (STT_FILE) whose stem is a name of that rule (cblas_daxpy.c)."""
-    kinds, names, _, _ = symbol_columns(info.symbols)
+    kinds, names, _, _ = _columns(info.symbols)
     files = sorted(set(compress(names, map("FILE".__eq__, kinds))))
     stems = {f: f.rsplit(".", 1)[0] for f in files if "." in f}
     by_stem = policy.classify_symbols(stems.values())
