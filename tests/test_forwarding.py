@@ -292,8 +292,10 @@ def test_the_symbol_basis_made_ahead_is_the_one_judged(x86_stubs):
     early, fresh = (read_elf(x86_stubs["env_mode"], policy.symbol_pattern) for _ in range(2))
     prejudge(policy, early.symbols)
     assert "basis" in early.symbols.memo and not fresh.symbols.memo
-    assert symbol_basis(early.symbols, policy) == symbol_basis(list(fresh.symbols), policy)
     assert scan_object(early, policy, ["x"], None) == scan_object(fresh, policy, ["x"], None)
+    assert not early.symbols.memo and not fresh.symbols.memo  # taken by the scan, not kept
+    prejudge(policy, early.symbols)
+    assert symbol_basis(early.symbols, policy) == symbol_basis(list(fresh.symbols), policy)
     other = load_policy(None)  # another policy never takes a basis made for the first
     assert symbol_basis(early.symbols, other)[3] == [(other.rules[policy.rules.index(r)], n)
                                                      for r, n in symbol_basis(early.symbols, policy)[3]]

@@ -30,15 +30,15 @@ def _columns(symbols) -> tuple[list, list, list, list]:
             list(map(_TABLE, symbols)))
 
 
-def symbol_basis(symbols, policy: Policy) -> tuple[set[str], set[str], dict[str, set[str]], list]:
+def symbol_basis(symbols, policy: Policy, keep: bool = False) -> tuple[set[str], set[str], dict[str, set[str]], list]:
     """What judging an object's symbols starts from, made from the symbols alone: the defined and
     the imported names (source files and sections left out), the names in each table, and the
     names each rule claims (Policy.symbol_groups). Whole columns through C-level map/filter/
-    compress, never a Python statement per symbol: libtorch_cpu brings ~85k vendor names. Kept
-    in the reader's SymbolColumns.memo, per policy: `prejudge` has it made while the reader's
-    helper still reads."""
+    compress, never a Python statement per symbol: libtorch_cpu brings ~85k vendor names.
+    `prejudge` has it made ahead (`keep`: left in the reader's SymbolColumns.memo, per policy);
+    the next call takes it from there, so it is not held for the rest of the run."""
     memo = getattr(symbols, "memo", None)
-    hit = memo.get("basis") if memo is not None else None
+    hit = memo.pop("basis", None) if memo is not None else None
     if hit is not None and hit[0] is policy:
         return hit[1]
     kinds, names_all, flags, tables_of = _columns(symbols)
@@ -49,14 +49,14 @@ def symbol_basis(symbols, policy: Policy) -> tuple[set[str], set[str], dict[str,
     imported = set(compress(names_all, map(not_, flags)))
     in_table = {t: set(compress(names_all, map(t.__eq__, tables_of))) for t in set(tables_of)}
     basis = defined, imported, in_table, policy.symbol_groups(defined | imported)
-    if memo is not None:
+    if keep and memo is not None:
         memo["basis"] = (policy, basis)
     return basis
 
 
 def prejudge(policy: Policy, symbols) -> None:
     """symbol_basis made ahead (read_elf's on_symbols hook: while the reader waits for its helper)."""
-    symbol_basis(symbols, policy)
+    symbol_basis(symbols, policy, keep=True)
 
 
 def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | None) -> tuple[list[Finding], list[str]]:
