@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from flash_kernel import _binding
 from flash_kernel._binding import (
     ABI_VERSION,
     AbiMismatch,
@@ -59,7 +60,8 @@ def library_for(device) -> Library:
     """The built library for a device ('cpu', 'cuda', 'cuda:1' or a torch.device), looked up on the
     file system once per device (and per FLASH_KERNEL_BUILD / FLASH_KERNEL_TARGET setting)."""
     kind = _device_type(device)
-    key = (kind, os.environ.get("FLASH_KERNEL_BUILD"), os.environ.get("FLASH_KERNEL_TARGET"))
+    data = getattr(os.environ, "_data", None)  # _settings, inlined: this runs on every public call
+    key = (kind, data.get(_RAW[0]), data.get(_RAW[1])) if data is not None and _RAW else (kind, *_settings())
     lib = _by_device.get(key)
     if lib is None:
         lib = _find_library(kind)
@@ -68,6 +70,19 @@ def library_for(device) -> Library:
 
 
 _by_device: dict[tuple, Library] = {}
+_SETTINGS = ("FLASH_KERNEL_BUILD", "FLASH_KERNEL_TARGET")
+_RAW = tuple(os.environ.encodekey(n) for n in _SETTINGS) if hasattr(os.environ, "encodekey") else ()
+
+
+def _settings() -> tuple:
+    """FLASH_KERNEL_BUILD and FLASH_KERNEL_TARGET as they are now (the cache key of library_for: a
+    change is honoured). Read on every public call, so from the mapping behind os.environ (raw
+    values, ~0.03 us a name) rather than os.environ.get (~0.7 us: key encoding, value decoding)."""
+    env = os.environ
+    data = getattr(env, "_data", None)
+    if data is None or not _RAW:  # os.environ is not CPython's own mapping
+        return env.get(_SETTINGS[0]), env.get(_SETTINGS[1])
+    return data.get(_RAW[0]), data.get(_RAW[1])
 
 
 def _find_library(kind: str) -> Library:
@@ -95,7 +110,7 @@ def attention(q, k, v, scale=None, layout: str = "bhnd"):
         from flash_kernel import _op
 
         return _op.traced_call(q, k, v, scale, layout, naive=False)
-    return library_for(_tensor_device(q)).attention(q, k, v, scale=scale, layout=layout)
+    return library_for(_tensor_device(q))._call(q, k, v, scale, layout, False)
 
 
 def naive_attention(q, k, v, scale=None, layout: str = "bhnd"):
@@ -104,11 +119,14 @@ def naive_attention(q, k, v, scale=None, layout: str = "bhnd"):
         from flash_kernel import _op
 
         return _op.traced_call(q, k, v, scale, layout, naive=True)
-    return library_for(_tensor_device(q)).naive_attention(q, k, v, scale=scale, layout=layout)
+    return library_for(_tensor_device(q))._call(q, k, v, scale, layout, True)
 
 
 def _compiling() -> bool:
     """Under torch.compile / torch.export tracing (torch imported lazily: the ABI works without it)."""
+    api = _binding._api  # torch's functions, once a call has looked them up
+    if api is not None:
+        return api.is_compiling()
     torch = sys.modules.get("torch")
     return torch is not None and torch.compiler.is_compiling()
 

@@ -229,6 +229,8 @@ class Library:
             self._ran_path.restype = ctypes.c_char_p
             self._ran_path.argtypes = []
         self._checked: dict[tuple, AttentionArgs | bool] = {}  # input kinds already checked (see _call)
+        self._forwards = (d.fk_flash_forward, d.fk_naive_forward)  # read on every call: no lookups
+        self._host = self.target == "cpu"
 
     @staticmethod
     def _string(raw) -> str:
@@ -237,7 +239,7 @@ class Library:
     @property
     def is_host(self) -> bool:
         """True for the CPU target: pointers are host pointers."""
-        return self.target == "cpu"
+        return self._host
 
     def last_error(self) -> str:
         return self._string(self._dll.fk_last_error())
@@ -287,18 +289,13 @@ class Library:
     def _invoke(self, args: AttentionArgs, device, naive: bool) -> None:
         fn = self._dll.fk_naive_forward if naive else self._dll.fk_flash_forward
         if device.type == "cuda":
-            import torch
-
-            current = torch.cuda.current_device()
-            index = device.index if device.index is not None else current
-            args.stream = _current_stream(torch, index)
-            if index != current:  # the C side launches on the current device
-                with torch.cuda.device(index):
-                    status = int(fn(ctypes.byref(args)))
-            else:
-                status = int(fn(ctypes.byref(args)))
+            api = _torch_api()
+            index = device.index if device.index is not None else api.current_device()
+            self._status(_call_on_device(api, fn, args, index), naive)
         else:
-            status = int(fn(ctypes.byref(args)))
+            self._status(fn(ctypes.byref(args)), naive)
+
+    def _status(self, status: int, naive: bool) -> None:
         if status != FK_OK:
             name = STATUS_NAMES.get(status, f"status {status}")
             raise KernelError(f"{'fk_naive_forward' if naive else 'fk_flash_forward'} failed: {name}: "
@@ -313,11 +310,9 @@ class Library:
         return self._call(q, k, v, scale, layout, naive=True)
 
     def _call(self, q, k, v, scale, layout, naive):
-        import torch
-
-        from flash_kernel import _op  # registers the torch ops on first use (a dict lookup after)
-
-        if _plain_eager(torch, q, k, v):
+        api = _api or _torch_api()
+        tensor = api.Tensor
+        if type(q) is tensor and type(k) is tensor and type(v) is tensor and not api.is_compiling():
             # Plain tensors outside tracing go straight to the C call: the custom op's dispatch
             # costs more host time than a short kernel runs. Inputs of a shape, layout, dtype and
             # device seen before skip the checks: their filled argument struct is kept.
@@ -327,17 +322,27 @@ class Library:
             if template is None:
                 template = self._template(key, q, k, v, layout)
             if template is not False:
-                s = 0.0 if scale is None else resolve_scale(scale, 0)
-                o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+                s = 0.0 if scale is None else _fp32_scale(scale)
+                # dense in q's logical layout, like torch.empty(q.shape, ...) but with less argument parsing
+                o = api.empty_like(q, memory_format=api.contiguous_format)
                 args = AttentionArgs.from_buffer_copy(template)
                 args.q, args.k, args.v, args.o, args.scale = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), s
-                self._invoke(args, q.device, naive)
+                fn = self._forwards[naive]
+                if self._host:
+                    status = fn(ctypes.byref(args))
+                else:  # CUDA tensors (the template was checked against this library's device kind)
+                    status = _call_on_device(api, fn, args, q.get_device())
+                if status != FK_OK:
+                    self._status(status, naive)
                 return o
+        # registers the torch ops on first use (a dict lookup after)
+        from flash_kernel import _op
+
         q, k, v = check_inputs(q, k, v, layout, self.head_dims)
         self.check_device(q.device)
         s = resolve_scale(scale, _bhnd(q, layout)[0][3])
-        if _plain_eager(torch, q, k, v):  # inputs that needed a copy to be addressable
-            o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if _plain_eager(api, q, k, v):  # inputs that needed a copy to be addressable
+            o = api.empty_like(q, memory_format=api.contiguous_format)
             self._launch(q, k, v, o, s, layout, naive)
             return o
         # traced, fake or subclassed tensors: through the registered op
@@ -346,6 +351,8 @@ class Library:
     def _template(self, key, q, k, v, layout):
         """Check inputs of a new kind once; remember an argument struct for them (False: the kernel
         cannot address them as they are, so every call copies them and is checked in full)."""
+        from flash_kernel import _op  # noqa: F401  registers the torch ops on the first call
+
         checked = check_inputs(q, k, v, layout, self.head_dims)
         self.check_device(q.device)
         template = False
@@ -380,11 +387,53 @@ def _plain_eager(torch, q, k, v) -> bool:
             and not torch.compiler.is_compiling())
 
 
-def _current_stream(torch, index: int) -> int | None:
-    """torch's current CUDA stream on device `index` as a raw handle (None: the legacy default)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # one C call, no Stream object
-    handle = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
-    return handle or None
+class _TorchApi:
+    """The torch functions the eager call uses, looked up once (torch is imported on first use, so
+    the ABI works without it; attribute chains like torch.cuda.current_device cost host time)."""
+
+    def __init__(self):
+        import torch
+
+        self.Tensor = torch.Tensor
+        self.compiler = torch.compiler
+        self.is_compiling = torch.compiler.is_compiling
+        self.empty_like = torch.empty_like
+        self.contiguous_format = torch.contiguous_format
+        self.cuda = torch.cuda
+        # torch.cuda.current_device() is a Python layer over this getter (which initialises CUDA itself)
+        get_device = getattr(torch._C, "_cuda_getDevice", None)
+        self.current_device = get_device if get_device is not None else torch.cuda.current_device
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # one C call, no Stream object
+        self.raw_stream = raw if raw is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
+
+
+_api: _TorchApi | None = None
+
+
+def _torch_api() -> _TorchApi:
+    global _api
+    if _api is None:
+        _api = _TorchApi()
+    return _api
+
+
+def _call_on_device(api, fn, args: AttentionArgs, index: int) -> int:
+    """The C call for CUDA tensors on device `index`, on torch's current stream there (the C side
+    launches on the current device)."""
+    args.stream = api.raw_stream(index)  # 0: the legacy default stream
+    current = api.current_device()
+    if index == current:
+        return fn(ctypes.byref(args))
+    with api.cuda.device(index):
+        return fn(ctypes.byref(args))
+
+
+def _fp32_scale(scale) -> float:
+    """resolve_scale for a call of a kind already checked: floats well inside fp32's positive range
+    pass at once; anything else (ints, bounds, bad values) takes the full check."""
+    if type(scale) is float and 1e-37 < scale < 1e38:
+        return scale
+    return resolve_scale(scale, 0)
 
 
 _cache: dict[str, Library] = {}

@@ -422,6 +422,43 @@ def test_repeated_calls_of_one_kind_use_each_calls_own_tensors(lib):
         lib.attention(q, k, v, scale=-1.0)  # a bad scale is refused on the remembered path too
 
 
+def test_output_is_dense_in_qs_logical_layout_on_repeated_calls(lib):
+    """q a (B, N, H, D) view with other strides (a packed qkv; a transposed (B, H, N, D) tensor,
+    dense but permuted): the output is a fresh dense tensor of q's shape and dtype, not q's strides,
+    on the first call of the kind and on the remembered path."""
+    seed, gen = seeded()
+    packed = torch.randn(2, 40, 3, 2, 64, generator=gen)
+    bhnd = [torch.randn(2, 2, 40, 64, generator=gen) for _ in range(3)]
+    for q, k, v in ((packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]), tuple(t.transpose(1, 2) for t in bhnd)):
+        assert not q.is_contiguous()
+        ref = F.scaled_dot_product_attention(*(t.transpose(1, 2).double() for t in (q, k, v))).transpose(1, 2)
+        outs = [lib.attention(q, k, v, layout="bnhd") for _ in range(3)]
+        for out in outs:
+            assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+            assert rel(out, ref) <= 1e-5, f"seed {seed}"
+        assert len({o.data_ptr() for o in outs}) == 3  # each call its own output
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-50, float("nan"), float("inf"), 0.0, -0.5, "x"], ids=repr)
+def test_bad_scale_refused_on_the_remembered_path(lib, scale):
+    q = torch.randn(1, 1, 5, 64)
+    lib.attention(q, q, q)  # the kind is remembered: later calls skip the full checks
+    with pytest.raises(B.KernelError) as ei:
+        lib.attention(q, q, q, scale=scale)
+    assert ei.value.status == B.FK_ERR_SCALE
+
+
+def test_scales_at_fp32_bounds_on_the_remembered_path(lib):
+    """Scales past the quick range check still take the full one: a subnormal fp32 is accepted,
+    an int is a number like any other."""
+    seed, gen = seeded()
+    q, k, v = qkv((1, 2, 7, 64), (1, 2, 9, 64), gen=gen)
+    lib.attention(q, k, v)
+    for scale in (1e-40, 2):
+        ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=float(scale))
+        assert rel(lib.attention(q, k, v, scale=scale), ref) <= 1e-5, f"scale {scale} seed {seed}"
+
+
 def test_fake_tensors_take_the_registered_op(lib):
     """A tensor subclass (here FakeTensor) is never handed to the C function: it goes through the op."""
     from torch._subclasses.fake_tensor import FakeTensorMode

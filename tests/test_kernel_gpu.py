@@ -207,6 +207,27 @@ def test_custom_op_path_and_strided_view(lib):
     assert err <= 2e-3
 
 
+def test_one_pointer_in_turn_as_other_shapes_and_layouts(lib):
+    """Calls in turn on views that share a data pointer but not a shape or strides (a caching
+    allocator hands blocks back like this), among more tensors than the library keeps tensor maps
+    for: every call must read its own q as it is now, on a kernel opted in once."""
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    buf = torch.randn(2 * 256 * 64, generator=gen, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(1, 2, 300, 64, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+    views = [
+        (buf.view(1, 2, 256, 64), k, v, "bhnd"),
+        (buf[: 2 * 200 * 64].view(1, 2, 200, 64), k, v, "bhnd"),         # same pointer, fewer rows
+        (buf.view(1, 256, 2, 64), k.transpose(1, 2), v.transpose(1, 2), "bnhd"),  # same pointer, other strides
+    ]
+    others = [_make(1, 2, 100 + 10 * i, 90, 64, torch.bfloat16, "bhnd", gen) + ("bhnd",) for i in range(4)]
+    for _ in range(3):
+        for q, kk, vv, layout in views + others:
+            out = _run(lib, q, kk, vv, layout, naive=False)
+            err = _rel_l2(out, _reference(q, kk, vv, 1.0 / 8.0, layout))
+            assert err <= TOL[torch.bfloat16], f"{tuple(q.shape)} {layout}: rel L2 {err:.3g} (seed {gen.initial_seed()})"
+
+
 def test_misaligned_pointer_is_refused(lib):
     """The flash paths load 16 bytes at a time: a 2-byte-offset view is an error, not a fault."""
     base = torch.randn(1, 1, 65 * 64 + 1, device="cuda").to(torch.float16)

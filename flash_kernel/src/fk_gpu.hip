@@ -67,6 +67,41 @@ int32_t launch_flash(Kernel kernel, fk::FlashParams p, int64_t bm, int threads, 
     return FK_OK;
 }
 
+#if defined(FK_HAVE_MMA)
+// The device this thread launches on (-1 if the runtime cannot say).
+int current_device() {
+    int dev = -1;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return dev;
+}
+
+// Dynamic shared memory past 48 KiB must be opted into per device and kernel. The setting stays
+// with the kernel in the device's context, so it is made once: a driver call on every launch costs
+// host time that a short kernel does not hide. `opted` holds one bit per device (devices past 63, or
+// unknown, opt in on every call); forget_opt_in clears it after a failed launch, so a context that
+// was reset gets the opt-in again.
+inline uint64_t device_bit(int dev) { return dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0; }
+
+template <class Kernel>
+int32_t opt_in_smem(Kernel kernel, int bytes, int dev, std::atomic<uint64_t> &opted, const char *what) {
+    const uint64_t bit = device_bit(dev);
+    if (bit != 0 && (opted.load(std::memory_order_acquire) & bit) != 0) return FK_OK;
+    hipError_t e = hipFuncSetAttribute(reinterpret_cast<const void *>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize,
+                                       bytes);
+    if (e != hipSuccess) return fk::fail(FK_ERR_LAUNCH, "%s shared memory opt-in failed: %s", what, hipGetErrorString(e));
+    opted.fetch_or(bit, std::memory_order_release);
+    return FK_OK;
+}
+
+inline int32_t forget_opt_in(int32_t status, int dev, std::atomic<uint64_t> &opted) {
+    if (status != FK_OK) opted.fetch_and(~device_bit(dev), std::memory_order_relaxed);
+    return status;
+}
+#endif
+
 template <class E, int D>
 int32_t run_generic(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
     using Tile = fk::GenericTile<D, E::kBytes>;
@@ -90,30 +125,24 @@ int32_t dispatch_generic(const fk::FlashParams &p, int64_t d, hipStream_t s, int
 
 #if defined(FK_HAVE_MMA)
 template <class E, int D>
-int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh) {
+int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev) {
     using Tile = fk::MmaTile<D>;
-    auto kernel = p.d == D ? fk::mma::flash_mma_kernel<E, D, false> : fk::mma::flash_mma_kernel<E, D, true>;
-    // Dynamic shared memory past 48 KiB must be opted into (per device; cheap, so every call).
-    hipError_t e = hipFuncSetAttribute(reinterpret_cast<const void *>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize,
-                                       Tile::kSmemBytes);
-    if (e != hipSuccess)
-        return fk::fail(FK_ERR_LAUNCH, "flash (mma_sync) shared memory opt-in failed: %s", hipGetErrorString(e));
-    return fk::ran(launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)"),
-                   "mma_sync");
+    const bool padded = p.d != D;
+    auto kernel = padded ? fk::mma::flash_mma_kernel<E, D, true> : fk::mma::flash_mma_kernel<E, D, false>;
+    static std::atomic<uint64_t> opted[2];  // per kernel (exact, padded): devices opted in
+    if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (mma_sync)")) return st;
+    const int32_t st = launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)");
+    return fk::ran(forget_opt_in(st, dev, opted[padded]), "mma_sync");
 }
 #endif
 
 #if defined(FK_HAVE_WGMMA)
-// Whether the current device runs this library's sm_90a cubin: a cc 9.0 device, the kernel's
-// binary built for it (not the sm_80 fallback cubin), and a driver that encodes tensor maps.
-bool wgmma_usable() {
+// Whether device `dev` (the current one) runs this library's sm_90a cubin: a cc 9.0 device, the
+// kernel's binary built for it (not the sm_80 fallback cubin), and a driver that encodes tensor maps.
+bool wgmma_usable(int dev) {
     static std::atomic<int8_t> known[64];  // per device: 0 unknown, 1 yes, 2 no
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    if (dev >= 0 && dev < 64 && known[dev].load() != 0) return known[dev].load() == 1;
+    if (dev < 0) return false;             // the runtime cannot say which device: mma_sync
+    if (dev < 64 && known[dev].load() != 0) return known[dev].load() == 1;
     int major = 0, minor = 0;
     cudaFuncAttributes fa{};
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
@@ -122,27 +151,27 @@ bool wgmma_usable() {
                     cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128, false>) == cudaSuccess &&
                     fa.binaryVersion == 90 && fk::wgmma::encoder() != nullptr;
     (void)cudaGetLastError();
-    if (dev >= 0 && dev < 64) known[dev].store(ok ? 1 : 2);
+    if (dev < 64) known[dev].store(ok ? 1 : 2);
     return ok;
 }
 
 constexpr int32_t kNotTaken = -1;  // the wgmma path cannot address these tensors: take mma_sync
 
 template <class E, int D>
-int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStream_t s, int64_t bh_total) {
+int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStream_t s, int64_t bh_total, int dev) {
     using Tile = fk::WgmmaTile<D>;
     if (p.nq > INT32_MAX - Tile::BM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
     CUtensorMap tq, tk, tv;
     fk::wgmma::MapsDims md{};
     // dimension 0 of each map is the real head dim: TMA zero-fills the bucket's padding columns
-    if (!fk::wgmma::encode(&tq, &md.q, dtype, p.q, batch, p.heads, p.nq, p.d, p.qs, Tile::BM) ||
-        !fk::wgmma::encode(&tk, &md.k, dtype, p.k, batch, p.heads, p.nk, p.d, p.ks, Tile::BN) ||
-        !fk::wgmma::encode(&tv, &md.v, dtype, p.v, batch, p.heads, p.nk, p.d, p.vs, Tile::BN))
+    if (!fk::wgmma::encode_cached(&tq, &md.q, dev, dtype, p.q, batch, p.heads, p.nq, p.d, p.qs, Tile::BM) ||
+        !fk::wgmma::encode_cached(&tk, &md.k, dev, dtype, p.k, batch, p.heads, p.nk, p.d, p.ks, Tile::BN) ||
+        !fk::wgmma::encode_cached(&tv, &md.v, dev, dtype, p.v, batch, p.heads, p.nk, p.d, p.vs, Tile::BN))
         return kNotTaken;
-    auto kernel = p.d == D ? fk::wgmma::flash_wgmma_kernel<E, D, false> : fk::wgmma::flash_wgmma_kernel<E, D, true>;
-    hipError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Tile::kSmemBytes);
-    if (e != hipSuccess)
-        return fk::fail(FK_ERR_LAUNCH, "flash (wgmma) shared memory opt-in failed: %s", hipGetErrorString(e));
+    const bool padded = p.d != D;
+    auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true> : fk::wgmma::flash_wgmma_kernel<E, D, false>;
+    static std::atomic<uint64_t> opted[2];  // per kernel (exact, padded): devices opted in
+    if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (wgmma)")) return st;
     const int64_t qtiles = (p.nq + Tile::BM - 1) / Tile::BM;
     fk::FlashParams q = p;
     for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
@@ -150,27 +179,31 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
         const int64_t n = bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY;
         dim3 grid(static_cast<unsigned>(qtiles), static_cast<unsigned>(n), 1);
         kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md);
-        if (int32_t st = check_launch("flash (wgmma)")) return st;
+        if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[padded]);
     }
     return fk::ran(FK_OK, "wgmma");
 }
 
 // The wgmma path where it applies; kNotTaken otherwise.
-int32_t dispatch_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t d, int64_t batch, hipStream_t s, int64_t bh) {
-    if (!wgmma_usable() || dtype == FK_DTYPE_F32) return kNotTaken;
+int32_t dispatch_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t d, int64_t batch, hipStream_t s, int64_t bh,
+                       int dev) {
+    if (!wgmma_usable(dev) || dtype == FK_DTYPE_F32) return kNotTaken;
     const bool h = dtype == FK_DTYPE_F16;
     switch (fk::bucket_of(fk::kWgmmaBuckets, d)) {
-        case 64: return h ? run_wgmma<fk::F16, 64>(p, dtype, batch, s, bh) : run_wgmma<fk::BF16, 64>(p, dtype, batch, s, bh);
-        case 128: return h ? run_wgmma<fk::F16, 128>(p, dtype, batch, s, bh) : run_wgmma<fk::BF16, 128>(p, dtype, batch, s, bh);
-        case 256: return h ? run_wgmma<fk::F16, 256>(p, dtype, batch, s, bh) : run_wgmma<fk::BF16, 256>(p, dtype, batch, s, bh);
+        case 64: return h ? run_wgmma<fk::F16, 64>(p, dtype, batch, s, bh, dev) : run_wgmma<fk::BF16, 64>(p, dtype, batch, s, bh, dev);
+        case 128: return h ? run_wgmma<fk::F16, 128>(p, dtype, batch, s, bh, dev) : run_wgmma<fk::BF16, 128>(p, dtype, batch, s, bh, dev);
+        case 256: return h ? run_wgmma<fk::F16, 256>(p, dtype, batch, s, bh, dev) : run_wgmma<fk::BF16, 256>(p, dtype, batch, s, bh, dev);
         default: return kNotTaken;
     }
 }
 #endif
 
 int32_t dispatch_flash(const fk::FlashParams &p, int32_t dtype, int64_t d, int64_t batch, hipStream_t s, int64_t bh) {
+#if defined(FK_HAVE_MMA)
+    const int dev = current_device();
+#endif
 #if defined(FK_HAVE_WGMMA)
-    const int32_t w = dispatch_wgmma(p, dtype, d, batch, s, bh);
+    const int32_t w = dispatch_wgmma(p, dtype, d, batch, s, bh, dev);
     if (w != kNotTaken) return w;
 #endif
 #if defined(FK_HAVE_MMA)
@@ -178,9 +211,9 @@ int32_t dispatch_flash(const fk::FlashParams &p, int32_t dtype, int64_t d, int64
     if (dtype != FK_DTYPE_F32) {
         const bool h = dtype == FK_DTYPE_F16;
         switch (fk::bucket_of(fk::kMmaBuckets, d)) {
-            case 64: return h ? run_mma<fk::F16, 64>(p, s, bh) : run_mma<fk::BF16, 64>(p, s, bh);
-            case 128: return h ? run_mma<fk::F16, 128>(p, s, bh) : run_mma<fk::BF16, 128>(p, s, bh);
-            case 256: return h ? run_mma<fk::F16, 256>(p, s, bh) : run_mma<fk::BF16, 256>(p, s, bh);
+            case 64: return h ? run_mma<fk::F16, 64>(p, s, bh, dev) : run_mma<fk::BF16, 64>(p, s, bh, dev);
+            case 128: return h ? run_mma<fk::F16, 128>(p, s, bh, dev) : run_mma<fk::BF16, 128>(p, s, bh, dev);
+            case 256: return h ? run_mma<fk::F16, 256>(p, s, bh, dev) : run_mma<fk::BF16, 256>(p, s, bh, dev);
             default: return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld has no mma_sync kernel", (long long)d);
         }
     }
@@ -290,7 +323,7 @@ const char *fk_target(void) {
 
 const char *fk_flash_path(void) {
 #if defined(FK_HAVE_WGMMA)
-    return wgmma_usable() ? "wgmma" : "mma_sync";  // the path fp16/bf16 take on this device
+    return wgmma_usable(current_device()) ? "wgmma" : "mma_sync";  // the path fp16/bf16 take on this device
 #elif defined(FK_HAVE_MMA)
     return "mma_sync";
 #else

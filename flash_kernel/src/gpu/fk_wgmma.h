@@ -426,6 +426,50 @@ inline bool encode(CUtensorMap *map, MapDims *dims, int32_t dtype, const void *p
     return r == CUDA_SUCCESS;
 }
 
+// encode() through a small per-thread cache of the last maps encoded. A map is a function of
+// encode()'s arguments alone, so a call on the tensors of a recent call (a loop over the same
+// buffers, or a caching allocator handing the same blocks back) copies 128 bytes instead of
+// asking the driver: the encoder costs host time on every call that a short kernel does not hide.
+struct MapKey {
+    const void *ptr;
+    int64_t batch, heads, n, d, strides[3];
+    int32_t dtype, rows, dev;
+
+    bool operator==(const MapKey &o) const {
+        return ptr == o.ptr && batch == o.batch && heads == o.heads && n == o.n && d == o.d && strides[0] == o.strides[0] &&
+               strides[1] == o.strides[1] && strides[2] == o.strides[2] && dtype == o.dtype && rows == o.rows && dev == o.dev;
+    }
+};
+
+struct CachedMap {
+    CUtensorMap map;
+    MapKey key;
+    MapDims dims;
+    bool used;
+};
+
+constexpr int kMapCacheSize = 8;  // q, k and v of a self- and a cross-attention call, and spare
+
+inline bool encode_cached(CUtensorMap *map, MapDims *dims, int dev, int32_t dtype, const void *ptr, int64_t batch,
+                          int64_t heads, int64_t n, int64_t d, const int64_t (&strides)[3], int rows) {
+    static thread_local CachedMap cache[kMapCacheSize];
+    static thread_local unsigned next = 0;
+    const MapKey key{ptr, batch, heads, n, d, {strides[0], strides[1], strides[2]}, dtype, rows, dev};
+    for (const CachedMap &c : cache)
+        if (c.used && c.key == key) {
+            *map = c.map;
+            *dims = c.dims;
+            return true;
+        }
+    if (!encode(map, dims, dtype, ptr, batch, heads, n, d, strides, rows)) return false;  // not cached: rare
+    CachedMap &slot = cache[next++ % kMapCacheSize];
+    slot.map = *map;
+    slot.key = key;
+    slot.dims = *dims;
+    slot.used = true;
+    return true;
+}
+
 }  // namespace wgmma
 }  // namespace fk
 
