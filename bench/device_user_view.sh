@@ -6,7 +6,7 @@
 #      non-default stream, on cuda:1 (skipped on a one-GPU host), plus the binding's GPU tests
 #   3. `sovereign-audit bench --preset dit`: every diffusion-transformer shape, ours through the
 #      public call against SDPA-flash and SDPA-cuDNN, the path each shape ran, refusals as rows
-#   4. with time left and diffusers carried as a wheel (.whl/): `sovereign-audit run --device cuda`
+#   4. with time left and diffusers and cryptography carried as wheels (.whl/): `sovereign-audit run --device cuda`
 #      with the default library (and a carried gfx1030 build audited beside it), the research
 #      object tarred to $OUT/research-object.tgz
 # Results under $OUT; the short tables print last.
@@ -53,7 +53,12 @@ note "bench --preset dit rc=$? ($(( $(date +%s) - START )) s)"
 
 # 4. The research object with the default library, if it can finish in the time left. An RDNA2
 #    (gfx1030) build carried in .device/gfx1030/ (this machine has no hipcc) is audited beside it.
-if python3 -c 'import diffusers' 2>/dev/null && [ "$(left)" -gt 120 ]; then
+# run needs diffusers (the pipeline) and cryptography (the signatures); the device image has
+# neither: carry both as wheels in .whl/ (cryptography's abi3 manylinux wheel and cffi's).
+missing=$(python3 -c 'import importlib.util as u; print(" ".join(m for m in ("diffusers", "cryptography") if u.find_spec(m) is None))')
+if [ -n "$missing" ]; then
+    note "run: not started: missing $missing (carry the wheels in .whl/)"
+elif [ "$(left)" -gt 120 ]; then
     rm -rf /tmp/ro
     ARTIFACTS=()
     if [ -f .device/gfx1030/libflash_kernel.so ]; then
@@ -66,7 +71,7 @@ if python3 -c 'import diffusers' 2>/dev/null && [ "$(left)" -gt 120 ]; then
     note "run rc=$rc ($(( $(date +%s) - START )) s)"
     [ -d /tmp/ro ] && tar czf "$OUT/research-object.tgz" -C /tmp ro
 else
-    note "run: not started (diffusers missing or $(left) s left)"
+    note "run: not started: $(left) s left"
 fi
 
 echo "==== summary"
