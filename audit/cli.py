@@ -13,7 +13,7 @@ import sys
 import click
 
 from audit import __version__
-from audit.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, AuditError, Interrupted, printable
+from audit.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, AuditError, Interrupted, printable
 
 # name -> "module:attribute"; the order is the data flow.
 COMMANDS = {
@@ -57,6 +57,7 @@ def cli():
     \b
     Exit codes: 0 ok, 1 violation or failed gate, 2 usage/policy/config error,
     3 unreadable input, 4 internal error, 130 interrupted (Ctrl-C, SIGTERM).
+    A Python package that a command needs and cannot find: exit 2, naming it.
     """
 
 
@@ -96,10 +97,36 @@ def _main(argv):
     except KeyboardInterrupt:
         click.echo("error: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
+    except ModuleNotFoundError as exc:
+        hint = missing_package_hint(exc)
+        if hint is None:  # one of our own modules: a bug, below
+            click.echo(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", err=True)
+            sys.exit(EXIT_INTERNAL)
+        click.echo(f"error: {hint}", err=True)  # an environment to fix, not a bug to report
+        sys.exit(EXIT_USAGE)
     except Exception as exc:  # a bug: say so in one line, never a traceback
         click.echo(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", err=True)
         sys.exit(EXIT_INTERNAL)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# Import name -> what to install, where the two differ or an extra brings it.
+_INSTALL = {
+    "elftools": "pyelftools",
+    "yaml": "pyyaml",
+    "torch": "sovereign-audit[evidence]",
+    "diffusers": "sovereign-audit[pipeline]",
+}
+
+
+def missing_package_hint(exc: ModuleNotFoundError) -> str | None:
+    """One line naming the missing third-party package and what to install; None where the
+    missing module is one of this project's own (that is a broken install or a bug)."""
+    top = (exc.name or "").split(".")[0]
+    if not top or top in ("audit", "flash_kernel"):
+        return None
+    return (f"the Python package '{printable(top)}' is not installed and this command needs it: "
+            f"pip install '{printable(_INSTALL.get(top, top))}'")
 
 
 def _click_message(exc: click.ClickException) -> str:

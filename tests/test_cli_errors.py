@@ -103,3 +103,46 @@ def test_top_level_help_lists_every_exit_code(capsys):
     rc, out, _ = cli(capsys, "--help")
     flat = " ".join(out.split())
     assert rc == EXIT_OK and "130 interrupted" in flat and "3 unreadable input" in flat
+
+
+def _run_without(module: str, *args: str, tmp_path) -> "subprocess.CompletedProcess[str]":
+    """The CLI in a fresh interpreter where importing `module` fails as if it were not installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules[%r] = None\n"
+            "from audit.cli import main\n"
+            "main(sys.argv[1:])\n") % module
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}, timeout=120)
+
+
+def test_a_missing_third_party_package_is_named_exit_2(tmp_path):
+    proc = _run_without("cryptography", "keygen", "--out", str(tmp_path / "k"), tmp_path=tmp_path)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.splitlines() == ["error: the Python package 'cryptography' is not installed and this "
+                                        "command needs it: pip install 'cryptography'"]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "k").exists()
+
+
+def test_check_without_numpy_names_it(tmp_path):
+    proc = _run_without("numpy", "check", "/bin/true", tmp_path=tmp_path)
+    assert proc.returncode == EXIT_USAGE, proc.stderr
+    assert proc.stderr.strip() == ("error: the Python package 'numpy' is not installed and this command "
+                                   "needs it: pip install 'numpy'")
+
+
+@pytest.mark.parametrize("name, install", [("torch.nn", "sovereign-audit[evidence]"),
+                                           ("diffusers", "sovereign-audit[pipeline]"),
+                                           ("elftools.elf", "pyelftools"), ("yaml", "pyyaml")])
+def test_the_hint_names_what_to_install(name, install):
+    from audit.cli import missing_package_hint
+
+    hint = missing_package_hint(ModuleNotFoundError(f"No module named {name!r}", name=name))
+    assert hint.endswith(f"pip install '{install}'") and f"'{name.split('.')[0]}'" in hint
+
+
+def test_a_missing_module_of_our_own_is_still_an_internal_error(tmp_path):
+    proc = _run_without("audit.report.keys", "keygen", "--out", str(tmp_path / "k"), tmp_path=tmp_path)
+    assert proc.returncode == 4 and proc.stderr.startswith("internal error: ModuleNotFoundError"), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
