@@ -104,21 +104,29 @@ def _find_library(kind: str) -> Library:
                           + (f" --out {where}" if os.environ.get("FLASH_KERNEL_BUILD") else ""))
 
 
+def _op_layer():
+    """flash_kernel._op, the torch custom ops (it imports torch: loaded on first need), told how
+    this package finds a library for a device."""
+    from flash_kernel import _op
+
+    _op.library_for = library_for
+    return _op
+
+
+_binding.op_layer = _op_layer
+
+
 def attention(q, k, v, scale=None, layout: str = "bhnd"):
     """softmax(scale * Q K^T) V through the flash path of the library for q.device."""
     if _compiling():
-        from flash_kernel import _op
-
-        return _op.traced_call(q, k, v, scale, layout, naive=False)
+        return _op_layer().traced_call(q, k, v, scale, layout, naive=False)
     return library_for(_tensor_device(q))._call(q, k, v, scale, layout, False)
 
 
 def naive_attention(q, k, v, scale=None, layout: str = "bhnd"):
     """The naive (pre-flash) path of the library for q.device: materialises the score matrix."""
     if _compiling():
-        from flash_kernel import _op
-
-        return _op.traced_call(q, k, v, scale, layout, naive=True)
+        return _op_layer().traced_call(q, k, v, scale, layout, naive=True)
     return library_for(_tensor_device(q))._call(q, k, v, scale, layout, True)
 
 

@@ -335,8 +335,7 @@ class Library:
                 if status != FK_OK:
                     self._status(status, naive)
                 return o
-        # registers the torch ops on first use (a dict lookup after)
-        from flash_kernel import _op
+        _op = op_layer()  # registers the torch ops on first use (a dict lookup after)
 
         q, k, v = check_inputs(q, k, v, layout, self.head_dims)
         self.check_device(q.device)
@@ -351,7 +350,7 @@ class Library:
     def _template(self, key, q, k, v, layout):
         """Check inputs of a new kind once; remember an argument struct for them (False: the kernel
         cannot address them as they are, so every call copies them and is checked in full)."""
-        from flash_kernel import _op  # noqa: F401  registers the torch ops on the first call
+        op_layer()  # registers the torch ops on the first call
 
         checked = check_inputs(q, k, v, layout, self.head_dims)
         self.check_device(q.device)
@@ -408,6 +407,10 @@ class _TorchApi:
 
 
 _api: _TorchApi | None = None
+
+# The torch custom-op layer (flash_kernel._op) imports this module, so this module never imports
+# it: the package hands over a function that returns that layer (importing it on first need).
+op_layer = None
 
 
 def _torch_api() -> _TorchApi:
