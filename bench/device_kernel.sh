@@ -7,6 +7,7 @@
 #
 #   FK_BUILD=build/h3 FK_VARIANTS="w8:-DFK_MMA_WARPS_D128=8 -DFK_MMA_WARPS_D64=8" bench/device_kernel.sh
 #   FK_STAGES="test memcheck racecheck fma bench" (default all), FK_SHAPES="1,12,32760,128 1,30,17776,64"
+#   FK_LIBS="sm_90a" FK_STAGES="memcheck racecheck" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a: sanitizers alone
 # Libraries: $FK_BUILD/{sm_90,sm_90a,sm_90-generic}/libflash_kernel.so, built here when absent (carry
 # builds from `sovereign-audit build` so that the GPU tests can match them to their provenance).
 set -u
@@ -40,9 +41,10 @@ build() {  # build NAME EXTRA_FLAGS... (flags after the sm_90 gencode; an sm_90a
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   nvcc --version | tail -1; python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)'
   git log -1 --format='commit %H %s' 2>/dev/null || true; } > "$OUT/env.txt" 2>&1
-build sm_90
-build sm_90-generic -DFK_FORCE_GENERIC
-build sm_90a -gencode arch=compute_80,code=sm_80 -DFK_WGMMA
+FK_LIBS=${FK_LIBS:-"sm_90 sm_90-generic sm_90a"}   # the libraries to build (or find) under $FK_BUILD
+[[ " $FK_LIBS " == *" sm_90 "* ]] && build sm_90
+[[ " $FK_LIBS " == *" sm_90-generic "* ]] && build sm_90-generic -DFK_FORCE_GENERIC
+[[ " $FK_LIBS " == *" sm_90a "* ]] && build sm_90a -gencode arch=compute_80,code=sm_80 -DFK_WGMMA
 # What the mma kernel compiled to (HMMA = mma.sync, LDSM = ldmatrix, LDGSTS = cp.async; LDL/STL = spills).
 cuobjdump --dump-sass "$FK_BUILD/sm_90/libflash_kernel.so" 2>/dev/null | awk '/Function : /{f=$3} {print f, $0}' \
     | grep flash_mma | grep -oE "HMMA[.A-Z0-9]*|LDSM[.A-Z0-9]*|LDGSTS[.A-Z0-9]*|MUFU\.EX2|LDL|STL" | sort | uniq -c \

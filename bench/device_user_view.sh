@@ -6,6 +6,7 @@
 #      non-default stream, on cuda:1 (skipped on a one-GPU host), plus the binding's GPU tests
 #   3. `sovereign-audit bench --preset dit`: every diffusion-transformer shape, ours through the
 #      public call against SDPA-flash and SDPA-cuDNN, the path each shape ran, refusals as rows
+#   3b. bench/host_overhead.py: the public call's host cost beside SDPA's; 3c. SANITIZE=1: memcheck, racecheck
 #   4. with time left and diffusers and cryptography carried as wheels (.whl/): `sovereign-audit run --device cuda`
 #      with the default library (and a carried gfx1030 build audited beside it), the research
 #      object tarred to $OUT/research-object.tgz
@@ -51,6 +52,19 @@ timeout -k 5 $(( $(left) > 130 ? 110 : $(left) - 20 )) python3 -m audit bench --
     --json "$OUT/bench-dit.json" >"$OUT/bench-dit.txt" 2>&1
 note "bench --preset dit rc=$? ($(( $(date +%s) - START )) s)"
 
+# 3b. The host cost of one call: the public call's wall time per call against the same call
+#     replayed from a CUDA graph (its kernel's own time), beside SDPA's, plus where the host time goes.
+timeout -k 5 90 python3 bench/host_overhead.py --build build >"$OUT/host.txt" 2>&1
+note "host_overhead rc=$? ($(( $(date +%s) - START )) s)"
+
+# 3c. With SANITIZE=1: compute-sanitizer memcheck and racecheck on the default library (small shapes,
+#     every head-dim bucket, exact-size cudaMalloc buffers; racecheck cannot see TMA/wgmma traffic).
+if [ -n "${SANITIZE:-}" ] && [ "$(left)" -gt 200 ]; then
+    FK_BUILD=build FK_LIBS=sm_90a FK_STAGES="memcheck racecheck" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a \
+        FK_MEMCHECK_TIMEOUT=100 FK_RACECHECK_TIMEOUT=100 OUT="$OUT/sanitize" bash bench/device_kernel.sh >"$OUT/sanitize.log" 2>&1
+    grep -E "^(memcheck|racecheck)" "$OUT/sanitize/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
+
 # 4. The research object with the default library, if it can finish in the time left. An RDNA2
 #    (gfx1030) build carried in .device/gfx1030/ (this machine has no hipcc) is audited beside it.
 # run needs diffusers (the pipeline) and cryptography (the signatures); the device image has
@@ -76,6 +90,8 @@ fi
 
 echo "==== summary"
 cat "$SUMMARY"
+echo "==== host cost of one call"
+sed -n '/^steps of/,$p' "$OUT/host.txt"
 echo "==== bench --preset dit"
 sed -n '/^ours = /,$p' "$OUT/bench-dit.txt"
 if [ -f /tmp/ro/evidence/pipeline.json ]; then
