@@ -181,10 +181,11 @@ def _apply_rotary_emb(x, freqs_cos, freqs_sin):
     return out.type_as(x)
 
 
-class SwappedSelfAttnProcessor:
-    """A drop-in processor for a WanAttention used as self-attention (attn1)."""
+class _SwappedProcessor:
+    """What the self- and cross-attention processors share: the core called on (B, N, H, D)
+    heads, timed and counted, the optional perturbation, then the output projection."""
 
-    kind = "self"
+    kind = ""
 
     def __init__(self, core: Callable, name: str, timer: CoreTimer | None = None,
                  perturbation: Perturbation | None = None):
@@ -194,17 +195,7 @@ class SwappedSelfAttnProcessor:
         self.perturbation = perturbation
         self.calls = 0
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 rotary_emb=None, **kwargs):
-        if encoder_hidden_states is not None or attention_mask is not None or attn.add_k_proj is not None:
-            # Only self-attention is swapped; anything else would silently change the model.
-            raise RuntimeError("SwappedSelfAttnProcessor serves self-attention (attn1) only")
-        if getattr(attn, "fused_projections", False):
-            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
-        else:
-            query = attn.to_q(hidden_states)
-            key = attn.to_k(hidden_states)
-            value = attn.to_v(hidden_states)
+    def _attend(self, attn, query, key, value, rotary_emb=None):
         query = attn.norm_q(query)
         key = attn.norm_k(key)
         query = query.unflatten(2, (attn.heads, -1))
@@ -219,7 +210,7 @@ class SwappedSelfAttnProcessor:
             token = self.timer.start(query.device)
         out = self.core(query, key, value)
         if timed:
-            self.timer.stop(query.device, token, "self")
+            self.timer.stop(query.device, token, self.kind)
         self.calls += 1
         if self.perturbation is not None:
             out = self.perturbation.apply(out)
@@ -230,53 +221,44 @@ class SwappedSelfAttnProcessor:
         return out
 
 
-class SwappedCrossAttnProcessor:
+class SwappedSelfAttnProcessor(_SwappedProcessor):
+    """A drop-in processor for a WanAttention used as self-attention (attn1)."""
+
+    kind = "self"
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 rotary_emb=None, **kwargs):
+        if encoder_hidden_states is not None or attention_mask is not None or attn.add_k_proj is not None:
+            # Only self-attention is swapped; anything else would silently change the model.
+            raise RuntimeError("SwappedSelfAttnProcessor serves self-attention (attn1) only")
+        if getattr(attn, "fused_projections", False):
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            query = attn.to_q(hidden_states)
+            key = attn.to_k(hidden_states)
+            value = attn.to_v(hidden_states)
+        return self._attend(attn, query, key, value, rotary_emb)
+
+
+class SwappedCrossAttnProcessor(_SwappedProcessor):
     """A drop-in processor for a WanAttention used as text cross-attention (attn2): q from the
     video tokens, k and v from the text embeddings (Nq != Nk), no RoPE, no mask. The image
     branch of Wan's image-to-video models (add_k_proj) is not served: it raises."""
 
     kind = "cross"
 
-    def __init__(self, core: Callable, name: str, timer: CoreTimer | None = None,
-                 perturbation: Perturbation | None = None):
-        self.core = core
-        self.name = name
-        self.timer = timer
-        self.perturbation = perturbation
-        self.calls = 0
-
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  rotary_emb=None, **kwargs):
         if encoder_hidden_states is None or attention_mask is not None or rotary_emb is not None \
                 or attn.add_k_proj is not None:
             raise RuntimeError("SwappedCrossAttnProcessor serves text cross-attention (attn2) only")
+        query = attn.to_q(hidden_states)
         if getattr(attn, "fused_projections", False):
-            query = attn.to_q(hidden_states)
             key, value = attn.to_kv(encoder_hidden_states).chunk(2, dim=-1)
         else:
-            query = attn.to_q(hidden_states)
             key = attn.to_k(encoder_hidden_states)
             value = attn.to_v(encoder_hidden_states)
-        query = attn.norm_q(query)
-        key = attn.norm_k(key)
-        query = query.unflatten(2, (attn.heads, -1))
-        key = key.unflatten(2, (attn.heads, -1))
-        value = value.unflatten(2, (attn.heads, -1))
-
-        timed = self.timer is not None and self.timer.enabled
-        if timed:
-            token = self.timer.start(query.device)
-        out = self.core(query, key, value)
-        if timed:
-            self.timer.stop(query.device, token, "cross")
-        self.calls += 1
-        if self.perturbation is not None:
-            out = self.perturbation.apply(out)
-
-        out = out.flatten(2, 3).type_as(query)
-        out = attn.to_out[0](out)
-        out = attn.to_out[1](out)
-        return out
+        return self._attend(attn, query, key, value)
 
 
 PROCESSORS = {"self": SwappedSelfAttnProcessor, "cross": SwappedCrossAttnProcessor}
