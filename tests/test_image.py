@@ -390,3 +390,31 @@ def test_images_in_a_folder_are_audited_as_when_named(elf, tmp_path, capsys):
     # inspect lists the same files as check
     rc, out, _ = cli(capsys, "inspect", "--json", "--no-deps", dist)
     assert sorted(f["path"] for f in json.loads(out)["files"]) == sorted(f.path for f in report.files)
+
+
+def test_workers_send_back_no_matches_of_a_dependency_audited_in_the_run(elf, tmp_path, monkeypatch):
+    """A worker's result leaves out the matches of findings in an image file that is itself
+    audited in the run (the report lists them once, under that file): a torch image's
+    libtorch_cpu names would otherwise travel back with every file that loads it."""
+    import audit.linkage.check as check
+
+    top = layer_tar([("file", "app/libtop.so", elf["top"])])
+    img = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf), top], CREATED[:2] + ["COPY top"], ENV)
+    shipped = {}
+
+    def in_order(fn, items, jobs, order=None):  # the workers' function, run here to see what it returns
+        out = [fn(x) for x in items]
+        for r in out:
+            shipped[r.path] = [(f.in_file, len(f.matches)) for f in r.findings if f.kind == "imported-symbol"]
+        return out
+
+    monkeypatch.setattr(check, "map_ordered", in_order)
+    report = check_paths([str(img)], load_policy(None), jobs=2)
+    assert shipped[f"{img}!/app/libtop.so"] == [("/usr/lib/libbad.so", 0)]
+    assert shipped[f"{img}!/usr/lib/libbad.so"] == [(None, 1)]  # its own matches travel with it
+    monkeypatch.undo()
+    serial = check_paths([str(img)], load_policy(None), jobs=1).to_dict()
+    parallel = report.to_dict()
+    for r in (serial, parallel):
+        r.pop("elapsed_s", None)
+    assert serial == parallel

@@ -200,7 +200,11 @@ def _check_all(items: list[Input], check_one: Callable[[Input], FileResult], job
         order = sorted(range(len(forkable)), key=lambda k: -sizes[forkable[k]])
         audited = {os.path.realpath(items[i].read_from) for i in forkable if items[i].scope is None
                    or items[i].scope.fs is HOST}
-        done = map_ordered(_shipped(check_one, audited), [items[i] for i in forkable], jobs, order)
+        in_images: dict[int, set[str]] = {}  # an image's own paths audited in this run, per image
+        for inp in items:
+            if inp.scope is not None and inp.scope.fs is not HOST and inp.read_from is not None:
+                in_images.setdefault(id(inp.scope.fs), set()).add(inp.read_from)
+        done = map_ordered(_shipped(check_one, audited, in_images), [items[i] for i in forkable], jobs, order)
         for i, result in zip(forkable, done):
             results[i] = result
     for i, inp in enumerate(items):
@@ -209,13 +213,13 @@ def _check_all(items: list[Input], check_one: Callable[[Input], FileResult], job
     return results  # type: ignore[return-value]
 
 
-def _shipped(check_one, audited: set[str]):
+def _shipped(check_one, audited: set[str], in_images: dict[int, set[str]]):
     """check_one for a worker: the result without what the parent drops anyway, which would
     cost more to send back than the check itself: the parsed objects its tree holds, and the
     matches of findings in a dependency audited in this run too (_name_members lists them
     under that file once: libtorch_cpu's ~85k vendor names would otherwise travel back with
     each of the 131 torch files that load it). `audited`: the real paths of this machine's
-    files in the run."""
+    files in the run; `in_images`: each image's own audited paths (by id of its file system)."""
     def run(inp: Input) -> FileResult:
         result = check_one(inp)
         if result.tree is not None:
@@ -224,6 +228,11 @@ def _shipped(check_one, audited: set[str]):
         if inp.scope is None or inp.scope.fs is HOST:  # _name_members' own condition
             for f in result.findings:
                 if f.in_file and os.path.realpath(f.in_file) in audited:
+                    f.matches = []
+        else:  # _name_image_paths' condition, on the image's own paths
+            own, paths = in_images.get(id(inp.scope.fs), set()), Paths(None, inp.scope.fs)
+            for f in result.findings:
+                if f.in_file and (paths.real(f.in_file) or f.in_file) in own:
                     f.matches = []
         return result
     return run
