@@ -52,6 +52,12 @@ timeout -k 5 $(( $(left) > 130 ? 110 : $(left) - 20 )) python3 -m audit bench --
     --json "$OUT/bench-dit.json" >"$OUT/bench-dit.txt" 2>&1
 note "bench --preset dit rc=$? ($(( $(date +%s) - START )) s)"
 
+# 3a. fp16 where the long-sequence goals are stated (Wan2.1-1.3B self-attention, head dim 256).
+timeout -k 5 60 python3 -m audit bench --device cuda --dtype fp16 --shape 1,12,32760,128 --shape 1,12,16384,256 \
+    --backend primary --backend sdpa-flash --backend sdpa-cudnn --repeats 10 --warmup 2 --no-progress \
+    --json "$OUT/bench-fp16.json" >"$OUT/bench-fp16.txt" 2>&1
+note "bench fp16 rc=$? ($(( $(date +%s) - START )) s)"
+
 # 3b. The host cost of one call: the public call's wall time per call against the same call
 #     replayed from a CUDA graph (its kernel's own time), beside SDPA's, plus where the host time goes.
 timeout -k 5 90 python3 bench/host_overhead.py --build build >"$OUT/host.txt" 2>&1
@@ -90,6 +96,8 @@ fi
 
 echo "==== summary"
 cat "$SUMMARY"
+echo "==== bench fp16"
+sed -n '/^ours = /,$p' "$OUT/bench-fp16.txt"
 echo "==== host cost of one call"
 sed -n '/^steps of/,$p' "$OUT/host.txt"
 echo "==== bench --preset dit"
