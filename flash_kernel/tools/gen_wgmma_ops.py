@@ -14,7 +14,7 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent.parent / "src" / "gpu" / "fk_wgmma_ops.h"
 TYPES = {"bf16": "BF16", "f16": "F16"}
 SS_N = (64, 80, 128)   # S = Q K^T: n = keys per tile (BN; 80 at head-dim bucket 256)
-RS_N = (64, 128)   # O += P V: n = the head-dim bucket (bucket 256: four n64 column blocks)
+RS_N = (64, 128, 192, 256)   # O += P V: n = the head dim rounded up to a 64-column block (bucket 256: 192 or 256)
 
 
 def _acc(n: int) -> tuple[str, str]:

@@ -185,6 +185,12 @@ struct MmaTile {
 #ifndef FK_WGMMA_OVERLAP
 #define FK_WGMMA_OVERLAP 1
 #endif
+// Bucket 256's P V as one wide wgmma per k16 step (n256, or n192 where head dims 136..192 leave
+// the fourth 64-column block empty) instead of one n64 wgmma per column block (0): the register A
+// operand (P) is sent once instead of four times.
+#ifndef FK_WGMMA_WIDE_PV_D256
+#define FK_WGMMA_WIDE_PV_D256 1
+#endif
 template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups

@@ -16,8 +16,8 @@
 // Ragged tiles: TMA zero-fills rows past N; scores of keys past nk are set to -inf; rows past nq
 // are not stored. Head dims below the bucket D: the tensor maps' dimension 0 is the real head dim d,
 // so TMA zero-fills columns d..D-1 of a column block it loads; column blocks wholly past d are
-// neither loaded nor read; Q K^T stops after the k16 steps that hold data, P V (bucket 256, in
-// n64 column blocks) after the blocks that do; columns past d are not stored.
+// neither loaded nor read; Q K^T stops after the k16 steps that hold data, P V (bucket 256: one
+// n192 or n256 wgmma) after the column blocks that do; columns past d are not stored.
 #ifndef FK_WGMMA_H
 #define FK_WGMMA_H
 
@@ -204,6 +204,11 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 Ops<E>::rs_n128(o, pf[kk], db);
             } else if constexpr (D == 64) {
                 Ops<E>::rs_n64(o, pf[kk], db);
+            } else if constexpr (FK_WGMMA_WIDE_PV_D256) {
+                // one wide wgmma over the column blocks of O that hold data (3 or 4 here): its
+                // accumulator is the n64 ones side by side, so o[] keeps its layout
+                if (!kPad || cbn == 4) Ops<E>::rs_n256(o, pf[kk], db);
+                else Ops<E>::rs_n192(*reinterpret_cast<float(*)[96]>(&o[0]), pf[kk], db);
             } else {  // one n64 wgmma per column block of O that holds data (>= 3 of 4 here)
 #pragma unroll
                 for (int cb = 0; cb < CB; ++cb) {
