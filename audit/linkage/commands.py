@@ -8,6 +8,7 @@ import os
 
 import click
 
+from audit.elf.quiet_numpy import import_numpy
 from audit.errors import UsageError
 
 
@@ -75,6 +76,7 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
         from audit.elf.hashing import prefetch
 
         prefetch(paths[0])
+    import_numpy()  # before the reader imports it: no BLAS threads (check multiplies no matrices)
     from audit.linkage.baseline import apply_baseline, load_baseline
     from audit.linkage.check import check_paths
     from audit.linkage.inputs import ArchiveLimits
