@@ -254,3 +254,39 @@ def test_unsupported_head_dim_is_refused(lib):
     torch.cuda.synchronize()
     assert torch.isnan(o).all()  # refused before anything was written
     assert lib.head_dims == tuple(HEAD_DIMS)
+
+
+def _persistent_shapes():
+    """(B, H, Nq, Nk) that exercise the persistent wgmma grid (one block per SM looping over
+    128-row query tiles of every (batch, head)), sized by this device's SM count: several items
+    per block and more items than SMs by a non-multiple, ragged query and key tiles (a last query
+    tile whose second 64-row half lies wholly past Nq), and K/V of a single tile, so that the
+    K/V ring and the two halves of Q run on across items."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return [
+        (1, sms + 7, 300, 1000),      # 3 query tiles x (sms + 7) heads: ~3.2 items a block, K/V ring wraps
+        (2, sms + 3, 129, 100),       # Nk below one tile; the second query tile holds 1 row
+        (1, 2 * sms + 1, 128, 128),   # exactly one query tile and one K/V tile per item
+        (3, 5, 1000, 77),             # fewer items than SMs
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("d", [64, 72, 128, 200, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_many_work_items(lib, case, d, dtype):
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    shape = _persistent_shapes()[case]
+    layout = "bhnd" if (case + d) % 2 == 0 else "bnhd"
+    q, k, v = _make(*shape, d, dtype, layout, gen)
+    out = _run(lib, q, k, v, layout, naive=False)
+    assert lib.last_flash_path() == _expected_path(lib, dtype)
+    ref = _reference(q, k, v, 1.0 / math.sqrt(d), layout)
+    err = _rel_l2(out, ref)
+    assert err <= TOL[dtype], f"{shape} d {d} {layout}: rel L2 {err:.3g} > {TOL[dtype]} (seed {gen.initial_seed()})"
+    # every (batch, head) alike: an item run on the wrong head or tile would show in its own head
+    hdim = 1 if layout == "bhnd" else 2
+    per_head = (torch.linalg.vector_norm((out.double() - ref).transpose(0, hdim).flatten(1), dim=1)
+                / torch.linalg.vector_norm(ref.transpose(0, hdim).flatten(1), dim=1))
+    assert per_head.max().item() <= 2 * TOL[dtype], f"{shape} d {d}: worst head rel L2 {per_head.max().item():.3g}"

@@ -137,6 +137,23 @@ int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev) {
 #endif
 
 #if defined(FK_HAVE_WGMMA)
+constexpr bool kPersist = FK_WGMMA_PERSISTENT != 0;  // fk_traits.h: one block per SM looping over work items
+
+// The number of SMs of device `dev`, asked once per device (0 if the runtime cannot say).
+int sm_count(int dev) {
+    static std::atomic<int> known[64];  // per device: 0 unknown
+    if (dev >= 0 && dev < 64) {
+        if (const int n = known[dev].load(std::memory_order_relaxed)) return n;
+    }
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < 64) known[dev].store(n, std::memory_order_relaxed);
+    return n;
+}
+
 // Whether device `dev` (the current one) runs this library's sm_90a cubin: a cc 9.0 device, the
 // kernel's binary built for it (not the sm_80 fallback cubin), and a driver that encodes tensor maps.
 bool wgmma_usable(int dev) {
@@ -148,7 +165,7 @@ bool wgmma_usable(int dev) {
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
                     minor == 0 &&
-                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128, false>) == cudaSuccess &&
+                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128, false, kPersist>) == cudaSuccess &&
                     fa.binaryVersion == 90 && fk::wgmma::encoder() != nullptr;
     (void)cudaGetLastError();
     if (dev < 64) known[dev].store(ok ? 1 : 2);
@@ -161,25 +178,37 @@ template <class E, int D>
 int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStream_t s, int64_t bh_total, int dev) {
     using Tile = fk::WgmmaTile<D>;
     if (p.nq > INT32_MAX - Tile::BM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
+    const int sms = kPersist ? sm_count(dev) : 0;
+    if (kPersist && sms == 0) return kNotTaken;  // the runtime cannot say how many SMs: mma_sync
     CUtensorMap tq, tk, tv;
     fk::wgmma::MapsDims md{};
-    // dimension 0 of each map is the real head dim: TMA zero-fills the bucket's padding columns
-    if (!fk::wgmma::encode_cached(&tq, &md.q, dev, dtype, p.q, batch, p.heads, p.nq, p.d, p.qs, Tile::BM) ||
+    // dimension 0 of each map is the real head dim: TMA zero-fills the bucket's padding columns;
+    // Q is loaded in halves, one per consumer warpgroup
+    if (!fk::wgmma::encode_cached(&tq, &md.q, dev, dtype, p.q, batch, p.heads, p.nq, p.d, p.qs, Tile::kQRows) ||
         !fk::wgmma::encode_cached(&tk, &md.k, dev, dtype, p.k, batch, p.heads, p.nk, p.d, p.ks, Tile::BN) ||
         !fk::wgmma::encode_cached(&tv, &md.v, dev, dtype, p.v, batch, p.heads, p.nk, p.d, p.vs, Tile::BN))
         return kNotTaken;
     const bool padded = p.d != D;
-    auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true> : fk::wgmma::flash_wgmma_kernel<E, D, false>;
+    auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist>
+                         : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist>;
     static std::atomic<uint64_t> opted[2];  // per kernel (exact, padded): devices opted in
     if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (wgmma)")) return st;
     const int64_t qtiles = (p.nq + Tile::BM - 1) / Tile::BM;
     fk::FlashParams q = p;
-    for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
-        q.bh0 = bh0;
-        const int64_t n = bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY;
-        dim3 grid(static_cast<unsigned>(qtiles), static_cast<unsigned>(n), 1);
-        kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md);
+    if constexpr (kPersist) {  // one block per SM (fewer if there are fewer items), each looping over items
+        const int64_t items = qtiles * bh_total;
+        q.bh0 = 0;
+        const unsigned blocks = static_cast<unsigned>(items < sms ? items : sms);
+        kernel<<<blocks, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md, items);
         if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[padded]);
+    } else {
+        for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
+            q.bh0 = bh0;
+            const int64_t n = bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY;
+            dim3 grid(static_cast<unsigned>(qtiles), static_cast<unsigned>(n), 1);
+            kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md, 0);
+            if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[padded]);
+        }
     }
     return fk::ran(FK_OK, "wgmma");
 }

@@ -191,6 +191,17 @@ struct MmaTile {
 #ifndef FK_WGMMA_WIDE_PV_D256
 #define FK_WGMMA_WIDE_PV_D256 1
 #endif
+// Persistent grid: one block per SM (the count queried once per device), each looping over work
+// items (a 128-row query tile of one (batch, head)) in a static round-robin: item i on block
+// i % blocks. Items are numbered query tile fastest, so the blocks running at one time read the
+// same few heads' K and V (from L2). The producer runs ahead across items: the K/V ring keeps
+// going, and each consumer's 64-row half of Q is reloaded for the next item as soon as that
+// consumer's last S = Q K^T is done, so the next item's Q load and first K/V tiles overlap the
+// last P V and the output stores of the current one. 0: one block per work item (the grid holds
+// every query tile of every (batch, head)).
+#ifndef FK_WGMMA_PERSISTENT
+#define FK_WGMMA_PERSISTENT 1
+#endif
 template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups
@@ -202,7 +213,8 @@ struct WgmmaTile {
     static constexpr int kColBlocks = D / kColBlock;
     static constexpr int kQBytes = BM * D * 2;
     static constexpr int kKVBytes = BN * D * 2;          // one K or one V tile
-    static constexpr int kBarrierBytes = 8 * (1 + 3 * kStages);
+    static constexpr int kQRows = 64;                    // one consumer's half of Q: its own TMA box and barriers
+    static constexpr int kBarrierBytes = 8 * (2 * kConsumers + 3 * kStages);  // Q full/empty per consumer; K/V full, empty
     // + 1 KiB: the dynamic shared window is aligned up to the 1 KiB swizzle period in the kernel
     static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;   // setmaxnreg: 24*128 + 240*256 <= 64K

@@ -2,9 +2,12 @@
 //
 // Warp-specialised, in the manner FlashAttention-3 describes (no code of it is used here):
 //  - warpgroup 0 is the producer: it gives back registers (setmaxnreg.dec) and one thread issues
-//    TMA bulk tensor copies (cp.async.bulk.tensor) of Q once and of K/V tiles into a kStages-deep
-//    ring, each copy completing on an mbarrier ("full"); it refills a slot once both consumers
-//    have released it ("empty").
+//    TMA bulk tensor copies (cp.async.bulk.tensor) of Q (one 64-row half per consumer) and of K/V
+//    tiles into a kStages-deep ring, each copy completing on an mbarrier ("full"); it refills a
+//    slot once both consumers have released it ("empty").
+//  - persistent grid (FK_WGMMA_PERSISTENT): one block per SM loops over work items (a query tile
+//    of one (batch, head)); the ring runs on across items and a consumer's half of Q is reloaded
+//    once its last S of the item is done, so the next item's loads overlap this one's end.
 //  - warpgroups 1 and 2 are consumers of 64 query rows each (setmaxnreg.inc): S = Q K^T with wgmma
 //    from shared memory, the online softmax in registers (base 2, log2 e folded into the scale), then
 //    O += P V with P straight from the S accumulators as the register A operand of wgmma.
@@ -97,25 +100,32 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 // D: the head-dim bucket. kPad: the head dim p.d is below it (run-time tests skip the padding);
 // without it the kernel is compiled for p.d == D alone, with no such test (ptxas injects
 // warpgroup.arrive fences around the tested wgmmas; the untested kernel keeps none).
-template <class E, int D, bool kPad>
+// kPersist: the grid is one block per SM and each block loops over work items i = blockIdx.x,
+// blockIdx.x + gridDim.x, ... of `items` (FK_WGMMA_PERSISTENT, fk_traits.h); otherwise the grid is
+// (query tiles, (batch, head) pairs from p.bh0) and each block runs the one item it names.
+// Item i is query tile i % qtiles of (batch * heads + head) i / qtiles.
+template <class E, int D, bool kPad, bool kPersist>
 __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                       const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md) {
+                       const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md, int64_t items) {
 #if defined(FK_WGMMA_DEVICE_OK)
     using T = WgmmaTile<D>;
-    constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks;
+    constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks, QR = T::kQRows;
     constexpr int kRowBytes = 128;  // one swizzled row of a column block
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sk = sq + T::kQBytes;            // stage s: sk + s * kKVBytes
     const uint32_t sv = sk + S * T::kKVBytes;
-    const uint32_t q_full = sv + S * T::kKVBytes;   // 8-byte mbarriers
-    const uint32_t k_full = q_full + 8, v_full = k_full + 8 * S, empty = v_full + 8 * S;
+    const uint32_t q_full = sv + S * T::kKVBytes;   // 8-byte mbarriers; consumer c's Q half: + 8c
+    const uint32_t q_empty = q_full + 8 * T::kConsumers;
+    const uint32_t k_full = q_empty + 8 * T::kConsumers, v_full = k_full + 8 * S, empty = v_full + 8 * S;
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
-    const int64_t bh = p.bh0 + blockIdx.y;
-    const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-    const int q0 = static_cast<int>(blockIdx.x) * BM;
+    const int qtiles = static_cast<int>((p.nq + BM - 1) / BM);
+    // this block's first item, the item past its last, and its step
+    const int64_t first = kPersist ? int64_t(blockIdx.x) : (p.bh0 + blockIdx.y) * qtiles + blockIdx.x;
+    const int64_t last = kPersist ? items : first + 1;
+    const int64_t step = kPersist ? int64_t(gridDim.x) : 1;
     const int nk = static_cast<int>(p.nk);
     const int ntiles = (nk + BN - 1) / BN;
     const int dh = kPad ? p.d : D;           // the head dim (<= D)
@@ -123,7 +133,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     const int ksteps = (dh + 15) / 16;       // k16 steps of Q K^T holding data
 
     if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
+        for (int c = 0; c < T::kConsumers; ++c) {
+            mbar_init(q_full + 8 * c, 1);
+            mbar_init(q_empty + 8 * c, 4);  // lane 0 of each of the consumer's warps
+        }
         for (int s = 0; s < S; ++s) {
             mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
@@ -136,28 +149,47 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     if (wg == 0) {  // ---------------- producer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
         if (warp == 0 && lane == 0) {
-            mbar_expect_tx(q_full, cbn * BM * kRowBytes);
+            int g = 0;  // K/V tiles issued so far: the ring runs on across items
+            int it = 0;
+            for (int64_t item = first; item < last; item += step, ++it) {
+                const int64_t bh = item / qtiles;
+                const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+                const int q0 = static_cast<int>(item % qtiles) * BM;
+                for (int j = 0; j < ntiles; ++j, ++g) {
+                    const int st = g % S;
+                    if (g >= S) mbar_wait(empty + 8 * st, ((g / S) - 1) & 1);
+                    const int n0 = j * BN;
+                    mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);
 #pragma unroll
-            for (int cb = 0; cb < CB; ++cb)
-                if (cb < cbn)
-                tma_load_4d(sq + cb * BM * kRowBytes, &tq, q_full, cb * 64, pick(md.q, 1, q0, h, b),
-                            pick(md.q, 2, q0, h, b), pick(md.q, 3, q0, h, b));
-            for (int j = 0; j < ntiles; ++j) {
-                const int st = j % S;
-                if (j >= S) mbar_wait(empty + 8 * st, ((j / S) - 1) & 1);
-                const int n0 = j * BN;
-                mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);
+                    for (int cb = 0; cb < CB; ++cb)
+                        if (cb < cbn)
+                        tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
+                                    pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
+                    mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
 #pragma unroll
-                for (int cb = 0; cb < CB; ++cb)
-                    if (cb < cbn)
-                    tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
-                                pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
-                mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
+                    for (int cb = 0; cb < CB; ++cb)
+                        if (cb < cbn)
+                        tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
+                                    pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
+                    if (j != 0) continue;
+                    // Q after the item's first K/V tile, which may go ahead while a consumer still
+                    // reads its half of the previous item's Q. A half wholly past nq is not loaded
+                    // (its rows are computed on stale data and never stored): a plain arrive.
+                    for (int c = 0; c < T::kConsumers; ++c) {
+                        if (it > 0) mbar_wait(q_empty + 8 * c, (it - 1) & 1);
+                        const int r0 = q0 + c * QR;
+                        if (r0 >= p.nq) {
+                            mbar_arrive(q_full + 8 * c);
+                            continue;
+                        }
+                        mbar_expect_tx(q_full + 8 * c, cbn * QR * kRowBytes);
 #pragma unroll
-                for (int cb = 0; cb < CB; ++cb)
-                    if (cb < cbn)
-                    tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
-                                pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
+                        for (int cb = 0; cb < CB; ++cb)
+                            if (cb < cbn)
+                            tma_load_4d(sq + cb * BM * kRowBytes + c * QR * kRowBytes, &tq, q_full + 8 * c, cb * 64,
+                                        pick(md.q, 1, r0, h, b), pick(md.q, 2, r0, h, b), pick(md.q, 3, r0, h, b));
+                    }
+                }
             }
         }
         return;
@@ -177,10 +209,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     float s[BN / 2];          // S accumulators: n8 tile t holds rows r, r+8 x cols 8t + 2(lane%4) + {0,1}
     float o[D / 2];           // O accumulators, same layout over the head dim
     uint32_t pf[BN / 16][4];  // P as wgmma's register A operand, one k16 step per pair of n8 tiles
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-
+    float m0, m1, l0, l1;     // running row maxima (base 2, scaled) and partial sums of rows r, r+8
     auto issue_s = [&](int st) {  // S = Q K(st)^T over D / 16 k-steps; both operands K-major
         const uint32_t kb = sk + st * T::kKVBytes;
 #pragma unroll
@@ -282,92 +311,114 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + 8 * st);
     };
+    auto release_q = [&] {  // this warp's last S of the item is done: its half of Q may be reloaded
+        __syncwarp();
+        if (lane == 0) mbar_arrive(q_empty + 8 * c);
+    };
 
+    // The consumers take turns (named barriers my_bar / other_bar) without a break between items:
+    // both run the same number of turns per item (ntiles + 1), so the alternation carries over.
     if (c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
-    mbar_wait(q_full, 0);
+    int g0 = 0;  // ring position of the item's first K/V tile
+    int it = 0;
+    for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+        m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+        mbar_wait(q_full + 8 * c, it & 1);
 
-    // Tile 0: S(0) alone.
-    mbar_wait(k_full, 0);
-    named_sync(my_bar, kPair);
-    fence_regs(s);
-    wg_fence();
-    issue_s(0);
-    wg_commit();
-    named_arrive(other_bar, kPair);
-    wg_wait<0>();
-    fence_regs(s);
-    {
-        float a0, a1;
-        probs(0, a0, a1);
-        finish(a0, a1);
-    }
+        // Tile 0: S(0) alone.
+        {
+            const int st = g0 % S;
+            mbar_wait(k_full + 8 * st, (g0 / S) & 1);
+            named_sync(my_bar, kPair);
+            fence_regs(s);
+            wg_fence();
+            issue_s(st);
+            wg_commit();
+            named_arrive(other_bar, kPair);
+            wg_wait<0>();
+            fence_regs(s);
+            if (ntiles == 1) release_q();
+            float a0, a1;
+            probs(0, a0, a1);
+            finish(a0, a1);
+        }
 
-    for (int j = 1; j < ntiles; ++j) {
-        const int st = j % S, pst = (j - 1) % S;
-        mbar_wait(k_full + 8 * st, (j / S) & 1);
-        mbar_wait(v_full + 8 * pst, ((j - 1) / S) & 1);
-        named_sync(my_bar, kPair);
-        fence_regs(s);
-        fence_regs(o);
-        wg_fence();
-        issue_s(st);
-        float a0, a1;
+        for (int j = 1; j < ntiles; ++j) {
+            const int g = g0 + j;
+            const int st = g % S, pst = (g - 1) % S;
+            mbar_wait(k_full + 8 * st, (g / S) & 1);
+            mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            named_sync(my_bar, kPair);
+            fence_regs(s);
+            fence_regs(o);
+            wg_fence();
+            issue_s(st);
+            float a0, a1;
 #if FK_WGMMA_OVERLAP
-        // S(j) and P(j-1) V(j-1) in two groups: the exponentials of S(j) run while P V is in flight.
-        wg_commit();
-        issue_pv(pst);
-        wg_commit();
-        named_arrive(other_bar, kPair);
-        wg_wait<1>();
-        fence_regs(s);
-        probs(j, a0, a1);
-        wg_wait<0>();
-        fence_regs(o);
+            // S(j) and P(j-1) V(j-1) in two groups: the exponentials of S(j) run while P V is in flight.
+            wg_commit();
+            issue_pv(pst);
+            wg_commit();
+            named_arrive(other_bar, kPair);
+            wg_wait<1>();
+            fence_regs(s);
+            if (j == ntiles - 1) release_q();
+            probs(j, a0, a1);
+            wg_wait<0>();
+            fence_regs(o);
 #else
-        issue_pv(pst);
-        wg_commit();
-        named_arrive(other_bar, kPair);
-        wg_wait<0>();
-        fence_regs(s);
-        fence_regs(o);
-        probs(j, a0, a1);
+            issue_pv(pst);
+            wg_commit();
+            named_arrive(other_bar, kPair);
+            wg_wait<0>();
+            fence_regs(s);
+            fence_regs(o);
+            if (j == ntiles - 1) release_q();
+            probs(j, a0, a1);
 #endif
-        release(pst);
-        finish(a0, a1);
-    }
+            release(pst);
+            finish(a0, a1);
+        }
 
-    // Last P V.
-    {
-        const int pst = (ntiles - 1) % S;
-        mbar_wait(v_full + 8 * pst, ((ntiles - 1) / S) & 1);
-        named_sync(my_bar, kPair);
-        fence_regs(o);
-        wg_fence();
-        issue_pv(pst);
-        wg_commit();
-        named_arrive(other_bar, kPair);
-        wg_wait<0>();
-        fence_regs(o);
-        release(pst);
+        // Last P V.
+        {
+            const int g = g0 + ntiles - 1;
+            const int pst = g % S;
+            mbar_wait(v_full + 8 * pst, (g / S) & 1);
+            named_sync(my_bar, kPair);
+            fence_regs(o);
+            wg_fence();
+            issue_pv(pst);
+            wg_commit();
+            named_arrive(other_bar, kPair);
+            wg_wait<0>();
+            fence_regs(o);
+            release(pst);
+        }
+
+        l0 += fk_shfl_xor(l0, 1);
+        l0 += fk_shfl_xor(l0, 2);
+        l1 += fk_shfl_xor(l1, 1);
+        l1 += fk_shfl_xor(l1, 2);
+        const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+        const int64_t bh = item / qtiles;
+        const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+        const int q0 = static_cast<int>(item % qtiles) * BM;
+        uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
+        const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
+        const int col = 2 * (lane % 4);
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t) {
+            if (t * 8 >= dh) break;  // padding columns
+            if (r0 < p.nq)
+                *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
+            if (r1 < p.nq)
+                *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
+        }
     }
     if (c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
-
-    l0 += fk_shfl_xor(l0, 1);
-    l0 += fk_shfl_xor(l0, 2);
-    l1 += fk_shfl_xor(l1, 1);
-    l1 += fk_shfl_xor(l1, 2);
-    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-    uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
-    const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
-    const int col = 2 * (lane % 4);
-#pragma unroll
-    for (int t = 0; t < D / 8; ++t) {
-        if (t * 8 >= dh) break;  // padding columns
-        if (r0 < p.nq)
-            *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
-        if (r1 < p.nq)
-            *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
-    }
 #else
     __trap();  // the sm_80 pass of an sm_90a build: never launched (the host checks the cubin)
 #endif
