@@ -163,6 +163,21 @@ def test_every_head_dim(lib, d, dtype):
         assert err <= TOL[dtype], f"d {d} {layout}: rel L2 {err:.3g} > {TOL[dtype]} (seed {gen.initial_seed()})"
 
 
+@pytest.mark.parametrize("d", [136, 160, 192, 200, 248, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_wide_head_dims_long_ragged(lib, d, dtype):
+    """Head dims 136..256 (the tensor-core kernels' widest buckets, exact and padded) over many K/V
+    tiles: a ragged 4097 keys wrap a two-stage ring some fifty times, in both layouts."""
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    for layout, shape in (("bhnd", (1, 2, 4097, 4097)), ("bnhd", (2, 1, 333, 4099))):
+        q, k, v = _make(*shape, d, dtype, layout, gen)
+        out = _run(lib, q, k, v, layout, naive=False)
+        assert lib.last_flash_path() == _expected_path(lib, dtype), f"d {d} {layout}"
+        err = _rel_l2(out, _reference(q, k, v, 1.0 / math.sqrt(d), layout))
+        assert err <= TOL[dtype], f"d {d} {layout}: rel L2 {err:.3g} > {TOL[dtype]} (seed {gen.initial_seed()})"
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 77, 1000), (1, 2, 1000, 77), (1, 1, 4097, 4097)], ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_naive_matches_float64(lib, shape, dtype):

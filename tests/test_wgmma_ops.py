@@ -24,4 +24,4 @@ def test_operand_counts_match_shapes():
         assert len(regs) == n // 2, f"m64n{n}k16 names {len(regs)} accumulators, wants {n // 2}"
         assert [r.strip() for r in regs] == [f"%{i}" for i in range(n // 2)]
         found += 1
-    assert found == 14  # {bf16, f16} x (ss {n64, n80, n128} + rs {n64, n128, n192, n256})
+    assert found == 18  # {bf16, f16} x (ss {n64, n80, n96, n112, n128} + rs {n64, n128, n192, n256})

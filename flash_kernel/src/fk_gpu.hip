@@ -221,6 +221,9 @@ int32_t dispatch_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t d, int64
     switch (fk::bucket_of(fk::kWgmmaBuckets, d)) {
         case 64: return h ? run_wgmma<fk::F16, 64>(p, dtype, batch, s, bh, dev) : run_wgmma<fk::BF16, 64>(p, dtype, batch, s, bh, dev);
         case 128: return h ? run_wgmma<fk::F16, 128>(p, dtype, batch, s, bh, dev) : run_wgmma<fk::BF16, 128>(p, dtype, batch, s, bh, dev);
+#if FK_WGMMA_BUCKET_192
+        case 192: return h ? run_wgmma<fk::F16, 192>(p, dtype, batch, s, bh, dev) : run_wgmma<fk::BF16, 192>(p, dtype, batch, s, bh, dev);
+#endif
         case 256: return h ? run_wgmma<fk::F16, 256>(p, dtype, batch, s, bh, dev) : run_wgmma<fk::BF16, 256>(p, dtype, batch, s, bh, dev);
         default: return kNotTaken;
     }

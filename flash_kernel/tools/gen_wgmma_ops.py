@@ -13,8 +13,11 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "gpu" / "fk_wgmma_ops.h"
 TYPES = {"bf16": "BF16", "f16": "F16"}
-SS_N = (64, 80, 128)   # S = Q K^T: n = keys per tile (BN; 80 at head-dim bucket 256)
-RS_N = (64, 128, 192, 256)   # O += P V: n = the head dim rounded up to a 64-column block (bucket 256: 192 or 256)
+SS_N = (64, 80, 96, 112, 128)   # S = Q K^T: n = keys per tile (BN; 80 at bucket 256, 112 at 192)
+# O += P V: n = the head-dim bucket, or the column blocks of O that hold data (bucket 256 at head
+# dims of 3 blocks: n192). One wide instruction per k16 step sends P's registers once; the
+# accumulator of an nN instruction is the n64 ones side by side, so O keeps one layout.
+RS_N = (64, 128, 192, 256)
 
 
 def _acc(n: int) -> tuple[str, str]:

@@ -36,8 +36,8 @@ constexpr int kVectorBytes = 16;  // global loads of the flash paths are 16 byte
 // memory (never read from global memory), so Q K^T and P V stay exact, and columns past d are
 // never stored. The tensor-core kernels skip the k16 steps of Q K^T that hold only padding (and
 // the n8 tiles / n64 column blocks of P V past d), so there a bucket costs shared memory and
-// registers, and tensor-core work only up to the next multiple of 16 (of 64 for wgmma's P V at
-// bucket 256); they are compiled twice per bucket, for d == D with no such test and for d < D.
+// registers, and tensor-core work only up to the next multiple of 16 (of 64 for wgmma's P V in
+// the wide buckets); they are compiled twice per bucket, for d == D with no such test and for d < D.
 // The generic kernel computes over all D columns (FMA work on the padding). A few buckets keep
 // the binary small: no instantiation per head dim.
 template <int N>
@@ -48,7 +48,23 @@ constexpr int bucket_of(const int (&dims)[N], int64_t d) {
 }
 constexpr int kGenericBuckets[] = {32, 64, 96, 128, 192, 256};
 constexpr int kMmaBuckets[] = {64, 128, 256};
+// wgmma: bucket 192 (head dims 136..192) takes a smaller Q tile than 256 and so longer K/V tiles;
+// FK_WGMMA_BUCKET_192=0 runs those head dims padded in bucket 256 (four kernels fewer).
+#ifndef FK_WGMMA_BUCKET_192
+#define FK_WGMMA_BUCKET_192 1
+#endif
+#if FK_WGMMA_BUCKET_192
+constexpr int kWgmmaBuckets[] = {64, 128, 192, 256};
+#else
 constexpr int kWgmmaBuckets[] = {64, 128, 256};
+#endif
+// The smallest head dim a bucket runs: the bucket below it + 8 (32, the smallest supported, for the first).
+template <int N>
+constexpr int bucket_floor(const int (&dims)[N], int bucket) {
+    int below = 24;
+    for (int i = 0; i < N && dims[i] < bucket; ++i) below = dims[i];
+    return below + 8;
+}
 
 // ---- generic path (the RDNA2 kernel): 128 threads = 8 row groups x 16 lanes ----
 // Each thread owns RM query rows x CN key columns of S and RM rows x DN columns of O; a row's
@@ -156,14 +172,21 @@ struct MmaTile {
     static_assert(kSmemBytes <= 99 * 1024, "mma tiles exceed 99 KiB of shared memory");
 };
 
-// ---- wgmma path (NVIDIA sm_90a, fp16/bf16; buckets 64, 128, 256) ----
-// One producer warpgroup (TMA loads) and two consumer warpgroups of 64 query rows each (BM 128),
-// in ping-pong: one computes its softmax while the other's GEMMs run. Tiles sit in shared memory
-// as 64-element column blocks of 128-byte rows (the TMA / wgmma 128B swizzle). The K/V ring is
-// kStages deep; 227 KiB of shared memory bounds it (D 128: 32 KiB Q + 3 x 64 KiB K/V = 224 KiB).
-// Bucket 256 (head dims 136..256) takes K/V tiles of 80 keys and 2 stages (64 KiB Q + 2 x 80 KiB
-// K/V = 224 KiB); BN 128 would leave room for one stage only (FlashAttention-3 runs D 256 with BN
-// 80 for the same reason). Its consumers hold O in 128 fp32 registers and S in 40.
+// ---- wgmma path (NVIDIA sm_90a, fp16/bf16; buckets 64, 128, 192, 256) ----
+// One producer warpgroup (TMA loads) and two consumer warpgroups of 64 query rows each (BM 128).
+// Tiles sit in shared memory as 64-element column blocks of 128-byte rows (the TMA / wgmma 128B
+// swizzle). The K/V ring is kStages deep; 227 KiB of shared memory bounds it (D 128: 32 KiB Q +
+// 3 x 64 KiB K/V = 224 KiB).
+// Buckets 64 and 128: the consumers take turns to issue their GEMMs (ping-pong), one stage slot
+// holds a K and a V tile and is released once both were read.
+// The wide buckets (192: head dims 136..192, 256: 200..256, or 136..256 without bucket 192) hold O in
+// 96 / 128 fp32 registers a thread and have room for 2 stages only (BN 128 would leave one): 256
+// takes K/V tiles of 80 keys (64 KiB Q + 2 x 80 KiB K/V = 224 KiB), 192 of 112 (48 + 2 x 84 = 216
+// KiB). With 2 stages a slot that is released only after its V was read leaves no room to load
+// ahead, so there K and V are released apart: K(j) as soon as S(j) is done (the producer loads
+// K(j+2) while P(j) V(j) still runs), V(j) after P(j) V(j): 707 TFLOP/s at head dim 256 against
+// 491 together (H200, bf16, docs/perf.md "Wide head dims"). The rescale of O by the new row maxima
+// runs while S(j) is on the tensor cores, before P(j-1) V(j-1) is issued.
 #ifndef FK_WGMMA_BN
 #define FK_WGMMA_BN 128
 #endif
@@ -179,6 +202,27 @@ struct MmaTile {
 #ifndef FK_WGMMA_STAGES_D256
 #define FK_WGMMA_STAGES_D256 2
 #endif
+#ifndef FK_WGMMA_BN_D192
+#define FK_WGMMA_BN_D192 112
+#endif
+#ifndef FK_WGMMA_STAGES_D192
+#define FK_WGMMA_STAGES_D192 2
+#endif
+// Consumers take turns to issue (ping-pong, 1) or issue freely (0). In the wide buckets the choice
+// is a tie within a few per cent that moved between two H200 runs (docs/perf.md "Wide head dims"):
+// bucket 192 keeps the turns (+0-4 % in the first, -3-0 % in the second), bucket 256 issues freely.
+#ifndef FK_WGMMA_PINGPONG_D192
+#define FK_WGMMA_PINGPONG_D192 1
+#endif
+#ifndef FK_WGMMA_PINGPONG_D256
+#define FK_WGMMA_PINGPONG_D256 0
+#endif
+#ifndef FK_WGMMA_WIDE_SPLIT_KV  // wide buckets: K and V slots released apart (1) or together (0)
+#define FK_WGMMA_WIDE_SPLIT_KV 1
+#endif
+#ifndef FK_WGMMA_WIDE_EARLY_RESCALE  // wide buckets: rescale O while S(j) runs (1) or after P(j-1) V(j-1) (0)
+#define FK_WGMMA_WIDE_EARLY_RESCALE 1
+#endif
 // Intra-warpgroup overlap: wait for S(j) alone and compute its exponentials while P(j-1) V(j-1) runs.
 // Measured on the H200 (docs/perf.md, "Hopper path"): overlap + 3 stages 585 TFLOP/s at D 128
 // against 518 with neither; overlap 431 against 409 at D 64.
@@ -187,7 +231,7 @@ struct MmaTile {
 #endif
 // Bucket 256's P V as one wide wgmma per k16 step (n256, or n192 where head dims 136..192 leave
 // the fourth 64-column block empty) instead of one n64 wgmma per column block (0): the register A
-// operand (P) is sent once instead of four times.
+// operand (P) is sent once instead of four times. Bucket 192 always takes one n192.
 #ifndef FK_WGMMA_WIDE_PV_D256
 #define FK_WGMMA_WIDE_PV_D256 1
 #endif
@@ -208,20 +252,30 @@ template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups
     static constexpr int BM = 64 * kConsumers;           // query rows per block
-    static constexpr int BN = D == 256 ? FK_WGMMA_BN_D256 : FK_WGMMA_BN;  // keys per K/V tile
-    static constexpr int kStages = D == 64 ? FK_WGMMA_STAGES_D64 : D == 128 ? FK_WGMMA_STAGES_D128 : FK_WGMMA_STAGES_D256;
+    static constexpr bool kWide = D > 128;               // buckets 192 and 256
+    static constexpr int BN = D == 256 ? FK_WGMMA_BN_D256 : D == 192 ? FK_WGMMA_BN_D192 : FK_WGMMA_BN;  // keys per K/V tile
+    static constexpr int kStages = D == 64    ? FK_WGMMA_STAGES_D64
+                                   : D == 128 ? FK_WGMMA_STAGES_D128
+                                   : D == 192 ? FK_WGMMA_STAGES_D192
+                                              : FK_WGMMA_STAGES_D256;
+    static constexpr bool kWidePV = D == 192 || (D == 256 && FK_WGMMA_WIDE_PV_D256);  // one wide P V wgmma
+    static constexpr bool kPingPong = D == 192 ? FK_WGMMA_PINGPONG_D192 != 0 : D == 256 ? FK_WGMMA_PINGPONG_D256 != 0 : true;
+    static constexpr bool kSplitKV = kWide && FK_WGMMA_WIDE_SPLIT_KV;
+    static constexpr bool kEarlyRescale = kWide && FK_WGMMA_WIDE_EARLY_RESCALE;
+    static constexpr int kMinDim = bucket_floor(kWgmmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kColBlock = 64;                 // elements per 128-byte swizzled row
     static constexpr int kColBlocks = D / kColBlock;
     static constexpr int kQBytes = BM * D * 2;
     static constexpr int kKVBytes = BN * D * 2;          // one K or one V tile
     static constexpr int kQRows = 64;                    // one consumer's half of Q: its own TMA box and barriers
-    static constexpr int kBarrierBytes = 8 * (2 * kConsumers + 3 * kStages);  // Q full/empty per consumer; K/V full, empty
+    // Q full/empty per consumer; per stage K/V full, empty (K's alone when split) and, split, V's empty
+    static constexpr int kBarrierBytes = 8 * (2 * kConsumers + (kSplitKV ? 4 : 3) * kStages);
     // + 1 KiB: the dynamic shared window is aligned up to the 1 KiB swizzle period in the kernel
     static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;   // setmaxnreg: 24*128 + 240*256 <= 64K
-    static_assert(D == 64 || D == 128 || D == 256, "wgmma path: buckets 64, 128 and 256");
-    static_assert(BN == 64 || BN == 80 || BN == 128, "wgmma path: S tiles of n64, n80 or n128");
+    static_assert(D == 64 || D == 128 || D == 192 || D == 256, "wgmma path: buckets 64, 128, 192 and 256");
+    static_assert(BN % 16 == 0 && BN >= 64 && BN <= 128, "wgmma path: S tiles of n64, n80, n96, n112 or n128");
     static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");
 };
 

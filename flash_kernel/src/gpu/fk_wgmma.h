@@ -1,25 +1,27 @@
-// fk_wgmma.h: the Hopper flash kernel (sm_90a, fp16/bf16; head-dim buckets 64, 128, 256).
+// fk_wgmma.h: the Hopper flash kernel (sm_90a, fp16/bf16; head-dim buckets 64, 128, 192, 256).
 //
 // Warp-specialised, in the manner FlashAttention-3 describes (no code of it is used here):
 //  - warpgroup 0 is the producer: it gives back registers (setmaxnreg.dec) and one thread issues
 //    TMA bulk tensor copies (cp.async.bulk.tensor) of Q (one 64-row half per consumer) and of K/V
 //    tiles into a kStages-deep ring, each copy completing on an mbarrier ("full"); it refills a
-//    slot once both consumers have released it ("empty").
+//    slot once both consumers have released it ("empty"; in the wide buckets 192 and 256 K and V
+//    have one each, so that K(j+2) loads as soon as S(j) is done).
 //  - persistent grid (FK_WGMMA_PERSISTENT): one block per SM loops over work items (a query tile
 //    of one (batch, head)); the ring runs on across items and a consumer's half of Q is reloaded
 //    once its last S of the item is done, so the next item's loads overlap this one's end.
 //  - warpgroups 1 and 2 are consumers of 64 query rows each (setmaxnreg.inc): S = Q K^T with wgmma
 //    from shared memory, the online softmax in registers (base 2, log2 e folded into the scale), then
 //    O += P V with P straight from the S accumulators as the register A operand of wgmma.
-//  - ping-pong: the two consumers take turns to issue their GEMMs (two named barriers), so one
-//    warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy. Each turn issues
-//    P(j-1) V(j-1) together with S(j) = Q K(j)^T, so one S register set suffices.
+//  - ping-pong (buckets 64, 128, 192): the two consumers take turns to issue their GEMMs (two named
+//    barriers), so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy.
+//    Each step issues P(j-1) V(j-1) together with S(j) = Q K(j)^T, so one S register set suffices.
+//    At bucket 256, whose GEMMs are long next to the softmax, the consumers issue freely.
 // Tensor maps are encoded on the host through the driver entry point that the CUDA runtime hands
 // out (cudaGetDriverEntryPointByVersion): no libcuda link, nothing beyond the base runtime.
 // Ragged tiles: TMA zero-fills rows past N; scores of keys past nk are set to -inf; rows past nq
 // are not stored. Head dims below the bucket D: the tensor maps' dimension 0 is the real head dim d,
 // so TMA zero-fills columns d..D-1 of a column block it loads; column blocks wholly past d are
-// neither loaded nor read; Q K^T stops after the k16 steps that hold data, P V (bucket 256: one
+// neither loaded nor read; Q K^T stops after the k16 steps that hold data, P V (wide buckets: one
 // n192 or n256 wgmma) after the column blocks that do; columns past d are not stored.
 #ifndef FK_WGMMA_H
 #define FK_WGMMA_H
@@ -119,6 +121,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     const uint32_t q_full = sv + S * T::kKVBytes;   // 8-byte mbarriers; consumer c's Q half: + 8c
     const uint32_t q_empty = q_full + 8 * T::kConsumers;
     const uint32_t k_full = q_empty + 8 * T::kConsumers, v_full = k_full + 8 * S, empty = v_full + 8 * S;
+    const uint32_t v_empty = T::kSplitKV ? empty + 8 * S : empty;  // split: V's own; else the slot's
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const int qtiles = static_cast<int>((p.nq + BM - 1) / BM);
@@ -141,6 +144,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
             mbar_init(empty + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
+            if (T::kSplitKV) mbar_init(v_empty + 8 * s, 4 * T::kConsumers);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -159,12 +163,13 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     const int st = g % S;
                     if (g >= S) mbar_wait(empty + 8 * st, ((g / S) - 1) & 1);
                     const int n0 = j * BN;
-                    mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);
+                    mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);  // (split: this waited for K's slot alone)
 #pragma unroll
                     for (int cb = 0; cb < CB; ++cb)
                         if (cb < cbn)
                         tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
                                     pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
+                    if (T::kSplitKV && g >= S) mbar_wait(v_empty + 8 * st, ((g / S) - 1) & 1);
                     mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
 #pragma unroll
                     for (int cb = 0; cb < CB; ++cb)
@@ -200,12 +205,14 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     const int c = wg - 1;                     // consumer index: rows 64c .. 64c + 63 of the block
     const int my_bar = 1 + c, other_bar = 2 - c;  // named barriers 1 and 2 (0 is __syncthreads)
     constexpr int kPair = 256;                // both consumer warpgroups take part in each
+    auto my_turn = [&] { if constexpr (T::kPingPong) named_sync(my_bar, kPair); };
+    auto their_turn = [&] { if constexpr (T::kPingPong) named_arrive(other_bar, kPair); };
     const uint32_t sq_wg = sq + c * 64 * kRowBytes;
     const float sl2 = p.scale_log2;
 
-    // k16 steps of Q K^T every head dim of this bucket fills (bucket 64 starts at 32, the others
-    // at 72 and 136): only later steps test the head dim.
-    constexpr int kMinSteps = D == 64 ? 2 : D == 128 ? 5 : 9;
+    // k16 steps of Q K^T and n64 column blocks of P V every head dim of this bucket fills: only
+    // later ones test the head dim.
+    constexpr int kMinSteps = (T::kMinDim + 15) / 16, kMinBlocks = (T::kMinDim + 63) / 64;
     float s[BN / 2];          // S accumulators: n8 tile t holds rows r, r+8 x cols 8t + 2(lane%4) + {0,1}
     float o[D / 2];           // O accumulators, same layout over the head dim
     uint32_t pf[BN / 16][4];  // P as wgmma's register A operand, one k16 step per pair of n8 tiles
@@ -220,6 +227,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             const uint64_t da = smem_desc(sq_wg + (ks / 4) * BM * kRowBytes + off, 16, 1024);
             const uint64_t db = smem_desc(kb + (ks / 4) * BN * kRowBytes + off, 16, 1024);
             if constexpr (BN == 128) Ops<E>::ss_n128(s, da, db, ks > 0);
+            else if constexpr (BN == 112) Ops<E>::ss_n112(s, da, db, ks > 0);
+            else if constexpr (BN == 96) Ops<E>::ss_n96(s, da, db, ks > 0);
             else if constexpr (BN == 80) Ops<E>::ss_n80(s, da, db, ks > 0);
             else Ops<E>::ss_n64(s, da, db, ks > 0);
         }
@@ -233,15 +242,17 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 Ops<E>::rs_n128(o, pf[kk], db);
             } else if constexpr (D == 64) {
                 Ops<E>::rs_n64(o, pf[kk], db);
-            } else if constexpr (FK_WGMMA_WIDE_PV_D256) {
-                // one wide wgmma over the column blocks of O that hold data (3 or 4 here): its
-                // accumulator is the n64 ones side by side, so o[] keeps its layout
-                if (!kPad || cbn == 4) Ops<E>::rs_n256(o, pf[kk], db);
-                else Ops<E>::rs_n192(*reinterpret_cast<float(*)[96]>(&o[0]), pf[kk], db);
-            } else {  // one n64 wgmma per column block of O that holds data (>= 3 of 4 here)
+            } else if constexpr (T::kWidePV) {
+                // one wide wgmma over the column blocks of O that hold data: its accumulator is the
+                // n64 ones side by side, so o[] keeps its layout
+                if (D == 192 || (kMinBlocks < 4 && cbn < 4))
+                    Ops<E>::rs_n192(*reinterpret_cast<float(*)[96]>(&o[0]), pf[kk], db);
+                else
+                    Ops<E>::rs_n256(*reinterpret_cast<float(*)[128]>(&o[0]), pf[kk], db);
+            } else {  // one n64 wgmma per column block of O that holds data
 #pragma unroll
                 for (int cb = 0; cb < CB; ++cb) {
-                    if (cb >= 3 && cb >= cbn) break;
+                    if (cb >= kMinBlocks && cb >= cbn) break;
                     const uint64_t dbc = smem_desc(vb + cb * BN * kRowBytes + kk * 16 * kRowBytes, BN * kRowBytes,
                                                    8 * kRowBytes);
                     Ops<E>::rs_n64(*reinterpret_cast<float(*)[32]>(&o[32 * cb]), pf[kk], dbc);
@@ -291,14 +302,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         l0 = l0 * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
         l1 = l1 * a1 + sum1;
     };
-    auto finish = [&](float a0, float a1) {
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            pf[kk][0] = mma::Ptx<E>::pack(s[8 * kk], s[8 * kk + 1]);      // row r,   keys 16kk + 2(lane%4) + {0,1}
-            pf[kk][1] = mma::Ptx<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r+8, same keys
-            pf[kk][2] = mma::Ptx<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r,   keys + 8
-            pf[kk][3] = mma::Ptx<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r+8, keys + 8
-        }
+    auto rescale = [&](float a0, float a1) {
 #pragma unroll
         for (int t = 0; t < D / 8; ++t) {
             o[4 * t] *= a0;
@@ -307,18 +311,46 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             o[4 * t + 3] *= a1;
         }
     };
-    auto release = [&](int st) {  // this warp has finished reading K/V slot st
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + 8 * st);
+    // Early rescale (wide buckets): O is multiplied by P(j-1)'s factors after S(j) is issued (the
+    // registers of O are not S's), then fenced again before P(j-1) V(j-1) reads them.
+    float ra0 = 1.0f, ra1 = 1.0f;
+    auto finish = [&](float a0, float a1) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            pf[kk][0] = mma::Ptx<E>::pack(s[8 * kk], s[8 * kk + 1]);      // row r,   keys 16kk + 2(lane%4) + {0,1}
+            pf[kk][1] = mma::Ptx<E>::pack(s[8 * kk + 2], s[8 * kk + 3]);  // row r+8, same keys
+            pf[kk][2] = mma::Ptx<E>::pack(s[8 * kk + 4], s[8 * kk + 5]);  // row r,   keys + 8
+            pf[kk][3] = mma::Ptx<E>::pack(s[8 * kk + 6], s[8 * kk + 7]);  // row r+8, keys + 8
+        }
+        if constexpr (T::kEarlyRescale) {
+            ra0 = a0;
+            ra1 = a1;
+        } else {
+            rescale(a0, a1);
+        }
     };
+    auto early_rescale = [&] {  // between S(j)'s issue and P(j-1) V(j-1)'s
+        if constexpr (T::kEarlyRescale) {
+            fence_regs(o);
+            rescale(ra0, ra1);
+            wg_fence();
+        }
+    };
+    auto arrive = [&](uint32_t bar) {  // this warp has finished reading a slot
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    };
+    auto release_k = [&](int st) { if constexpr (T::kSplitKV) arrive(empty + 8 * st); };  // after S(j)
+    auto release_v = [&](int st) { arrive(v_empty + 8 * st); };  // after P V; unsplit: K and V together
     auto release_q = [&] {  // this warp's last S of the item is done: its half of Q may be reloaded
         __syncwarp();
         if (lane == 0) mbar_arrive(q_empty + 8 * c);
     };
 
-    // The consumers take turns (named barriers my_bar / other_bar) without a break between items:
-    // both run the same number of turns per item (ntiles + 1), so the alternation carries over.
-    if (c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
+    // With ping-pong the consumers take turns (named barriers my_bar / other_bar) without a break
+    // between items: both run the same number of turns per item (ntiles + 1), so the alternation
+    // carries over.
+    if (T::kPingPong && c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
     int g0 = 0;  // ring position of the item's first K/V tile
     int it = 0;
     for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
@@ -331,14 +363,15 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         {
             const int st = g0 % S;
             mbar_wait(k_full + 8 * st, (g0 / S) & 1);
-            named_sync(my_bar, kPair);
+            my_turn();
             fence_regs(s);
             wg_fence();
             issue_s(st);
             wg_commit();
-            named_arrive(other_bar, kPair);
+            their_turn();
             wg_wait<0>();
             fence_regs(s);
+            release_k(st);
             if (ntiles == 1) release_q();
             float a0, a1;
             probs(0, a0, a1);
@@ -349,8 +382,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             const int g = g0 + j;
             const int st = g % S, pst = (g - 1) % S;
             mbar_wait(k_full + 8 * st, (g / S) & 1);
-            mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
-            named_sync(my_bar, kPair);
+            if (!T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            my_turn();
             fence_regs(s);
             fence_regs(o);
             wg_fence();
@@ -359,26 +392,32 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 #if FK_WGMMA_OVERLAP
             // S(j) and P(j-1) V(j-1) in two groups: the exponentials of S(j) run while P V is in flight.
             wg_commit();
+            if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            early_rescale();
             issue_pv(pst);
             wg_commit();
-            named_arrive(other_bar, kPair);
+            their_turn();
             wg_wait<1>();
             fence_regs(s);
+            release_k(st);
             if (j == ntiles - 1) release_q();
             probs(j, a0, a1);
             wg_wait<0>();
             fence_regs(o);
 #else
+            if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            early_rescale();
             issue_pv(pst);
             wg_commit();
-            named_arrive(other_bar, kPair);
+            their_turn();
             wg_wait<0>();
             fence_regs(s);
             fence_regs(o);
+            release_k(st);
             if (j == ntiles - 1) release_q();
             probs(j, a0, a1);
 #endif
-            release(pst);
+            release_v(pst);
             finish(a0, a1);
         }
 
@@ -387,15 +426,16 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             const int g = g0 + ntiles - 1;
             const int pst = g % S;
             mbar_wait(v_full + 8 * pst, (g / S) & 1);
-            named_sync(my_bar, kPair);
+            my_turn();
             fence_regs(o);
+            if constexpr (T::kEarlyRescale) rescale(ra0, ra1);
             wg_fence();
             issue_pv(pst);
             wg_commit();
-            named_arrive(other_bar, kPair);
+            their_turn();
             wg_wait<0>();
             fence_regs(o);
-            release(pst);
+            release_v(pst);
         }
 
         l0 += fk_shfl_xor(l0, 1);
@@ -418,7 +458,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
         }
     }
-    if (c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
+    if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
 #else
     __trap();  // the sm_80 pass of an sm_90a build: never launched (the host checks the cubin)
 #endif
