@@ -6,7 +6,7 @@
 #      variant of $WIDE_VARIANTS with nvcc and -D switches of gpu/fk_traits.h (ptxas -v logged)
 #   2. spills: LDL/STL in the SASS of every library's wgmma kernels, ptxas' spill lines
 #   3. the GPU tests at head dims 136..256 on the default (float64 reference, fresh random inputs,
-#      NaN-poisoned outputs, the path of every call checked), and each variant against float64 at
+#      NaN-poisoned outputs, the path of every call checked; the persistent grid's many-item shapes), and each variant against float64 at
 #      every head dim 136..256 (fp16, bf16, both layouts, ragged), with compute-sanitizer memcheck of
 #      the default at head dims 160, 200 (padded) and 192, 256 (exact) alongside
 #   4. ours through the public call, the variants and SDPA-flash / SDPA-cuDNN timed call by call
@@ -95,7 +95,7 @@ mkdir -p $DRV
 MC=$!
 WIDE_DIMS="136 or 144 or 152 or 160 or 168 or 176 or 184 or 192 or 200 or 208 or 216 or 224 or 232 or 240 or 248 or 256"
 timeout -k 5 80 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernel_gpu.py -k \
-    "sm_90a and not float32 and (test_wide_head_dims or ((test_every_head_dim or test_other_head_dims) and ($WIDE_DIMS)))" \
+    "sm_90a and not float32 and (test_wide_head_dims or ((test_every_head_dim or test_other_head_dims or test_many_work_items) and ($WIDE_DIMS)))" \
     >"$LOG/pytest.log" 2>&1
 note "pytest (default, head dims 136..256) rc=$? ($(el) s): $(tail -1 "$LOG/pytest.log")"
 grep -E "^(FAILED|ERROR)" "$LOG/pytest.log" | head -6 | tee -a "$SUMMARY"

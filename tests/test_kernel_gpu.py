@@ -287,7 +287,7 @@ def _persistent_shapes():
 
 
 @pytest.mark.parametrize("case", range(4))
-@pytest.mark.parametrize("d", [64, 72, 128, 200, 256])
+@pytest.mark.parametrize("d", [64, 72, 128, 160, 192, 200, 256])  # every wgmma bucket, exact and padded
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_many_work_items(lib, case, d, dtype):
     gen = torch.Generator(device="cuda")
