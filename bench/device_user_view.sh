@@ -6,7 +6,8 @@
 #      non-default stream, on cuda:1 (skipped on a one-GPU host), plus the binding's GPU tests
 #   3. `sovereign-audit bench --preset dit`: every diffusion-transformer shape, ours through the
 #      public call against SDPA-flash and SDPA-cuDNN, the path each shape ran, refusals as rows
-#   3b. bench/host_overhead.py: the public call's host cost beside SDPA's; 3c. SANITIZE=1: memcheck, racecheck
+#   (KERNEL_TESTS=1: tests/test_kernel_gpu.py too; SANITIZE=1: memcheck and racecheck after the tests)
+#   3b. bench/host_overhead.py: the public call's host cost beside SDPA's
 #   4. with time left and diffusers and cryptography carried as wheels (.whl/): `sovereign-audit run --device cuda`
 #      with the default library (and a carried gfx1030 build audited beside it), the research
 #      object tarred to $OUT/research-object.tgz
@@ -41,10 +42,21 @@ python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log
 note "build rc=$? ($(( $(date +%s) - START )) s)"
 
 # 2. The public call in a graph capture, on a side stream, on cuda:1; the binding's GPU tests.
-timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_cuda_placement.py \
-    tests/test_binding.py >"$OUT/pytest.log" 2>&1
+KT=()
+[ -n "${KERNEL_TESTS:-}" ] && KT=(tests/test_kernel_gpu.py -n 8)   # the kernels' own GPU tests too
+timeout -k 5 ${TEST_TIMEOUT:-90} python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_cuda_placement.py \
+    tests/test_binding.py "${KT[@]}" >"$OUT/pytest.log" 2>&1
 note "pytest gpu rc=$?: $(tail -1 "$OUT/pytest.log")"
 grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/pytest.log" | head -8 | tee -a "$SUMMARY"
+
+# 2b. With SANITIZE=1: compute-sanitizer memcheck and racecheck (SANITIZE_STAGES) on the default library
+#     (small shapes, every head-dim bucket, exact-size cudaMalloc buffers; racecheck cannot see
+#     TMA/wgmma traffic).
+if [ -n "${SANITIZE:-}" ] && [ "$(left)" -gt 150 ]; then
+    FK_BUILD=build FK_LIBS=sm_90a FK_STAGES="${SANITIZE_STAGES:-memcheck racecheck}" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a \
+        FK_MEMCHECK_TIMEOUT=100 FK_RACECHECK_TIMEOUT=100 OUT="$OUT/sanitize" bash bench/device_kernel.sh >"$OUT/sanitize.log" 2>&1
+    grep -E "^(memcheck|racecheck)" "$OUT/sanitize/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
 
 # 3. The diffusion-transformer table through the public call.
 timeout -k 5 $(( $(left) > 130 ? 110 : $(left) - 20 )) python3 -m audit bench --device cuda --preset dit \
@@ -62,14 +74,6 @@ note "bench fp16 rc=$? ($(( $(date +%s) - START )) s)"
 #     replayed from a CUDA graph (its kernel's own time), beside SDPA's, plus where the host time goes.
 timeout -k 5 90 python3 bench/host_overhead.py --build build >"$OUT/host.txt" 2>&1
 note "host_overhead rc=$? ($(( $(date +%s) - START )) s)"
-
-# 3c. With SANITIZE=1: compute-sanitizer memcheck and racecheck on the default library (small shapes,
-#     every head-dim bucket, exact-size cudaMalloc buffers; racecheck cannot see TMA/wgmma traffic).
-if [ -n "${SANITIZE:-}" ] && [ "$(left)" -gt 200 ]; then
-    FK_BUILD=build FK_LIBS=sm_90a FK_STAGES="memcheck racecheck" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a \
-        FK_MEMCHECK_TIMEOUT=100 FK_RACECHECK_TIMEOUT=100 OUT="$OUT/sanitize" bash bench/device_kernel.sh >"$OUT/sanitize.log" 2>&1
-    grep -E "^(memcheck|racecheck)" "$OUT/sanitize/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
-fi
 
 # 4. The research object with the default library, if it can finish in the time left. An RDNA2
 #    (gfx1030) build carried in .device/gfx1030/ (this machine has no hipcc) is audited beside it.
