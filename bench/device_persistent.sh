@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The persistent wgmma grid against one block per query tile, on an NVIDIA H200, in one run:
+# The default wgmma kernel against a variant of it (by default the per-tile grid), on an NVIDIA
+# H200, in one run:
 #   1. build the default sm_90a library with `sovereign-audit build` into build/ (the public call
-#      flash_kernel.attention finds it there) and, beside it, the same sources with
-#      -DFK_WGMMA_PERSISTENT=0 (one block per work item) by the same nvcc command plus the macro
+#      flash_kernel.attention finds it there) and, beside it, the same sources with the variant's
+#      macros (FK_OTHER="name:flags", default "tile:-DFK_WGMMA_PERSISTENT=0": one block per work
+#      item) by the same nvcc command plus the macros
 #   2. the GPU tests of the sm_90a library against float64 (tests/test_kernel_gpu.py: fresh random
 #      inputs, NaN-poisoned outputs, the path of every call checked; many work items per block,
 #      ragged tiles, K/V of one tile) and of the public call in a graph capture / on a side stream
-#   3. compute-sanitizer memcheck of the default library on small shapes of the persistent path
-#   4. ours through the public call, the other grid's library and SDPA-cuDNN, taking turns call by
+#   3. compute-sanitizer memcheck (and racecheck, smaller) of the default library on shapes of the
+#      persistent path
+#   4. ours through the public call, the variant's library and SDPA-cuDNN, taking turns call by
 #      call (bench/kernel_bench.py), at the cross-attention, short and long self-attention shapes
 # Results under $OUT; the short table prints last.
 #   OUT=/tmp/persist bash bench/device_persistent.sh      # BUDGET_S (default 300) bounds the run
@@ -28,19 +31,21 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 note "env: $(tr '\n' ';' < "$OUT/env.txt")"
 
 # 1. Both libraries, built at the same time.
-OTHER=build/tile/sm_90a/libflash_kernel.so
+FK_OTHER=${FK_OTHER:-"tile:-DFK_WGMMA_PERSISTENT=0"}
+ONAME=${FK_OTHER%%:*}
+OTHER=build/$ONAME/sm_90a/libflash_kernel.so
 mkdir -p "$(dirname "$OTHER")"
-python3 - > "$OUT/other-cmd.txt" <<'PY'
-import shlex
+OFLAGS=${FK_OTHER#*:} python3 - "$OTHER" > "$OUT/other-cmd.txt" <<'PY'
+import os, shlex, sys
 from audit.kernel_build.targets import nvidia_spec
-cmd = nvidia_spec("sm_90a").command("build/tile/sm_90a/libflash_kernel.so")
-print(shlex.join(cmd[:1] + ["-DFK_WGMMA_PERSISTENT=0"] + cmd[1:]))
+cmd = nvidia_spec("sm_90a").command(sys.argv[1])
+print(shlex.join(cmd[:1] + os.environ["OFLAGS"].split() + cmd[1:]))
 PY
-(eval "$(cat "$OUT/other-cmd.txt")" > "$OUT/build-tile.log" 2>&1; echo $? > "$OUT/build-tile.rc") &
+(eval "$(cat "$OUT/other-cmd.txt")" > "$OUT/build-$ONAME.log" 2>&1; echo $? > "$OUT/build-$ONAME.rc") &
 timeout 300 python3 -m audit build --target sm_90a --out build > "$OUT/build.log" 2>&1
 note "build sm_90a (default) rc=$? ($(( $(date +%s) - START )) s)"
 wait
-note "build sm_90a with -DFK_WGMMA_PERSISTENT=0 rc=$(cat "$OUT/build-tile.rc") ($(( $(date +%s) - START )) s): $(cat "$OUT/other-cmd.txt")"
+note "build sm_90a variant $ONAME rc=$(cat "$OUT/build-$ONAME.rc") ($(( $(date +%s) - START )) s): $(cat "$OUT/other-cmd.txt")"
 
 # 2. Correctness of the default library (sm_90a alone) and of the public call where users put it.
 timeout -k 5 150 python3 -m pytest -q -p no:cacheprovider -k "sm_90a" tests/test_kernel_gpu.py > "$OUT/pytest.log" 2>&1
@@ -69,8 +74,10 @@ int main(int argc, char **argv) {
     int sms = 0; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     const long shapes[][4] = {{2, 3, 1, 1}, {1, sms + 7L, 300, 1000}, {2, sms + 3L, 129, 100}, {1, 2, 77, 4097}};
     const int dims[] = {64, 72, 128, 200, 256};
+    const bool small = std::getenv("FK_DRIVER_SMALL") != nullptr;  // racecheck: fewer, smaller calls
     int calls = 0, bad = 0;
     for (auto &s : shapes) for (int d : dims) for (int dt = 1; dt < 3; ++dt) for (int lay = 0; lay < 2; ++lay) {
+        if (small && (s[2] > 200 || dt == 1 || lay == 1 || (d != 64 && d != 128))) continue;
         long B = s[0], H = s[1], nq = s[2], nk = s[3];
         size_t nqe = B * H * nq * d, nke = B * H * nk * d;
         std::vector<uint16_t> host(nke > nqe ? nke : nqe);
@@ -101,30 +108,37 @@ nvcc -O2 -std=c++17 -I flash_kernel/include /tmp/fk_persist_drv.cpp -o /tmp/fk_p
 timeout -k 5 $(( $(left) > 200 ? 90 : 45 )) compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
     /tmp/fk_persist_drv build/sm_90a/libflash_kernel.so > "$OUT/memcheck.log" 2>&1
 note "memcheck (default sm_90a) rc=$?: $(grep -E 'ERROR SUMMARY|driver:' "$OUT/memcheck.log" | tr '\n' ' ')"
+FK_DRIVER_SMALL=1 timeout -k 5 $(( $(left) > 200 ? 60 : 30 )) compute-sanitizer --tool racecheck --racecheck-report all \
+    --error-exitcode 9 --print-limit 20 /tmp/fk_persist_drv build/sm_90a/libflash_kernel.so > "$OUT/racecheck.log" 2>&1
+note "racecheck (default sm_90a, small) rc=$?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|driver:' "$OUT/racecheck.log" | tr '\n' ' ')"
 
 # 4. Time: ours (the public call, default library), the other grid, SDPA-cuDNN; bf16.
 SHAPES="1,12,32760,512,128 2,40,32760,512,128 2,24,8192,8192,128 8,16,2048,2048,128 1,24,4608,4608,128
         1,12,32760,32760,128 1,40,75600,75600,128 1,30,17776,17776,64 1,12,16384,16384,256"
 ARGS=(); for s in $SHAPES; do ARGS+=(--shape "$s"); done
 t=$(( $(left) - 10 )); [ "$t" -gt 200 ] && t=200
-timeout -k 5 "$t" python3 bench/kernel_bench.py "${ARGS[@]}" --dtype bf16 --lib "tile=$OTHER" \
+timeout -k 5 "$t" python3 bench/kernel_bench.py "${ARGS[@]}" --dtype bf16 --lib "$ONAME=$OTHER" \
     --torch-methods sdpa_cudnn --repeats 10 --warmup 2 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
 note "bench rc=$? ($(( $(date +%s) - START )) s)"
 
-echo "==== summary"
-cat "$SUMMARY"
+# The logs in one archive (few files come back from a device run), the summary and tables last.
+tar czf "$OUT/logs.tgz" -C "$OUT" --remove-files $(cd "$OUT" && ls ./*.log ./*.txt ./*.rc 2>/dev/null | grep -v -e summary.txt -e bench.txt) 2>/dev/null
 echo "==== bench (bench/kernel_bench.py)"
 cat "$OUT/bench.txt"
-echo "==== persistent (ours) vs one block per tile (tile) vs SDPA-cuDNN, bf16, ms; ratios of medians [95 % CI]"
-python3 - "$OUT/bench.json" <<'PY'
+echo "==== summary"
+cat "$SUMMARY"
+echo "==== ours (default) vs $ONAME vs SDPA-cuDNN, bf16, ms; ratios of medians [95 % CI]"
+python3 - "$OUT/bench.json" "$ONAME" <<'PY'
 import json, statistics, sys
 sys.path.insert(0, "bench")
 from kernel_bench import ratio_ci
 rows = json.load(open(sys.argv[1]))["rows"]
+other = sys.argv[2]
 by = {}
 for r in rows:
     by.setdefault(tuple(r["shape"]), {})[r["method"]] = r
-print(f"{'shape (B,H,Nq,Nk,D)':<24} {'path':<6} {'ours ms':>8} {'tile ms':>8} {'cuDNN ms':>8} {'ours/tile':>16} {'ours/cuDNN':>16} {'tile/cuDNN':>16}")
+print(f"{'shape (B,H,Nq,Nk,D)':<24} {'path':<6} {'ours ms':>8} {other + ' ms':>8} {'cuDNN ms':>8} {'ours/' + other:>16} "
+      f"{'ours/cuDNN':>16} {other + '/cuDNN':>16}")
 for shape, m in by.items():
     def ms(k):
         return m[k]["median_ms"] if k in m and "median_ms" in m[k] else float("nan")
@@ -133,6 +147,6 @@ for shape, m in by.items():
             return "-"
         lo, hi = ratio_ci(m[b]["times_ms"], m[a]["times_ms"])
         return f"{ms(b) / ms(a):.2f} [{lo:.2f},{hi:.2f}]"
-    print(f"{','.join(map(str, shape)):<24} {m.get('ours', {}).get('path') or '-':<6} {ms('ours'):8.3f} {ms('tile'):8.3f} "
-          f"{ms('sdpa_cudnn'):8.3f} {ratio('ours', 'tile'):>16} {ratio('ours', 'sdpa_cudnn'):>16} {ratio('tile', 'sdpa_cudnn'):>16}")
+    print(f"{','.join(map(str, shape)):<24} {m.get('ours', {}).get('path') or '-':<6} {ms('ours'):8.3f} {ms(other):8.3f} "
+          f"{ms('sdpa_cudnn'):8.3f} {ratio('ours', other):>16} {ratio('ours', 'sdpa_cudnn'):>16} {ratio(other, 'sdpa_cudnn'):>16}")
 PY
