@@ -105,15 +105,16 @@ def _find_library(kind: str) -> Library:
 
 
 def _op_layer():
-    """flash_kernel._op, the torch custom ops (it imports torch: loaded on first need), told how
-    this package finds a library for a device."""
+    """flash_kernel._op, the torch custom ops (it imports torch: loaded on first need)."""
     from flash_kernel import _op
 
-    _op.library_for = library_for
     return _op
 
 
+# Handed over at import, never while torch.compile traces (a traced assignment would only take
+# effect after the graph is built): the op layer finds libraries through this package's lookup.
 _binding.op_layer = _op_layer
+_binding.library_lookup = library_for
 
 
 def attention(q, k, v, scale=None, layout: str = "bhnd"):

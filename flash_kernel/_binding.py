@@ -408,9 +408,11 @@ class _TorchApi:
 
 _api: _TorchApi | None = None
 
-# The torch custom-op layer (flash_kernel._op) imports this module, so this module never imports
-# it: the package hands over a function that returns that layer (importing it on first need).
+# Set by the package when it loads (it imports this module, so this module never imports it):
+# op_layer returns the torch custom-op layer (flash_kernel._op, imported on first need);
+# library_lookup is the package's library_for, which that layer calls while torch.compile traces.
 op_layer = None
+library_lookup = None
 
 
 def _torch_api() -> _TorchApi:

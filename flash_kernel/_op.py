@@ -54,16 +54,12 @@ def call(lib, q, k, v, scale: float, layout: str, naive: bool) -> torch.Tensor:
     return op(q, k, v, float(scale), layout, lib.path)
 
 
-# The package's library lookup (flash_kernel.library_for), set by the package when it loads this
-# module: the package imports this module, so this module does not import the package.
-library_for = None
-
-
 @torch.compiler.assume_constant_result
 def _library_path(kind: str) -> str:
     # Run once while tracing, its result baked into the graph as a constant: the file-system
     # lookup is not traced (Dynamo cannot trace os.stat), and the compiled graph holds no lookup.
-    return library_for(kind).path
+    # The lookup is the package's (flash_kernel.library_for), handed over when the package loaded.
+    return _binding.library_lookup(kind).path
 
 
 def traced_call(q, k, v, scale, layout: str, naive: bool) -> torch.Tensor:

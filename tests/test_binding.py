@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -367,6 +368,22 @@ def test_public_call_traced_by_torch_compile_fullgraph(build_root, monkeypatch):
     torch._dynamo.reset()
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(q, k, v), f(q, k, v)), f"seed {seed}"
+
+
+def test_public_call_traced_first_in_a_fresh_process(build_root):
+    """The first call of a fresh process is the traced one (no eager call has loaded the op layer
+    or looked the library up before): it still compiles with no graph break and matches eager."""
+    code = (
+        "import torch, flash_kernel\n"
+        "g = torch.Generator().manual_seed(int.from_bytes(__import__('os').urandom(4), 'little'))\n"
+        "q, k, v = (torch.randn(1, 2, 33, 64, generator=g) for _ in range(3))\n"
+        "f = torch.compile(lambda q, k, v: flash_kernel.attention(q, k, v, scale=0.3), backend='aot_eager', fullgraph=True)\n"
+        "out = f(q, k, v)\n"
+        "assert torch.equal(out, flash_kernel.attention(q, k, v, scale=0.3))\n"
+        "print('ok')\n")
+    env = {**os.environ, "FLASH_KERNEL_BUILD": str(build_root), "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 def test_library_looked_up_once_per_device(build_root, monkeypatch):
