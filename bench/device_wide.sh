@@ -8,7 +8,8 @@
 #   3. the GPU tests at head dims 136..256 on the default (float64 reference, fresh random inputs,
 #      NaN-poisoned outputs, the path of every call checked; the persistent grid's many-item shapes), and each variant against float64 at
 #      every head dim 136..256 (fp16, bf16, both layouts, ragged), with compute-sanitizer memcheck of
-#      the default at head dims 160, 200 (padded) and 192, 256 (exact) alongside
+#      the default at head dims 160, 200 (padded) and 192, 256 (exact) alongside, then racecheck at
+#      160, 192, 256 on small shapes
 #   4. ours through the public call, the variants and SDPA-flash / SDPA-cuDNN timed call by call
 #      (bench/kernel_bench.py) at head dims 160, 192, 256, bf16 and fp16
 # Under $OUT: summary.txt, bench-{bf16,fp16}.json and logs.tgz (every log); the short table prints last.
@@ -91,7 +92,12 @@ mkdir -p $DRV
 ( nvcc -O2 -std=c++17 -I flash_kernel/include bench/fk_memcheck.cpp -o $DRV/fk_memcheck -ldl >$DRV/build.log 2>&1 &&
   FK_DRIVER_DIMS=160,192,200,256 FK_DRIVER_FLASH_ONLY=1 timeout -k 5 60 compute-sanitizer --tool memcheck \
     --error-exitcode 9 --print-limit 20 $DRV/fk_memcheck build/sm_90a/libflash_kernel.so >"$LOG/memcheck.log" 2>&1
-  echo "memcheck rc=$?" >> "$LOG/memcheck.log" ) &
+  echo "memcheck rc=$?" >> "$LOG/memcheck.log"
+  # racecheck (shared-memory hazards) after it: small shapes, fp16/bf16, the flash path alone
+  FK_DRIVER_DIMS=160,192,256 FK_DRIVER_SMALL=1 FK_DRIVER_FLASH_ONLY=1 timeout -k 5 60 compute-sanitizer --tool racecheck \
+    --racecheck-report all --error-exitcode 9 --print-limit 20 $DRV/fk_memcheck build/sm_90a/libflash_kernel.so \
+    >"$LOG/racecheck.log" 2>&1
+  echo "racecheck rc=$?" >> "$LOG/racecheck.log" ) &
 MC=$!
 WIDE_DIMS="136 or 144 or 152 or 160 or 168 or 176 or 184 or 192 or 200 or 208 or 216 or 224 or 232 or 240 or 248 or 256"
 timeout -k 5 80 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernel_gpu.py -k \
@@ -134,6 +140,7 @@ PY
 note "variants vs float64 rc=$? ($(el) s): $(grep -E '^[a-z0-9_@,]+: ' "$LOG/variants-check.log" | tr '\n' ' ')"
 wait $MC
 note "memcheck (default; d 160,192,200,256): $(grep -E 'ERROR SUMMARY|calls|rc=' "$LOG/memcheck.log" | tr '\n' ' ')"
+note "racecheck (default; d 160,192,256, small): $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|calls|rc=' "$LOG/racecheck.log" | tr '\n' ' ')"
 
 # 4. Timing through the public call, the variants beside it, SDPA-flash and SDPA-cuDNN, call by call.
 LIBARGS=()

@@ -19,7 +19,8 @@ int main(int argc, char **argv) {
     const char *(*err)() = (const char *(*)())dlsym(h, "fk_last_error");
     const long shapes[][4] = {{2,3,1,1},{2,3,77,77},{2,2,1000,1000},{1,2,4097,4097},{2,2,77,1000},{1,3,1000,77},{2,1,1,4097},{1,2,4097,1}};
     std::vector<int> dims = {32, 40, 64, 72, 96, 128, 160, 192, 256};  // exact buckets and padded head dims
-    if (const char *only = std::getenv("FK_DRIVER_DIMS")) {  // e.g. "40,72,160": these alone
+    const char *only = std::getenv("FK_DRIVER_DIMS");
+    if (only) {  // e.g. "40,72,160": these alone (FK_DRIVER_SMALL keeps them all)
         dims.clear();
         for (const char *p = only; *p;) { dims.push_back(std::atoi(p)); while (*p && *p != ',') ++p; if (*p) ++p; }
     }
@@ -28,7 +29,7 @@ int main(int argc, char **argv) {
     const bool small = on("FK_DRIVER_SMALL");            // racecheck: fewer, smaller calls
     const bool flash_only = on("FK_DRIVER_FLASH_ONLY");  // ... and not the naive path
     for (auto &s : shapes) for (int d : dims) for (int dt = 0; dt < 3; ++dt) for (int lay = 0; lay < 2; ++lay) {
-        if (small && (s[2] > 1000 || s[3] > 1000 || dt == 0 || (d != 64 && d != 128 && d != 72 && d != 192))) continue;
+        if (small && (s[2] > 1000 || s[3] > 1000 || dt == 0 || (!only && d != 64 && d != 128 && d != 72 && d != 192))) continue;
         if (d != 64 && d != 128 && (s[2] > 1000 || s[3] > 1000)) continue;  // keep it short
         long B = s[0], H = s[1], nq = s[2], nk = s[3]; size_t es = dt == 0 ? 4 : 2;
         size_t nqe = B * H * nq * d, nke = B * H * nk * d;
