@@ -2,7 +2,7 @@
 
 The pattern scan over a big `.symtab` (libtorch_cpu.so: 530k entries, a 76 MB string table) is
 regex work that holds the GIL, so a thread cannot share it; a forked child can, on the second
-core. The child runs exactly the in-process code (audit.elf.symbols.select and names_at) on the
+core. The child runs exactly the in-process code (audit.elf.symbols.select and names_text) on the
 same mapped file and sends back the selected indices, name ends, decoded names and warnings;
 the parent builds the symbols as usual. Meanwhile the parent selects the other tables and hands
 their selections over (`give`: index arrays through a shared anonymous map, so no pipe fills
@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from audit.elf.symbols import SymbolTable, names_at, select
+from audit.elf.symbols import SymbolTable, names_text, select
 
 MIN_ENTRIES = 200_000  # below this, forking costs more than it saves
 _LEN = struct.Struct("<Q")
@@ -156,8 +156,10 @@ def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable |
             os.close(given_w)
             warnings: list[str] = []
             idx, ends = select(img, table, pattern, keep_imports, warnings)
-            names = names_at(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
-            _send(w, (idx, ends, "\0".join(names), warnings))
+            text = names_text(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
+            _send(w, (idx, ends, text, warnings))  # the names as one string, split after sending
+            names = text.split("\0") if len(idx) else []
+            del text
             if then is not None:
                 given = _given(given_r, shared)
                 if given is not None:  # None: the parent stopped before handing them over

@@ -24,6 +24,8 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable
+from itertools import compress
+from operator import not_
 
 import numpy as np
 
@@ -317,7 +319,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     if pre is None:
         code_loading = early
     else:
-        code_loading = sorted({n for n, d in zip(symbols.name, symbols.defined) if not d and CODE_LOADING_RE.match(n)})
+        code_loading = sorted(set(filter(CODE_LOADING_RE.match, compress(symbols.name, map(not_, symbols.defined)))))
     imports_dlsym = _imports_dlsym(code_loading)
     if api_prefixes and imports_dlsym and not early_dlsym:  # dlsym is imported in the child's table
         api = identifier_strings(img, api_prefixes, api_warn)

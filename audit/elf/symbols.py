@@ -111,18 +111,26 @@ def _pattern_mask(img, table, pattern, nm, bad, name_end) -> np.ndarray:
     else:
         starts, ends, final = found
         check = np.zeros(len(nm), dtype=bool)
+        # (in place where it can: each new array of a large table's size costs a page fault per
+        # 4 KiB in a freshly forked reader)
         if len(starts):
-            k = np.searchsorted(starts, nm, side="right") - 1
-            kk = np.maximum(k, 0)
-            inside = ok & (k >= 0) & (nm < ends[kk])
+            kk = np.searchsorted(starts, nm, side="right")
+            kk -= 1
+            inside = ok & (kk >= 0)
+            np.maximum(kk, 0, out=kk)
+            inside &= nm < ends[kk]
             exact = inside & (nm == starts[kk]) & final[kk]
             mask |= exact
             check |= inside & ~exact
             name_end[inside] = ends[kk[inside]]  # a name inside string k ends where k ends
+            del kk
         # A name that starts inside another string (the linker shares string tails) was seen by
         # the scan only as part of the longer string: check it on its own.
         blob = np.frombuffer(img.buf, dtype=np.uint8, count=table.str_size, offset=table.str_off)
-        prev = blob[np.clip(nm.astype(np.int64) - 1, 0, table.str_size - 1)]
+        before = nm.astype(np.int64)
+        before -= 1
+        prev = blob[np.clip(before, 0, table.str_size - 1, out=before)]
+        del before
         check |= ok & (nm > 0) & (prev != 0) & ~mask
     verdict: dict[int, bool] = {}
     search = pattern.search
@@ -172,6 +180,11 @@ _BINDS = [STB.get(i, f"STB_{i}") for i in range(16)]
 
 def names_at(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[int]) -> list[str]:
     """Decoded names at string-table offsets (ends: known end offsets, or -1 to look them up)."""
+    return names_text(img, table, offsets, ends).split("\0") if len(offsets) else []
+
+
+def names_text(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[int]) -> str:
+    """names_at's names joined by NULs, as one string (what a helper process sends as it is)."""
     buf, base, size = img.buf, table.str_off, table.str_size
     raws = []
     for off, end in zip(offsets, ends):
@@ -183,7 +196,7 @@ def names_at(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[i
             end = size if e < 0 else e - base
         raws.append(bytes(buf[base + off:base + end]))
     # one decode for all: NUL never occurs inside a name, so it separates them safely
-    return decode(b"\0".join(raws)).split("\0") if raws else []
+    return decode(b"\0".join(raws))
 
 
 def symbol_columns(img: ElfImage, table: SymbolTable, idx: np.ndarray,
