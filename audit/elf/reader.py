@@ -227,7 +227,7 @@ def _code_loading(tables, sel: dict) -> list[str]:
         if table.index in sel:
             idx, _, names, _ = sel[table.index]
             undefined = (table.syms["st_shndx"][idx] == SHN_UNDEF).tolist()
-            found.update(n for n, u in zip(names, undefined) if u and CODE_LOADING_RE.match(n))
+            found.update(filter(CODE_LOADING_RE.match, compress(names, undefined)))
     return sorted(found)
 
 
