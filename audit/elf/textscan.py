@@ -273,11 +273,15 @@ def matching_strings(buf, off: int, size: int, pattern: re.Pattern[bytes]):
                 starts.append(0)
                 ends.append(e - off)
                 finals.append(True)
-        spans = list(map(_SPAN, plan.scanner.finditer(buf, off, end)))
-        if plan.nul_safe and spans:
+        matches = plan.scanner.finditer(buf, off, end)
+        if plan.nul_safe:
             # no match can run over a NUL: a match ending at a NUL (the usual case with `$`)
-            # ends its string; only the others need a look for their NUL
-            sp = np.fromiter(chain.from_iterable(spans), dtype=np.int64, count=2 * len(spans))
+            # ends its string; only the others need a look for their NUL. The spans go straight
+            # into one array (57k of them in libtorch_cpu's .symtab), never a list of tuples.
+            sp = np.fromiter(chain.from_iterable(map(_SPAN, matches)), dtype=np.int64)
+            if not len(sp):
+                return (np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64),
+                        np.asarray(finals, dtype=bool))
             s_abs, m_end = sp[0::2] + 1, sp[1::2]
             blob = np.frombuffer(buf, dtype=np.uint8, count=size, offset=off)
             at_nul = (m_end >= end) | (blob[np.minimum(m_end, end - 1) - off] == 0)
@@ -287,8 +291,8 @@ def matching_strings(buf, off: int, size: int, pattern: re.Pattern[bytes]):
                 e_abs[i] = end if e < 0 else e
             return (np.concatenate([np.asarray(starts, dtype=np.int64), s_abs - off]),
                     np.concatenate([np.asarray(ends, dtype=np.int64), e_abs - off]),
-                    np.concatenate([np.asarray(finals, dtype=bool), np.full(len(sp), plan.final)]))
-        for m_start, m_end in spans:
+                    np.concatenate([np.asarray(finals, dtype=bool), np.full(len(s_abs), plan.final)]))
+        for m_start, m_end in map(_SPAN, matches):
             s = m_start + 1
             e = find(b"\0", s, end)
             e = end if e < 0 else e
