@@ -102,15 +102,18 @@ def _main(argv):
         sys.exit(EXIT_INTERRUPTED)
     except ModuleNotFoundError as exc:
         hint = missing_package_hint(exc)
-        if hint is None:  # one of our own modules: a bug, below
-            click.echo(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", err=True)
-            sys.exit(EXIT_INTERNAL)
+        if hint is None:  # one of our own modules: a bug
+            _internal_error(exc)
         click.echo(f"error: {hint}", err=True)  # an environment to fix, not a bug to report
         sys.exit(EXIT_USAGE)
     except Exception as exc:  # a bug: say so in one line, never a traceback
-        click.echo(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", err=True)
-        sys.exit(EXIT_INTERNAL)
+        _internal_error(exc)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _internal_error(exc: BaseException):
+    click.echo(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", err=True)
+    sys.exit(EXIT_INTERNAL)
 
 
 # Import name -> what to install, where the two differ or an extra brings it.

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from audit.elf.symbols import SymbolTable, names_text, select
+from audit.elf.symbols import SymbolTable, names_text, select, split_names
 
 MIN_ENTRIES = 200_000  # below this, forking costs more than it saves
 _LEN = struct.Struct("<Q")
@@ -84,8 +84,8 @@ class Prescan:
         got = self._message(0)
         if got is _FAILED:
             return None
-        idx, ends, names, warnings = got
-        return idx, ends, (names.split("\0") if len(idx) else []), warnings
+        idx, ends, text, warnings = got
+        return idx, ends, split_names(text, len(idx)), warnings
 
     def then(self):
         """What the caller's `then` returned in the child, or None if it did not deliver."""
@@ -158,7 +158,7 @@ def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable |
             idx, ends = select(img, table, pattern, keep_imports, warnings)
             text = names_text(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
             _send(w, (idx, ends, text, warnings))  # the names as one string, split after sending
-            names = text.split("\0") if len(idx) else []
+            names = split_names(text, len(idx))
             del text
             if then is not None:
                 given = _given(given_r, shared)

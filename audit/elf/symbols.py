@@ -180,7 +180,12 @@ _BINDS = [STB.get(i, f"STB_{i}") for i in range(16)]
 
 def names_at(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[int]) -> list[str]:
     """Decoded names at string-table offsets (ends: known end offsets, or -1 to look them up)."""
-    return names_text(img, table, offsets, ends).split("\0") if len(offsets) else []
+    return split_names(names_text(img, table, offsets, ends), len(offsets))
+
+
+def split_names(text: str, count: int) -> list[str]:
+    """names_text's string back as its `count` names."""
+    return text.split("\0") if count else []
 
 
 def names_text(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[int]) -> str:
