@@ -18,12 +18,8 @@ LOGS=$(mktemp -d)
 START=$(date +%s)
 export PYTHONUNBUFFERED=1
 note() { echo "$*" | tee -a "$LOGS/summary.txt"; }
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl >"$LOGS/pip.log" 2>&1 && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
-else
-    export PYTHONPATH=$PWD
-fi
+. bench/device_wheels.sh
+use_carried_wheels "$LOGS/pip.log"
 python3 -m audit build --target sm_90a --target cpu --out build >"$LOGS/build.log" 2>&1
 note "build rc=$? ($(( $(date +%s) - START )) s)"
 

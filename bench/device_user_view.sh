@@ -25,12 +25,8 @@ SUMMARY=$OUT/summary.txt
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl >"$OUT/pip.log" 2>&1 && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
-else
-    export PYTHONPATH=$PWD
-fi
+. bench/device_wheels.sh
+use_carried_wheels "$OUT/pip.log"
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   nvcc --version | tail -1
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "gpus", torch.cuda.device_count())'
