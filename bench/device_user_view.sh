@@ -8,6 +8,8 @@
 #      public call against SDPA-flash and SDPA-cuDNN, the path each shape ran, refusals as rows
 #   (KERNEL_TESTS=1: tests/test_kernel_gpu.py too; SANITIZE=1: memcheck and racecheck after the tests)
 #   3b. bench/host_overhead.py: the public call's host cost beside SDPA's
+#   3c. MMA_SYNC=1: the sm_90 library (the mma.sync path users of cc 8.x/9.0 without sm_90a get) built
+#       too and timed against SDPA-flash and SDPA-cuDNN at every head-dim shape
 #   4. with time left and diffusers and cryptography carried as wheels (.whl/): `sovereign-audit run --device cuda`
 #      with the default library (and a carried gfx1030 build audited beside it), the research
 #      object tarred to $OUT/research-object.tgz
@@ -34,7 +36,9 @@ use_carried_wheels "$OUT/pip.log"
 note "env: $(tr '\n' ';' < "$OUT/env.txt")"
 
 # 1. One build of the default libraries.
-python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log" 2>&1
+TARGETS=(--target sm_90a --target cpu)
+[ -n "${MMA_SYNC:-}" ] && TARGETS+=(--target sm_90)
+python3 -m audit build "${TARGETS[@]}" --out build >"$OUT/build.log" 2>&1
 note "build rc=$? ($(( $(date +%s) - START )) s)"
 
 # 2. The public call in a graph capture, on a side stream, on cuda:1; the binding's GPU tests.
@@ -71,6 +75,16 @@ note "bench fp16 rc=$? ($(( $(date +%s) - START )) s)"
 timeout -k 5 90 python3 bench/host_overhead.py --build build >"$OUT/host.txt" 2>&1
 note "host_overhead rc=$? ($(( $(date +%s) - START )) s)"
 
+# 3c. The mma.sync path (sm_90 library) at every head dim, against SDPA-flash (what it must beat) and SDPA-cuDNN.
+if [ -n "${MMA_SYNC:-}" ]; then
+    timeout -k 5 90 python3 -m audit bench --device cuda --lib build/sm_90/libflash_kernel.so \
+        --shape 1,16,16384,32 --shape 1,16,16384,64 --shape 1,16,17550,72 --shape 1,24,16384,80 --shape 1,24,16384,96 \
+        --shape 1,24,16384,128 --shape 1,16,16384,160 --shape 1,16,16384,192 --shape 1,12,16384,256 \
+        --backend primary --backend sdpa-flash --backend sdpa-cudnn --repeats 10 --warmup 2 --no-progress \
+        --json "$OUT/bench-mma.json" >"$OUT/bench-mma.txt" 2>&1
+    note "bench mma.sync rc=$? ($(( $(date +%s) - START )) s)"
+fi
+
 # 4. The research object with the default library, if it can finish in the time left. An RDNA2
 #    (gfx1030) build carried in .device/gfx1030/ (this machine has no hipcc) is audited beside it.
 # run needs diffusers (the pipeline) and cryptography (the signatures); the device image has
@@ -89,6 +103,8 @@ elif [ "$(left)" -gt 120 ]; then
         --target cpu "${ARTIFACTS[@]}" --build-dir build --repeats 10 --pipeline-steps 2 >"$OUT/run.log" 2>&1
     rc=$?
     note "run rc=$rc ($(( $(date +%s) - START )) s)"
+    python3 -m audit verify /tmp/ro >"$OUT/verify.log" 2>&1
+    note "verify rc=$?: $(tail -1 "$OUT/verify.log")"
     [ -d /tmp/ro ] && tar czf "$OUT/research-object.tgz" -C /tmp ro
 else
     note "run: not started: $(left) s left"
@@ -100,6 +116,10 @@ echo "==== bench fp16"
 sed -n '/^ours = /,$p' "$OUT/bench-fp16.txt"
 echo "==== host cost of one call"
 sed -n '/^steps of/,$p' "$OUT/host.txt"
+if [ -f "$OUT/bench-mma.txt" ]; then
+    echo "==== mma.sync (sm_90 library)"
+    sed -n '/^ours = /,$p' "$OUT/bench-mma.txt"
+fi
 echo "==== bench --preset dit"
 sed -n '/^ours = /,$p' "$OUT/bench-dit.txt"
 if [ -f /tmp/ro/evidence/pipeline.json ]; then
