@@ -236,3 +236,21 @@ def test_regexes_left_for_first_use_are_those_prepare_makes():
     names = ["cublasCreate_v2", "cblas_daxpy", "_ZN4dnnl6engineC2Ev", "mkl_free", "unrelated", "dgemm_"]
     assert {n: r.id for n, r in lazy.classify_symbols(names).items()} == \
         {n: r.id for n, r in ready.classify_symbols(names).items()}
+
+
+def test_prepare_without_device_code_leaves_only_the_kernel_regexes():
+    """For a file without GPU code, prepare leaves the kernel patterns (half its work) for first
+    use; judging a kernel afterwards still gives what a fully prepared policy gives."""
+    host, ready = load_policy(None), load_policy(None)
+    host.prepare(device_code=False)
+    ready.prepare()
+    assert set(host._re._recipes) == {"by_kernels", "by_shared"}
+    assert all(set(r._re._recipes) == {"kernels", "shared_kernels", "device"} for r in host.rules)
+    kernels = ["_ZN7cutlass6KernelINS_4gemmEEEvNT_6ParamsE", "sm80_xmma_gemm_f16f16_cudnn", "sm90_xmma_gemm_f16",
+               "_Z20flash_fwd_kernel_v2Pv", "my_own_kernel"]
+    shipper = ready.deny_rule_for_soname("libcudnn_engines_precompiled.so.9")
+    for name in kernels:
+        for ship in (None, shipper):
+            got, want = host.rule_for_kernel(name, ship), ready.rule_for_kernel(name, ship)
+            assert (got and got.id) == (want and want.id), name
+    assert ready.rule_for_kernel("sm80_xmma_gemm_f16f16_cudnn") is not None  # the names above do reach rules

@@ -56,20 +56,27 @@ class Prescan:
         return self._answers[n] if len(self._answers) > n else _FAILED
 
     def give(self, selections: dict) -> None:
-        """Hand the child the other tables' selections ({index: (idx, ends, ..., warnings)}):
-        their index arrays through the shared map, the rest through a pipe (a few bytes)."""
+        """Hand the child the other tables' selections ({index: (idx, ends, names, warnings)}):
+        their index arrays and names (NUL-joined, UTF-8) through the shared map, so the child
+        does not read them again, the rest through a pipe (a few bytes)."""
         if self._given_fd is None:
             return
         head, at = [], 0
         try:
-            for index, (idx, ends, *_, warnings) in selections.items():
+            for index, (idx, ends, names, warnings) in selections.items():
                 n = len(idx)
                 if at + 16 * n > len(self._shared):
                     return  # more than start() was told: the child is left without (it stops)
                 self._shared[at:at + 8 * n] = np.asarray(idx, dtype=np.int64).tobytes()
                 self._shared[at + 8 * n:at + 16 * n] = np.asarray(ends, dtype=np.int64).tobytes()
-                head.append((index, n, warnings))
                 at += 16 * n
+                text = "\0".join(names).encode("utf-8") if n else b""
+                if at + len(text) <= len(self._shared):
+                    self._shared[at:at + len(text)] = text
+                    head.append((index, n, len(text), warnings))
+                    at += -(-len(text) // 8) * 8  # the next table's arrays start 8-byte aligned
+                else:  # no room: the child reads the names itself
+                    head.append((index, n, -1, warnings))
             data = memoryview(pickle.dumps(head, protocol=pickle.HIGHEST_PROTOCOL))
             while data:
                 data = data[os.write(self._given_fd, data):]
@@ -135,14 +142,17 @@ def candidate(tables: list[SymbolTable], pattern) -> SymbolTable | None:
 
 
 def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable | None = None,
-          rows: int = 0) -> Prescan | None:
+          rows: int = 0, text: int = 0) -> Prescan | None:
     """Fork a child selecting `table` (see candidate), or return None if the fork fails.
     `then((idx, ends, names, warnings), given)`, if given, runs in the child afterwards, with the
     table's selection and what the parent handed over with `Prescan.give` (the selections of the
-    other tables, of `rows` entries at most in all); its (picklable) result is `Prescan.then()`'s."""
+    other tables, of `rows` entries at most in all, their string tables `text` bytes in all:
+    {index: (idx, ends, names or None, warnings)}); its (picklable) result is `Prescan.then()`'s."""
     r, w = os.pipe()
     given_r, given_w = os.pipe()
-    shared = mmap.mmap(-1, 16 * max(rows, 1))  # anonymous and shared: the parent's arrays, no pipe to fill
+    # anonymous and shared: the parent's arrays and names, no pipe to fill (pages never written
+    # cost nothing, so the names get twice their string tables' size: escapes make them longer)
+    shared = mmap.mmap(-1, 16 * max(rows, 1) + 2 * text + 8)
     try:
         pid = os.fork()
     except OSError:
@@ -174,15 +184,20 @@ def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable |
 
 
 def _given(fd: int, shared: mmap.mmap) -> dict | None:
-    """What the parent handed over (see Prescan.give): {index: (idx, ends, warnings)}."""
+    """What the parent handed over (see Prescan.give): {index: (idx, ends, names, warnings)},
+    names None where they did not fit."""
     with os.fdopen(fd, "rb") as fh:
         data = fh.read()
     if not data:
         return None
     out, at = {}, 0
-    for index, n, warnings in pickle.loads(data):
+    for index, n, size, warnings in pickle.loads(data):
         idx = np.frombuffer(shared, dtype=np.int64, count=n, offset=at).copy()
         ends = np.frombuffer(shared, dtype=np.int64, count=n, offset=at + 8 * n).copy()
-        out[index] = (idx, ends, warnings)
         at += 16 * n
+        names = None
+        if size >= 0:
+            names = split_names(shared[at:at + size].decode("utf-8"), n)
+            at += -(-size // 8) * 8
+        out[index] = (idx, ends, names, warnings)
     return out

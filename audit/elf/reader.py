@@ -87,13 +87,15 @@ def _open(path: str) -> tuple[int, int]:
 
 
 def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
-             api_prefixes: tuple[bytes, ...] = (), meanwhile: Callable[[], object] | None = None,
+             api_prefixes: tuple[bytes, ...] = (), meanwhile: Callable[[bool], object] | None = None,
              on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
     """Read one ELF file. Keeps imports always and other symbols when their (bytes) names match
     `symbol_pattern` (searched anywhere in the name; see audit.elf.symbols). Where the object
     imports dlsym/dlvsym, strings in its data that are identifiers starting with one of
-    `api_prefixes` are kept as `api_strings`. `meanwhile`, if given, is called once while helper
-    processes read for this one (the caller's own preparation, off the critical path), and
+    `api_prefixes` are kept as `api_strings`. `meanwhile(device_code)`, if given, is called once
+    while helper processes read for this one (the caller's own preparation, off the critical
+    path; `device_code`: whether the file has a GPU code section, so work only kernels need can
+    be left), and
     `on_symbols(symbols)` once the kept symbols are known while a helper still reads (the caller
     may start on them); neither is called if no helper reads. Raises InputError."""
     path = os.fspath(path)
@@ -143,7 +145,7 @@ def assembled_names_in(buf) -> list[StringHit]:
 
 def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = None, *,
                     hash_path: str | None = None, api_prefixes: tuple[bytes, ...] = (),
-                    meanwhile: Callable[[], object] | None = None,
+                    meanwhile: Callable[[bool], object] | None = None,
                     on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
     """read_elf on bytes already in memory (an archive member); `name` labels it in messages.
     `buf` must offer find/rfind (bytes, mmap): the string scans use them. The sha256 is of
@@ -194,7 +196,8 @@ def _prescan(buf, symbol_pattern) -> tuple[prescan.Prescan | None, dict]:
     scan_plan(symbol_pattern)  # the pattern's scanner, made once here: the child inherits it
     then = functools.partial(_child_forwarders, img, tables, keep, big.index)
     pre = prescan.start(img, big, symbol_pattern, keep[big.index], then,
-                        rows=sum(len(t) for t in tables if t is not big))
+                        rows=sum(len(t) for t in tables if t is not big),
+                        text=sum(t.str_size for t in tables if t is not big))
     try:
         sel = {t.index: _select(img, t, symbol_pattern, keep[t.index]) for t in tables if t is not big}
     except _MALFORMED:
@@ -249,13 +252,15 @@ def _forwarders(img: ElfImage, tables, sel: dict, imports_dlsym: bool, picks=Non
 
 def _child_forwarders(img, tables, keep: dict[int, bool], index: int, got, given: dict) -> tuple:
     """In the prescan child, once the large table (`index`) is sent and the parent has handed
-    over the others' selections (`given`: their indices, name ends, warnings): the forwarding
-    stubs, as _parse would decode them from every table's selection."""
+    over the others' selections (`given`: their indices, name ends, names, warnings): the
+    forwarding stubs, as _parse would decode them from every table's selection."""
     sel = {index: got}
     for t in tables:
         if t.index != index:
-            idx, ends, warns = given[t.index]
-            sel[t.index] = idx, ends, names_at(img, t, t.syms["st_name"][idx].tolist(), ends.tolist()), warns
+            idx, ends, names, warns = given[t.index]
+            if names is None:  # not handed over: read here
+                names = names_at(img, t, t.syms["st_name"][idx].tolist(), ends.tolist())
+            sel[t.index] = idx, ends, names, warns
     dlsym = _imports_dlsym(_code_loading(tables, sel))
     picks = [(t.syms[sel[t.index][0]], sel[t.index][2]) for t in tables]
     for t in tables:  # read once: memory for the code
@@ -267,7 +272,7 @@ def _child_forwarders(img, tables, keep: dict[int, bool], index: int, got, given
 
 def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
            pre: prescan.Prescan | None = None, selected: dict | None = None,
-           meanwhile: Callable[[], object] | None = None,
+           meanwhile: Callable[[bool], object] | None = None,
            on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
     """The whole reading; `pre`, `selected`: what _prescan started and selected already."""
     img = ElfImage(mm)
@@ -301,7 +306,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     api = identifier_strings(img, api_prefixes, api_warn) if api_prefixes and early_dlsym else []
     strings = library_strings(img, lib_warn)
     if pre is not None:
-        _run_hook(meanwhile)
+        _run_hook(meanwhile, any(_is_device_section(sec) for sec in img.sections))
         big = next(t for t in tables if t.index == pre.index)
         sel[big.index] = pre.result() or _select(img, big, symbol_pattern, keep[big.index])
 
@@ -333,7 +338,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
 
     device = []
     for sec in img.sections:
-        if sec.name in (".hip_fatbin", ".nv_fatbin") and sec.type != SHT_NOBITS and sec.size:
+        if _is_device_section(sec):
             img.check_range(sec.offset, sec.size, f"section {sec.name}")
             reader = read_hip_fatbin if sec.name == ".hip_fatbin" else read_nv_fatbin
             device += reader(img.buf, sec.offset, sec.offset + sec.size, sec.name)  # in place
@@ -347,6 +352,11 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
         code_loading_imports=code_loading, forwarders=forwarders, library_strings=strings,
         api_strings=api,
         device_code=device, warnings=warnings)
+
+
+def _is_device_section(sec) -> bool:
+    """A section of embedded GPU code objects (read_hip_fatbin, read_nv_fatbin)."""
+    return sec.name in (".hip_fatbin", ".nv_fatbin") and sec.type != SHT_NOBITS and bool(sec.size)
 
 
 def _run_hook(hook, *args) -> None:

@@ -66,6 +66,8 @@ _LIST_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")  # a C/Fortran/mangl
 _LIST_SUFFIX = ".names"
 _EXC_KEYS = {"file", "rule", "reason", "expires"}
 _ALLOW_KEYS = {"trusted", "inspected"}
+# The lazily compiled regexes (Policy's and each Rule's) that only judging device kernels uses.
+_DEVICE_ONLY = ("by_kernels", "by_shared", "kernels", "shared_kernels", "device")
 
 
 @dataclass
@@ -149,9 +151,10 @@ class LazyRegexes(dict):
         except KeyError:
             return default
 
-    def make_all(self) -> None:
+    def make_all(self, skip: tuple[str, ...] = ()) -> None:
         for key in list(self._recipes):
-            self[key]
+            if key not in skip:
+                self[key]
 
 
 def affixed(patterns: tuple[str, ...], prefixes: tuple[str, ...], suffixes: tuple[str, ...]) -> tuple[str, ...]:
@@ -231,10 +234,13 @@ class Policy:
         self._prefixes_made: list | None = None
         return self
 
-    def prepare(self) -> None:
-        """Compile now every regex finalize left for first use (the same regexes either way)."""
+    def prepare(self, device_code: bool = True) -> None:
+        """Compile now every regex finalize left for first use (the same regexes either way);
+        without `device_code`, those only device kernels need stay left for first use (they
+        are half the work, and a file without device code never asks for them)."""
+        skip = () if device_code else _DEVICE_ONLY
         for lazy in [self._re] + [r._re for r in self.rules]:
-            lazy.make_all()
+            lazy.make_all(skip)
         self._prefixes  # noqa: B018  (made and kept)
 
     def _by_rule_regex(self, attrs: tuple[str, ...]) -> re.Pattern[str] | None:
