@@ -17,6 +17,8 @@ pytest.importorskip("diffusers")
 from audit.evidence import dit_attention as da  # noqa: E402
 from audit.evidence import metrics  # noqa: E402
 from audit.evidence import pipeline as P  # noqa: E402
+from audit.evidence.pipeline import generate as G  # noqa: E402  (cfg_step, decode: looked up here)
+from audit.evidence.pipeline import lanes as L  # noqa: E402  (make_core: the cores of every lane)
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 2
@@ -135,7 +137,7 @@ def test_a_failing_core_is_recorded_and_the_rest_goes_on(cpu_library, monkeypatc
             return core
         return real(name, lib)
 
-    monkeypatch.setattr(P, "make_core", broken)
+    monkeypatch.setattr(L, "make_core", broken)
     rep = P.run_pipeline("tiny", steps=1, device="cpu", dtype="fp32", attention="flash,sdpa",
                          lib=cpu_library, decode_video=False, calibrate=True, environment=False)
     flash, sdpa = rep.runs
@@ -149,14 +151,14 @@ def test_a_failing_core_is_recorded_and_the_rest_goes_on(cpu_library, monkeypatc
 
 
 def test_a_failed_decode_keeps_the_dit_measurement(monkeypatch):
-    real = P.decode
+    real = G.decode
 
     def decode(vae, latents, device):
         if latents.shape[2] > 1:  # the real decode, not the one-frame warm-up
             raise RuntimeError("CUDA out of memory (simulated)")
         return real(vae, latents, device)
 
-    monkeypatch.setattr(P, "decode", decode)
+    monkeypatch.setattr(G, "decode", decode)
     rep = P.run_pipeline("tiny", steps=1, device="cpu", dtype="fp32", attention="sdpa,sdpa-math",
                          calibrate=False, environment=False)
     for run in rep.runs:
@@ -172,7 +174,7 @@ def test_every_core_is_warm_before_timing_and_the_cores_take_turns(monkeypatch):
     (one untimed each, then timed rounds in turns)."""
     seen: list[tuple[str, str]] = []
     final: dict[str, object] = {}
-    real_step, real_decode = P.cfg_step, P.decode
+    real_step, real_decode = G.cfg_step, G.decode
 
     def cfg_step(transformer, *args):
         core = transformer.blocks[0].attn1.processor.name
@@ -186,8 +188,8 @@ def test_every_core_is_warm_before_timing_and_the_cores_take_turns(monkeypatch):
         seen.append(("decode", owner))
         return real_decode(vae, latents, device)
 
-    monkeypatch.setattr(P, "cfg_step", cfg_step)
-    monkeypatch.setattr(P, "decode", decode)
+    monkeypatch.setattr(G, "cfg_step", cfg_step)
+    monkeypatch.setattr(G, "decode", decode)
     rep = P.run_pipeline("tiny", steps=3, device="cpu", dtype="fp32", attention="sdpa,sdpa-math",
                          calibrate=False, environment=False)
     a, b = ("step", "sdpa"), ("step", "sdpa-math")
@@ -213,7 +215,7 @@ def test_every_core_is_warm_before_timing_and_the_cores_take_turns(monkeypatch):
 
 
 def test_a_core_failing_mid_loop_leaves_the_others_measured(monkeypatch):
-    real = P.make_core
+    real = L.make_core
 
     def flaky(name, lib=None):
         core, calls = real(name, lib), [0]
@@ -227,7 +229,7 @@ def test_a_core_failing_mid_loop_leaves_the_others_measured(monkeypatch):
             return core(q, k, v)
         return failing
 
-    monkeypatch.setattr(P, "make_core", flaky)
+    monkeypatch.setattr(L, "make_core", flaky)
     rep = P.run_pipeline("tiny", steps=2, device="cpu", dtype="fp32", attention="sdpa,sdpa-math",
                          decode_video=False, calibrate=False, environment=False)
     ok, bad = rep.runs

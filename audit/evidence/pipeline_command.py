@@ -1,4 +1,4 @@
-"""`sovereign-audit pipeline`: the end-to-end video DiT measurement (logic in pipeline.py)."""
+"""`sovereign-audit pipeline`: the end-to-end video DiT measurement (logic in the pipeline package)."""
 
 from __future__ import annotations
 
