@@ -68,6 +68,35 @@ def test_clean_library_passes(linkage_libs, capsys):
         assert key in f
 
 
+def test_files_are_hashed_only_for_outputs_that_show_the_hash(linkage_libs, tmp_path, capsys, monkeypatch):
+    """The text log and GitHub annotations show no sha256: `check` with only those hashes
+    nothing and writes the same log; JSON, SARIF and JUnit carry the hash and get it."""
+    import hashlib
+
+    from audit.elf import hashing
+
+    hashed = []
+    real = hashing.hash_file
+    monkeypatch.setattr(hashing, "hash_file", lambda path: hashed.append(path) or real(path))
+    lib = linkage_libs["static_cublas"]
+    rc, plain, _ = cli(capsys, "check", str(lib))
+    assert rc == EXIT_VIOLATION and hashed == []
+    _, gh, _ = cli(capsys, "check", "--format", "github", str(lib))
+    assert hashed == [] and "static-symbol" in gh
+    logged = tmp_path / "log.txt"
+    rc, doc, _ = check_json(capsys, "--format", f"text={logged}", lib)
+    assert rc == EXIT_VIOLATION and len(hashed) == 1
+    assert doc["files"][0]["sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert logged.read_text() == plain  # the log is the same with or without the hash
+    for fmt in ("sarif", "junit"):
+        cli(capsys, "check", "--format", fmt, str(lib))
+    assert len(hashed) == 3
+    _, res = one(lib)  # the API hashes unless told not to
+    assert res.sha256 == doc["files"][0]["sha256"]
+    quick = check_paths([str(lib)], policy(), ResolveOptions(), sha256=False).files[0]
+    assert quick.sha256 is None and [f.to_dict() for f in quick.findings] == [f.to_dict() for f in res.findings]
+
+
 @needs_openblas
 def test_openblas_linked_library_fails(linkage_libs, capsys):
     rc, doc, _ = check_json(capsys, linkage_libs["openblas"])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+from itertools import compress
 
 import numpy as np
 
@@ -103,7 +104,7 @@ def _forwarders(img: ElfImage, dynsym: SymbolTable | None, picks: list[tuple[np.
     hit |= lazy
     per_name = hit[where]
     # a name defined more than once counts as a forwarder only if every definition is one
-    plain = {names[i] for i in np.flatnonzero(~per_name).tolist()}
+    plain = set(compress(names, (~per_name).tolist()))
     found: dict[str, Forward] = {}
     for i in np.flatnonzero(per_name).tolist():
         name, u = names[i], int(where[i])
@@ -230,17 +231,24 @@ class _Context:
         mask = np.zeros(len(offs), dtype=bool)
         if self.x86:
             ends, disps = [], []  # where each slot-naming instruction ends, and its displacement
+            # both jumps below start with ff: its positions are found once, in one pass
+            last = len(blob)
+            ff = np.flatnonzero(blob == 0xFF)
+            ff = ff[ff < last - 1]
+            after = blob[ff + 1]
             # jmp *disp32(%rip): ff 25 disp32
-            pos = np.flatnonzero((blob[:-5] == 0xFF) & (blob[1:-4] == 0x25))
+            pos = ff[(after == 0x25) & (ff < last - 5)]
             ends.append(pos + 6)
             disps.append(_disp32(blob, pos + 2))
             # mov reg, disp32(%rip) (REX.W 8b, mod 00 rm 101), in a body that jumps to a register
-            reg = (blob[:-1] == 0xFF) & ((blob[1:] & 0xF8) == 0xE0)
             by_reg = np.zeros(len(offs), dtype=bool)
-            by_reg[_row(start, np.flatnonzero(reg))] = True
-            pos = np.flatnonzero(((blob[:-6] == 0x48) | (blob[:-6] == 0x4C)) & (blob[1:-5] == 0x8B)
-                                 & ((blob[2:-4] & 0xC7) == 0x05))
-            pos = pos[by_reg[_row(start, pos)]]
+            by_reg[_row(start, ff[(after & 0xF8) == 0xE0])] = True
+            pos = np.zeros(0, dtype=np.int64)
+            if by_reg.any():
+                pos = np.flatnonzero(blob[1:-5] == 0x8B)  # the opcode: rarer than the REX.W byte
+                rex = blob[pos]
+                pos = pos[((rex == 0x48) | (rex == 0x4C)) & ((blob[pos + 2] & 0xC7) == 0x05)]
+                pos = pos[by_reg[_row(start, pos)]]
             ends.append(pos + 7)
             disps.append(_disp32(blob, pos + 3))
             end, disp = np.concatenate(ends), np.concatenate(disps)
@@ -383,14 +391,13 @@ class _Context:
                     or sec.offset + sec.size > self.img.size or sec.size < stride:
                 continue
             count = sec.size // stride
-            rows = self.u8[sec.offset:sec.offset + count * stride].reshape(count, stride).astype(np.int64)
+            rows = self.u8[sec.offset:sec.offset + count * stride].reshape(count, stride)
             entry = sec.addr + stride * np.arange(count)
             for at in (0, 1, 4, 5) if stride == 16 else (0, 1):  # ff 25 after nothing, bnd, endbr64, both
-                hit = (rows[:, at] == 0xFF) & (rows[:, at + 1] == 0x25)
-                disp = rows[:, at + 2] | rows[:, at + 3] << 8 | rows[:, at + 4] << 16 | rows[:, at + 5] << 24
-                disp = np.where(disp >= 1 << 31, disp - (1 << 32), disp)
-                slot = entry + at + 6 + disp
-                self._dlsym_plt.update(entry[hit & np.isin(slot, slots)].tolist())
+                k = np.flatnonzero((rows[:, at] == 0xFF) & (rows[:, at + 1] == 0x25))
+                disp = np.ascontiguousarray(rows[k, at + 2:at + 6]).view("<i4")[:, 0].astype(np.int64)
+                slot = entry[k] + at + 6 + disp
+                self._dlsym_plt.update(entry[k][np.isin(slot, slots)].tolist())
         return self._dlsym_plt
 
     def data(self, addr: int, size: int) -> bytes | None:

@@ -88,7 +88,7 @@ def _open(path: str) -> tuple[int, int]:
 
 def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
              api_prefixes: tuple[bytes, ...] = (), meanwhile: Callable[[bool], object] | None = None,
-             on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
+             on_symbols: Callable[[SymbolColumns], object] | None = None, sha256: bool = True) -> ElfInfo:
     """Read one ELF file. Keeps imports always and other symbols when their (bytes) names match
     `symbol_pattern` (searched anywhere in the name; see audit.elf.symbols). Where the object
     imports dlsym/dlvsym, strings in its data that are identifiers starting with one of
@@ -97,7 +97,8 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
     path; `device_code`: whether the file has a GPU code section, so work only kernels need can
     be left), and
     `on_symbols(symbols)` once the kept symbols are known while a helper still reads (the caller
-    may start on them); neither is called if no helper reads. Raises InputError."""
+    may start on them); neither is called if no helper reads. `sha256=False`: the file is not
+    hashed (ElfInfo.sha256 stays ""), for a caller that shows no hash. Raises InputError."""
     path = os.fspath(path)
     fd, size = _open(path)
     try:
@@ -109,7 +110,7 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
         os.close(fd)
     try:
         info = read_elf_buffer(path, mm, symbol_pattern, hash_path=path, api_prefixes=api_prefixes,
-                               meanwhile=meanwhile, on_symbols=on_symbols)
+                               meanwhile=meanwhile, on_symbols=on_symbols, sha256=sha256)
         info.read_assembled_names = functools.partial(read_assembled_names, path)
         return info
     finally:
@@ -146,20 +147,24 @@ def assembled_names_in(buf) -> list[StringHit]:
 def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = None, *,
                     hash_path: str | None = None, api_prefixes: tuple[bytes, ...] = (),
                     meanwhile: Callable[[bool], object] | None = None,
-                    on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
+                    on_symbols: Callable[[SymbolColumns], object] | None = None, sha256: bool = True) -> ElfInfo:
     """read_elf on bytes already in memory (an archive member); `name` labels it in messages.
     `buf` must offer find/rfind (bytes, mmap): the string scans use them. The sha256 is of
-    `buf`, or of the file at `hash_path` read plainly (then mapped pages are not all touched)."""
+    `buf`, or of the file at `hash_path` read plainly (then mapped pages are not all touched);
+    none with `sha256=False`."""
     if len(buf) == 0:
         raise InputError(f"{name}: empty file (0 bytes), not an ELF file")
     digest: dict[str, str] = {}
-    if hash_path is not None:
+    if not sha256:
+        hasher = None
+    elif hash_path is not None:
         hasher = hashing.Hasher(hash_path)  # a large file: in a forked child (audit.elf.hashing)
     else:
         hasher = threading.Thread(target=lambda: digest.setdefault("sha256", hashlib.sha256(buf).hexdigest()),
                                   daemon=True)
     pre, sel = _prescan(buf, symbol_pattern)  # forks: before any thread of ours starts
-    hasher.start()
+    if hasher is not None:
+        hasher.start()
     try:
         info = _parse(name, buf, symbol_pattern, api_prefixes, pre, sel, meanwhile, on_symbols)
     except _MALFORMED as exc:
@@ -170,12 +175,12 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
     finally:
         if isinstance(hasher, hashing.Hasher):
             digest["sha256"] = hasher.result() or ""
-        else:
+        elif hasher is not None:
             hasher.join()
         if pre is not None:
             pre.close()
     info.sha256 = digest.get("sha256", "")
-    if not info.sha256:
+    if not info.sha256 and sha256:
         raise InputError(f"{name}: could not hash the file")
     return info
 

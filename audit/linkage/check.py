@@ -44,11 +44,14 @@ class CachedReader:
     """read_elf with the policy's symbol filter, cached by real path for the whole run (one per
     file system: this machine's, or an image's)."""
 
-    def __init__(self, policy: Policy, read_elf: Callable | None = None, fs: FileSystem = HOST):
+    def __init__(self, policy: Policy, read_elf: Callable | None = None, fs: FileSystem = HOST,
+                 sha256: bool = True):
         self._read_elf = read_elf or (_default_read_elf() if fs is HOST else fs.read_elf)
         self._pattern = policy.symbol_pattern
         # vendor API names as strings (dlsym evidence)
         self._more = {"api_prefixes": policy.api_prefixes} if read_elf is None else {}
+        if not sha256 and read_elf is None and fs is HOST:  # no output shows the files' hashes
+            self._more["sha256"] = False
         if read_elf is None and fs is HOST:  # while the reader's helpers read: the policy's other
             # regexes compiled, then the symbols' basis for judging made (audit.linkage.scan)
             self._more["meanwhile"] = policy.prepare
@@ -150,7 +153,7 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
     except Exception as exc:
         return FileResult(path=inp.shown, verdict="error", error=_error_text(exc), archive=inp.archive)
     result = FileResult(
-        path=inp.shown, verdict="pass", sha256=info.sha256, size=info.size, elf_class=info.elf_class,
+        path=inp.shown, verdict="pass", sha256=info.sha256 or None, size=info.size, elf_class=info.elf_class,
         machine=info.machine, elf_type=info.elf_type, soname=info.soname, needed=list(info.needed),
         rpath=list(info.rpath), runpath=list(info.runpath),
         version_needs=[vn.file for vn in info.version_needs],
@@ -240,14 +243,17 @@ def _shipped(check_one, audited: set[str], in_images: dict[int, set[str]]):
 
 def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
                 read_elf: Callable | None = None, today: _dt.date | None = None,
-                jobs: int | None = None, limits: ArchiveLimits | None = None, timing: bool = False) -> CheckReport:
+                jobs: int | None = None, limits: ArchiveLimits | None = None, timing: bool = False,
+                sha256: bool = True) -> CheckReport:
     """Audit every ELF file under `paths` (files, directories, wheels, conda packages, container
     images) against `policy`.
 
     `jobs`: processes to audit files on this machine's file system with (None: one per core
     when there is enough to do); the report is the same for any number. `limits`: what an
     archive member may unpack to (ArchiveLimits' defaults when None). `timing`: the report
-    carries the elapsed time (then two runs no longer give the same bytes)."""
+    carries the elapsed time (then two runs no longer give the same bytes). `sha256=False`: the
+    files on this machine are not hashed (FileResult.sha256 stays None), for outputs that show
+    no hash: hashing libtorch_cpu.so's 434 MB is ~0.3 s of CPU, more than any other step."""
     start = time.perf_counter()
     options = options or ResolveOptions()
     today = today or _dt.datetime.now(_dt.timezone.utc).date()
@@ -257,7 +263,7 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
     def context(scope: Scope | None) -> tuple[Resolver, CachedReader]:
         if scope not in contexts:
             fs = HOST if scope is None else scope.fs
-            read = CachedReader(policy, read_elf if fs is HOST else None, fs)
+            read = CachedReader(policy, read_elf if fs is HOST else None, fs, sha256)
             contexts[scope] = Resolver(options if scope is None else scope.options(options), policy, read, fs), read
         return contexts[scope]
 

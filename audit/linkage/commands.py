@@ -11,6 +11,10 @@ import click
 from audit.elf.quiet_numpy import import_numpy
 from audit.errors import UsageError
 
+# Outputs that carry each file's sha256 (JSON and SARIF list it; JUnit reads it as "the file was
+# read"): the files are hashed only when one of them is asked for.
+HASHED_FORMATS = frozenset({"json", "sarif", "junit"})
+
 
 @click.command("check")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
@@ -72,7 +76,20 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     # and few reference cycles: the collector runs less often (~7 passes instead of ~120 on
     # libtorch_cpu.so, tens of milliseconds).
     gc.set_threshold(10_000, 10, 10)
-    if len(paths) == 1 and os.path.isfile(paths[0]):  # one large ELF file: hashed while the rest loads
+    from audit.linkage.outputs import (
+        OutputSpec,
+        check_destinations,
+        parse_format,
+        write_outputs,
+    )
+
+    specs = [parse_format(f) for f in formats]
+    if write_baseline is not None:
+        specs = (specs or [OutputSpec("text")]) + [OutputSpec("json", write_baseline)]
+    # Each file's sha256 only where an output carries it: the text log and the GitHub
+    # annotations show none, and hashing libtorch_cpu.so's 434 MB costs more CPU than reading it.
+    sha256 = any(spec.format in HASHED_FORMATS for spec in specs)
+    if sha256 and len(paths) == 1 and os.path.isfile(paths[0]):  # one large ELF file: hashed while the rest loads
         from audit.elf.hashing import prefetch
 
         prefetch(paths[0])
@@ -80,18 +97,9 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     from audit.linkage.baseline import apply_baseline, load_baseline
     from audit.linkage.check import check_paths
     from audit.linkage.inputs import ArchiveLimits
-    from audit.linkage.outputs import (
-        OutputSpec,
-        check_destinations,
-        parse_format,
-        write_outputs,
-    )
     from audit.linkage.policy import load_policy
     from audit.linkage.resolve import ResolveOptions
 
-    specs = [parse_format(f) for f in formats]
-    if write_baseline is not None:
-        specs = (specs or [OutputSpec("text")]) + [OutputSpec("json", write_baseline)]
     check_destinations(specs)
     if root is not None and not os.path.isdir(root):
         raise UsageError(f"--root {root}: not a directory")
@@ -107,7 +115,7 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     policy = load_policy(policy_path)
     baseline = load_baseline(baseline_path) if baseline_path is not None else None
     report = check_paths(list(paths), policy, ResolveOptions.from_cli(root, ldpath, use_env, conda_prefix),
-                         jobs=jobs, limits=limits, timing=timing)
+                         jobs=jobs, limits=limits, timing=timing, sha256=sha256)
     if baseline is not None:
         apply_baseline(report, baseline)
     write_outputs(report, policy, specs, verbose)
