@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <array>
 #include <vector>
 #include "flash_kernel.h"
 typedef int32_t (*fwd_t)(const fk_attention_args *);
@@ -17,7 +18,14 @@ int main(int argc, char **argv) {
     if (!h) { std::printf("dlopen: %s\n", dlerror()); return 2; }
     fwd_t flash = (fwd_t)dlsym(h, "fk_flash_forward"), naive = (fwd_t)dlsym(h, "fk_naive_forward");
     const char *(*err)() = (const char *(*)())dlsym(h, "fk_last_error");
-    const long shapes[][4] = {{2,3,1,1},{2,3,77,77},{2,2,1000,1000},{1,2,4097,4097},{2,2,77,1000},{1,3,1000,77},{2,1,1,4097},{1,2,4097,1}};
+    std::vector<std::array<long, 4>> shapes = {{2,3,1,1},{2,3,77,77},{2,2,1000,1000},{1,2,4097,4097},{2,2,77,1000},{1,3,1000,77},{2,1,1,4097},{1,2,4097,1}};
+    if (const char *m = std::getenv("FK_DRIVER_MANY"); m && *m) {
+        // the persistent grid's shapes instead: more work items than SMs (blocks loop over several,
+        // the K/V ring and the Q buffers run on across items), ragged query and key tiles
+        int sms = 0;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+        shapes = {{1, sms + 7L, 300, 1000}, {2, sms + 3L, 129, 100}, {1, 2L * sms + 1, 128, 128}, {1, sms + 1L, 256, 512}};
+    }
     std::vector<int> dims = {32, 40, 64, 72, 96, 128, 160, 192, 256};  // exact buckets and padded head dims
     const char *only = std::getenv("FK_DRIVER_DIMS");
     if (only) {  // e.g. "40,72,160": these alone (FK_DRIVER_SMALL keeps them all)

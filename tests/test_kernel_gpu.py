@@ -282,10 +282,12 @@ def _persistent_shapes():
         (2, sms + 3, 129, 100),       # Nk below one tile; the second query tile holds 1 row
         (1, 2 * sms + 1, 128, 128),   # exactly one query tile and one K/V tile per item
         (3, 5, 1000, 77),             # fewer items than SMs
+        (1, sms + 1, 256, 512),       # text cross-attention's Nk: four K/V tiles an item, ~2 items a block
+        (1, sms + 5, 200, 4100),      # Nk past the chained kernels' limit (4096): the unchained item loop
     ]
 
 
-@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("case", range(6))
 @pytest.mark.parametrize("d", [64, 72, 128, 160, 192, 200, 256])  # every wgmma bucket, exact and padded
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_many_work_items(lib, case, d, dtype):
@@ -304,3 +306,22 @@ def test_many_work_items(lib, case, d, dtype):
     per_head = (torch.linalg.vector_norm((out.double() - ref).transpose(0, hdim).flatten(1), dim=1)
                 / torch.linalg.vector_norm(ref.transpose(0, hdim).flatten(1), dim=1))
     assert per_head.max().item() <= 2 * TOL[dtype], f"{shape} d {d}: worst head rel L2 {per_head.max().item():.3g}"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_non_finite_input_stays_in_its_head(lib, d):
+    """A NaN in one head's keys makes that head's output NaN and leaves every other head exact:
+    the persistent grid's blocks run on from item to item (at short Nk chained, one item's last
+    P V beside the next one's first S) and nothing of an item may carry over into the next."""
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shape, bad = (1, 2 * sms + 3, 256, 512), 5
+    q, k, v = _make(*shape, d, torch.bfloat16, "bhnd", gen)
+    k[0, bad, 17, 3] = float("nan")
+    out = _run(lib, q, k, v, "bhnd", naive=False)
+    assert lib.last_flash_path() == _expected_path(lib, torch.bfloat16)
+    assert torch.isnan(out[0, bad]).all()
+    keep = [h for h in range(shape[1]) if h != bad]
+    err = _rel_l2(out[:, keep], _reference(q[:, keep], k[:, keep], v[:, keep], 1.0 / math.sqrt(d), "bhnd"))
+    assert err <= TOL[torch.bfloat16], f"rel L2 {err:.3g} (seed {gen.initial_seed()})"
