@@ -283,7 +283,7 @@ def _persistent_shapes():
         (1, 2 * sms + 1, 128, 128),   # exactly one query tile and one K/V tile per item
         (3, 5, 1000, 77),             # fewer items than SMs
         (1, sms + 1, 256, 512),       # text cross-attention's Nk: four K/V tiles an item, ~2 items a block
-        (1, sms + 5, 200, 4100),      # Nk past the chained kernels' limit (4096): the unchained item loop
+        (1, sms + 5, 200, 4100),      # Nk past the chained kernels' limit (2048): the unchained item loop
     ]
 
 

@@ -114,16 +114,18 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
                        const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md, int64_t items) {
 #if defined(FK_WGMMA_DEVICE_OK)
     using T = WgmmaTile<D, kChain>;
-    constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks, QR = T::kQRows, QB = T::kQBufs;
+    // S: V slots (and K slots, but in the chained bucket-128 kernel, whose K ring is SK deep)
+    constexpr int BM = T::BM, BN = T::BN, S = T::kStages, SK = T::kKStages, CB = T::kColBlocks, QR = T::kQRows,
+                  QB = T::kQBufs;
     constexpr int kRowBytes = 128;  // one swizzled row of a column block
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t sk = sq + QB * T::kQBytes;       // Q buffer b: sq + b * kQBytes; stage s: sk + s * kKVBytes
-    const uint32_t sv = sk + S * T::kKVBytes;
+    const uint32_t sk = sq + QB * T::kQBytes;       // Q buffer b: sq + b * kQBytes; K slot s: sk + s * kKVBytes
+    const uint32_t sv = sk + SK * T::kKVBytes;      // V slot s: sv + s * kKVBytes
     const uint32_t q_full = sv + S * T::kKVBytes;   // 8-byte mbarriers; buffer b, consumer c's Q half: + 8 (b kConsumers + c)
     const uint32_t q_empty = q_full + 8 * T::kConsumers * QB;
-    const uint32_t k_full = q_empty + 8 * T::kConsumers * QB, v_full = k_full + 8 * S, empty = v_full + 8 * S;
-    const uint32_t v_empty = T::kSplitKV ? empty + 8 * S : empty;  // split: V's own; else the slot's
+    const uint32_t k_full = q_empty + 8 * T::kConsumers * QB, v_full = k_full + 8 * SK, empty = v_full + 8 * S;
+    const uint32_t v_empty = T::kSplitKV ? empty + 8 * SK : empty;  // split: V's own; else the slot's
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const int qtiles = static_cast<int>((p.nq + BM - 1) / BM);
@@ -142,10 +144,12 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             mbar_init(q_full + 8 * c, 1);
             mbar_init(q_empty + 8 * c, 4);  // lane 0 of each of the consumer's warps
         }
-        for (int s = 0; s < S; ++s) {
+        for (int s = 0; s < SK; ++s) {
             mbar_init(k_full + 8 * s, 1);
-            mbar_init(v_full + 8 * s, 1);
             mbar_init(empty + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
+        }
+        for (int s = 0; s < S; ++s) {
+            mbar_init(v_full + 8 * s, 1);
             if (T::kSplitKV) mbar_init(v_empty + 8 * s, 4 * T::kConsumers);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -154,8 +158,12 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
 
     if (wg == 0) {  // ---------------- producer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
-        if (warp == 0 && lane == 0) {
-            int g = 0;  // K/V tiles issued so far: the ring runs on across items
+        // One thread issues Q, K and V; where the K ring is deeper than the V ring, a second one
+        // (warp 1) issues V, so that K runs ahead while V waits for its slot.
+        constexpr bool kTwoIssuers = SK != S;
+        if (lane == 0 && (warp == 0 || (kTwoIssuers && warp == 1))) {
+            const bool issue_k = !kTwoIssuers || warp == 0, issue_v = !kTwoIssuers || warp == 1;  // Q goes with K
+            int g = 0;  // K/V tiles issued so far: the rings run on across items
             int it = 0;
             for (int64_t item = first; item < last; item += step, ++it) {
                 const int64_t bh = item / qtiles;
@@ -183,27 +191,32 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
                     }
                 };
                 // chained: the other buffer is free long before, so Q goes ahead of the item's K/V
-                if constexpr (T::kChain) load_q();
+                if (T::kChain && issue_k) load_q();
                 for (int j = 0; j < ntiles; ++j, ++g) {
-                    const int st = g % S;
-                    if (g >= S) mbar_wait(empty + 8 * st, ((g / S) - 1) & 1);
                     const int n0 = j * BN;
-                    mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);  // (split: this waited for K's slot alone)
+                    if (issue_k) {
+                        const int st = g % SK;
+                        if (g >= SK) mbar_wait(empty + 8 * st, ((g / SK) - 1) & 1);
+                        mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);  // (split: this waited for K's slot alone)
 #pragma unroll
-                    for (int cb = 0; cb < CB; ++cb)
-                        if (cb < cbn)
-                        tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
-                                    pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
-                    if (T::kSplitKV && g >= S) mbar_wait(v_empty + 8 * st, ((g / S) - 1) & 1);
-                    mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
+                        for (int cb = 0; cb < CB; ++cb)
+                            if (cb < cbn)
+                            tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
+                                        pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
+                    }
+                    if (issue_v) {
+                        const int st = g % S;
+                        if (T::kSplitKV && g >= S) mbar_wait(v_empty + 8 * st, ((g / S) - 1) & 1);
+                        mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
 #pragma unroll
-                    for (int cb = 0; cb < CB; ++cb)
-                        if (cb < cbn)
-                        tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
-                                    pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
+                        for (int cb = 0; cb < CB; ++cb)
+                            if (cb < cbn)
+                            tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
+                                        pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
+                    }
                     // one Q buffer: Q after the item's first K/V tile, which may go ahead while a
                     // consumer still reads its half of the previous item's Q
-                    if (!T::kChain && j == 0) load_q();
+                    if (!T::kChain && j == 0 && issue_k) load_q();
                 }
             }
         }
@@ -415,7 +428,9 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             const int g = g0 + j;
             const int st = g % S, pst = (g - 1) % S;
             mbar_wait(k_full + 8 * st, (g / S) & 1);
-            if (!T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            // V(g-1) before the turn, with K(g), but in the wide buckets with K and V released
+            // apart: there P(g-1) V(g-1) is issued after S(g) and the early rescale, behind a fence
+            if (!(T::kSplitKV && T::kWide)) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
             my_turn();
             fence_regs(s);
             fence_regs(o);
@@ -425,7 +440,7 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
 #if FK_WGMMA_OVERLAP
             // S(j) and P(j-1) V(j-1) in two groups: the exponentials of S(j) run while P V is in flight.
             wg_commit();
-            if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            if (T::kSplitKV && T::kWide) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
             early_rescale();
             issue_pv(pst);
             wg_commit();
@@ -438,7 +453,7 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             wg_wait<0>();
             fence_regs(o);
 #else
-            if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            if (T::kSplitKV && T::kWide) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
             early_rescale();
             issue_pv(pst);
             wg_commit();
@@ -483,30 +498,32 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
         const int64_t tiles = (last - first + step - 1) / step * ntiles;  // this block's K/V tiles, in order
         int64_t item = first;
         int j = 0;             // tile g's index within its item (it: the item's index in this block)
-        int st = 0, ph = 0;    // tile g's ring slot and that slot's phase
+        int kst = 0, kph = 0;  // tile g's K slot and that slot's phase
+        int vst = 0, vph = 0;  // tile g's V slot and phase
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
         m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
         mbar_wait(q_full + 8 * c, 0);  // Q buffer 0's first use
         {  // g = 0: S(0) alone
-            mbar_wait(k_full + 8 * st, ph);
+            mbar_wait(k_full + 8 * kst, kph);
             my_turn();
             fence_regs(s);
             wg_fence();
-            issue_s(st, 0);
+            issue_s(kst, 0);
             wg_commit();
             their_turn();
             wg_wait<0>();
             fence_regs(s);
-            release_k(st);
+            release_k(kst);
             if (ntiles == 1) release_q(0);
             float a0, a1;
             probs(0, a0, a1);
             finish(a0, a1);
         }
         for (int64_t g = 1; g < tiles; ++g) {
-            const int pst = st, pph = ph;  // tile g-1's slot: its V is read in this turn
-            if (++st == S) st = 0, ph ^= 1;
+            const int pst = vst, pph = vph;  // tile g-1's V slot: read in this turn
+            if (++vst == S) vst = 0, vph ^= 1;
+            if (++kst == SK) kst = 0, kph ^= 1;
             const int64_t prev = item;
             if (++j == ntiles) {  // tile g starts the next item
                 j = 0;
@@ -515,22 +532,22 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             }
             const int qb = it % QB;
             if (j == 0) mbar_wait(q_full + 8 * (qb * T::kConsumers + c), (it / QB) & 1);
-            mbar_wait(k_full + 8 * st, ph);
-            // V(g-1) was loaded right after K(g-1): waiting for it here, before the turn, keeps the
+            mbar_wait(k_full + 8 * kst, kph);
+            // V(g-1) was loaded a turn before K(g): waiting for it here, before the turn, keeps the
             // wait's branch from between the two issues (ptxas would fence the second)
             mbar_wait(v_full + 8 * pst, pph);
             my_turn();
             fence_regs(s);
             fence_regs(o);
             wg_fence();
-            issue_s(st, qb);
+            issue_s(kst, qb);
             wg_commit();
             issue_pv(pst);
             wg_commit();
             their_turn();
             wg_wait<1>();
             fence_regs(s);
-            release_k(st);
+            release_k(kst);
             if (j == ntiles - 1) release_q(qb);
             const float e0 = l0, e1 = l1;  // the previous item's sums when tile g starts an item
             if (j == 0) m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -547,16 +564,16 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             finish(a0, a1);
         }
         {  // the last P V
-            mbar_wait(v_full + 8 * st, ph);
+            mbar_wait(v_full + 8 * vst, vph);
             my_turn();
             fence_regs(o);
             wg_fence();
-            issue_pv(st);
+            issue_pv(vst);
             wg_commit();
             their_turn();
             wg_wait<0>();
             fence_regs(o);
-            release_v(st);
+            release_v(vst);
         }
         store_o(item, l0, l1);
     }
