@@ -283,7 +283,7 @@ def _persistent_shapes():
         (1, 2 * sms + 1, 128, 128),   # exactly one query tile and one K/V tile per item
         (3, 5, 1000, 77),             # fewer items than SMs
         (1, sms + 1, 256, 512),       # text cross-attention's Nk: four K/V tiles an item, ~2 items a block
-        (1, sms + 5, 200, 4100),      # Nk past the chained kernels' limit (2048): the unchained item loop
+        (1, sms + 5, 200, 4100),      # long Nk (33 K/V tiles an item), two items a block
     ]
 
 
@@ -311,8 +311,8 @@ def test_many_work_items(lib, case, d, dtype):
 @pytest.mark.parametrize("d", [64, 128])
 def test_non_finite_input_stays_in_its_head(lib, d):
     """A NaN in one head's keys makes that head's output NaN and leaves every other head exact:
-    the persistent grid's blocks run on from item to item (at short Nk chained, one item's last
-    P V beside the next one's first S) and nothing of an item may carry over into the next."""
+    the persistent grid's blocks run on from item to item, and nothing of an item (O, the row
+    maxima and sums) may carry over into the next."""
     gen = torch.Generator(device="cuda")
     gen.seed()
     sms = torch.cuda.get_device_properties(0).multi_processor_count

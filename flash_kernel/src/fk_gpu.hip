@@ -165,7 +165,7 @@ bool wgmma_usable(int dev) {
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
                     minor == 0 &&
-                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128, false, kPersist, false>) == cudaSuccess &&
+                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128, false, kPersist>) == cudaSuccess &&
                     fa.binaryVersion == 90 && fk::wgmma::encoder() != nullptr;
     (void)cudaGetLastError();
     if (dev < 64) known[dev].store(ok ? 1 : 2);
@@ -174,13 +174,9 @@ bool wgmma_usable(int dev) {
 
 constexpr int32_t kNotTaken = -1;  // the wgmma path cannot address these tensors: take mma_sync
 
-template <class E, int D, bool kChain = false>
+template <class E, int D>
 int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStream_t s, int64_t bh_total, int dev) {
-    // buckets 64 and 128 on the persistent grid: short Nk takes the chained kernel (fk_traits.h)
-    if constexpr (!kChain && kPersist && D <= 128 && FK_WGMMA_CHAIN_MAX_NK > 0) {
-        if (p.nk <= FK_WGMMA_CHAIN_MAX_NK) return run_wgmma<E, D, true>(p, dtype, batch, s, bh_total, dev);
-    }
-    using Tile = fk::WgmmaTile<D, kChain>;
+    using Tile = fk::WgmmaTile<D>;
     if (p.nq > INT32_MAX - Tile::BM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
     const int sms = kPersist ? sm_count(dev) : 0;
     if (kPersist && sms == 0) return kNotTaken;  // the runtime cannot say how many SMs: mma_sync
@@ -193,8 +189,8 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
         !fk::wgmma::encode_cached(&tv, &md.v, dev, dtype, p.v, batch, p.heads, p.nk, p.d, p.vs, Tile::BN))
         return kNotTaken;
     const bool padded = p.d != D;
-    auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, kChain>
-                         : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist, kChain>;
+    auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist>
+                         : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist>;
     static std::atomic<uint64_t> opted[2];  // per kernel (exact, padded): devices opted in
     if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (wgmma)")) return st;
     const int64_t qtiles = (p.nq + Tile::BM - 1) / Tile::BM;

@@ -248,61 +248,19 @@ struct MmaTile {
 #ifndef FK_WGMMA_PERSISTENT
 #define FK_WGMMA_PERSISTENT 1
 #endif
-// Chained items (buckets 64 and 128 on the persistent grid, calls with Nk <= FK_WGMMA_CHAIN_MAX_NK):
-// a consumer issues the first S = Q K^T of its next item in the same turn as the last P V of the
-// current one and stores the finished item's O while the other consumer's GEMMs run, so an item
-// of n K/V tiles takes n turns instead of n + 1 (at Nk 512, four tiles, one turn in five was a
-// lone GEMM that the other consumer's softmax could not hide). The next item's S(0) needs its Q in
-// shared memory while the current item's last S still reads the other: two Q buffers, so at
-// bucket 128 the rings hold 3 K and 2 V tiles (64 + 96 + 64 KiB), K and V released apart (K(j+3)
-// loads as soon as S(j) is done). Long Nk keeps the unchained kernel (one Q buffer, 3 stages),
-// where an item boundary is one turn in Nk / BN.
-#ifndef FK_WGMMA_CHAIN_MAX_NK
-#define FK_WGMMA_CHAIN_MAX_NK 2048
-#endif
-#ifndef FK_WGMMA_CHAIN_BN_D128
-#define FK_WGMMA_CHAIN_BN_D128 128
-#endif
-#ifndef FK_WGMMA_CHAIN_STAGES_D128
-#define FK_WGMMA_CHAIN_STAGES_D128 2
-#endif
-#ifndef FK_WGMMA_CHAIN_STAGES_D64
-#define FK_WGMMA_CHAIN_STAGES_D64 4
-#endif
-#ifndef FK_WGMMA_CHAIN_SPLIT_KV  // chained kernels: K and V slots released apart (1) or together (0)
-#define FK_WGMMA_CHAIN_SPLIT_KV 1
-#endif
-// The chained bucket-128 kernel's K ring may be deeper than its V ring (K(j) is read a turn before
-// V(j)): 64 KiB Q + 3 x 32 KiB K + 2 x 32 KiB V = 224 KiB. Needs K and V released apart.
-#ifndef FK_WGMMA_CHAIN_K_STAGES_D128
-#define FK_WGMMA_CHAIN_K_STAGES_D128 3
-#endif
-// The unchained bucket-128 kernel (3 stages) releases K and V apart too (1): K(j+3) loads as soon
-// as S(j) is done rather than after P(j) V(j).
-#ifndef FK_WGMMA_SPLIT_KV_D128
-#define FK_WGMMA_SPLIT_KV_D128 1
-#endif
-// kChainT: the chained kernel of bucket D (64 and 128 only).
-template <int D, bool kChainT = false>
+template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups
     static constexpr int BM = 64 * kConsumers;           // query rows per block
     static constexpr bool kWide = D > 128;               // buckets 192 and 256
-    static constexpr bool kChain = kChainT;
-    static constexpr int BN = D == 256 ? FK_WGMMA_BN_D256 : D == 192 ? FK_WGMMA_BN_D192
-                              : (kChain && D == 128) ? FK_WGMMA_CHAIN_BN_D128 : FK_WGMMA_BN;  // keys per K/V tile
-    static constexpr int kStages = kChain      ? (D == 64 ? FK_WGMMA_CHAIN_STAGES_D64 : FK_WGMMA_CHAIN_STAGES_D128)
-                                   : D == 64  ? FK_WGMMA_STAGES_D64
+    static constexpr int BN = D == 256 ? FK_WGMMA_BN_D256 : D == 192 ? FK_WGMMA_BN_D192 : FK_WGMMA_BN;  // keys per K/V tile
+    static constexpr int kStages = D == 64    ? FK_WGMMA_STAGES_D64
                                    : D == 128 ? FK_WGMMA_STAGES_D128
                                    : D == 192 ? FK_WGMMA_STAGES_D192
                                               : FK_WGMMA_STAGES_D256;
     static constexpr bool kWidePV = D == 192 || (D == 256 && FK_WGMMA_WIDE_PV_D256);  // one wide P V wgmma
     static constexpr bool kPingPong = D == 192 ? FK_WGMMA_PINGPONG_D192 != 0 : D == 256 ? FK_WGMMA_PINGPONG_D256 != 0 : true;
-    static constexpr bool kSplitKV = (kWide && FK_WGMMA_WIDE_SPLIT_KV) || (kChain && FK_WGMMA_CHAIN_SPLIT_KV) ||
-                                     (D == 128 && !kChain && FK_WGMMA_SPLIT_KV_D128);
-    // K slots (kStages: V slots); deeper only in the chained bucket-128 kernel
-    static constexpr int kKStages = (kChain && D == 128) ? FK_WGMMA_CHAIN_K_STAGES_D128 : kStages;
-    static constexpr int kQBufs = kChain ? 2 : 1;        // Q buffers: the next item's loads while this one's is read
+    static constexpr bool kSplitKV = kWide && FK_WGMMA_WIDE_SPLIT_KV;
     static constexpr bool kEarlyRescale = kWide && FK_WGMMA_WIDE_EARLY_RESCALE;
     static constexpr int kMinDim = bucket_floor(kWgmmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kThreads = 128 * (1 + kConsumers);
@@ -311,15 +269,12 @@ struct WgmmaTile {
     static constexpr int kQBytes = BM * D * 2;
     static constexpr int kKVBytes = BN * D * 2;          // one K or one V tile
     static constexpr int kQRows = 64;                    // one consumer's half of Q: its own TMA box and barriers
-    // Q full/empty per consumer and Q buffer; per stage K/V full, empty (K's alone when split) and, split, V's empty
-    static constexpr int kBarrierBytes = 8 * (2 * kConsumers * kQBufs + 2 * kKStages + (kSplitKV ? 2 : 1) * kStages);
+    // Q full/empty per consumer; per stage K/V full, empty (K's alone when split) and, split, V's empty
+    static constexpr int kBarrierBytes = 8 * (2 * kConsumers + (kSplitKV ? 4 : 3) * kStages);
     // + 1 KiB: the dynamic shared window is aligned up to the 1 KiB swizzle period in the kernel
-    static constexpr int kSmemBytes = 1024 + kQBufs * kQBytes + (kKStages + kStages) * kKVBytes + kBarrierBytes;
+    static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;   // setmaxnreg: 24*128 + 240*256 <= 64K
     static_assert(D == 64 || D == 128 || D == 192 || D == 256, "wgmma path: buckets 64, 128, 192 and 256");
-    static_assert(!kChain || D <= 128, "wgmma path: chained items at buckets 64 and 128 only");
-    static_assert(kKStages == kStages || kSplitKV, "wgmma path: K and V rings of different depths are released apart");
-    static_assert(kKStages >= kStages, "wgmma path: the K ring is at least as deep as the V ring");
     static_assert(BN % 16 == 0 && BN >= 64 && BN <= 128, "wgmma path: S tiles of n64, n80, n96, n112 or n128");
     static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");
 };

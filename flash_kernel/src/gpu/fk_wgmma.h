@@ -105,27 +105,23 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 // kPersist: the grid is one block per SM and each block loops over work items i = blockIdx.x,
 // blockIdx.x + gridDim.x, ... of `items` (FK_WGMMA_PERSISTENT, fk_traits.h); otherwise the grid is
 // (query tiles, (batch, head) pairs from p.bh0) and each block runs the one item it names.
-// Item i is query tile i % qtiles of (batch * heads + head) i / qtiles. kChain: the chained kernel
-// (fk_traits.h; persistent grid, buckets 64 and 128): two Q buffers, and the consumers run the
-// block's K/V tiles as one sequence across items.
-template <class E, int D, bool kPad, bool kPersist, bool kChain>
-__global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
+// Item i is query tile i % qtiles of (batch * heads + head) i / qtiles.
+template <class E, int D, bool kPad, bool kPersist>
+__global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md, int64_t items) {
 #if defined(FK_WGMMA_DEVICE_OK)
-    using T = WgmmaTile<D, kChain>;
-    // S: V slots (and K slots, but in the chained bucket-128 kernel, whose K ring is SK deep)
-    constexpr int BM = T::BM, BN = T::BN, S = T::kStages, SK = T::kKStages, CB = T::kColBlocks, QR = T::kQRows,
-                  QB = T::kQBufs;
+    using T = WgmmaTile<D>;
+    constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks, QR = T::kQRows;
     constexpr int kRowBytes = 128;  // one swizzled row of a column block
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t sk = sq + QB * T::kQBytes;       // Q buffer b: sq + b * kQBytes; K slot s: sk + s * kKVBytes
-    const uint32_t sv = sk + SK * T::kKVBytes;      // V slot s: sv + s * kKVBytes
-    const uint32_t q_full = sv + S * T::kKVBytes;   // 8-byte mbarriers; buffer b, consumer c's Q half: + 8 (b kConsumers + c)
-    const uint32_t q_empty = q_full + 8 * T::kConsumers * QB;
-    const uint32_t k_full = q_empty + 8 * T::kConsumers * QB, v_full = k_full + 8 * SK, empty = v_full + 8 * S;
-    const uint32_t v_empty = T::kSplitKV ? empty + 8 * SK : empty;  // split: V's own; else the slot's
+    const uint32_t sk = sq + T::kQBytes;            // stage s: sk + s * kKVBytes
+    const uint32_t sv = sk + S * T::kKVBytes;
+    const uint32_t q_full = sv + S * T::kKVBytes;   // 8-byte mbarriers; consumer c's Q half: + 8c
+    const uint32_t q_empty = q_full + 8 * T::kConsumers;
+    const uint32_t k_full = q_empty + 8 * T::kConsumers, v_full = k_full + 8 * S, empty = v_full + 8 * S;
+    const uint32_t v_empty = T::kSplitKV ? empty + 8 * S : empty;  // split: V's own; else the slot's
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const int qtiles = static_cast<int>((p.nq + BM - 1) / BM);
@@ -140,16 +136,14 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
     const int ksteps = (dh + 15) / 16;       // k16 steps of Q K^T holding data
 
     if (threadIdx.x == 0) {
-        for (int c = 0; c < T::kConsumers * QB; ++c) {
+        for (int c = 0; c < T::kConsumers; ++c) {
             mbar_init(q_full + 8 * c, 1);
             mbar_init(q_empty + 8 * c, 4);  // lane 0 of each of the consumer's warps
         }
-        for (int s = 0; s < SK; ++s) {
-            mbar_init(k_full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
-        }
         for (int s = 0; s < S; ++s) {
+            mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
             if (T::kSplitKV) mbar_init(v_empty + 8 * s, 4 * T::kConsumers);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -158,65 +152,48 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
 
     if (wg == 0) {  // ---------------- producer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
-        // One thread issues Q, K and V; where the K ring is deeper than the V ring, a second one
-        // (warp 1) issues V, so that K runs ahead while V waits for its slot.
-        constexpr bool kTwoIssuers = SK != S;
-        if (lane == 0 && (warp == 0 || (kTwoIssuers && warp == 1))) {
-            const bool issue_k = !kTwoIssuers || warp == 0, issue_v = !kTwoIssuers || warp == 1;  // Q goes with K
-            int g = 0;  // K/V tiles issued so far: the rings run on across items
+        if (warp == 0 && lane == 0) {
+            int g = 0;  // K/V tiles issued so far: the ring runs on across items
             int it = 0;
             for (int64_t item = first; item < last; item += step, ++it) {
                 const int64_t bh = item / qtiles;
                 const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
                 const int q0 = static_cast<int>(item % qtiles) * BM;
-                const int qb = it % QB;
-                // The item's Q, in buffer qb, once the item that last used it has released it. A half
-                // wholly past nq is not loaded (its rows are computed on stale data and never
-                // stored): a plain arrive.
-                auto load_q = [&] {
+                for (int j = 0; j < ntiles; ++j, ++g) {
+                    const int st = g % S;
+                    if (g >= S) mbar_wait(empty + 8 * st, ((g / S) - 1) & 1);
+                    const int n0 = j * BN;
+                    mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);  // (split: this waited for K's slot alone)
+#pragma unroll
+                    for (int cb = 0; cb < CB; ++cb)
+                        if (cb < cbn)
+                        tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
+                                    pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
+                    if (T::kSplitKV && g >= S) mbar_wait(v_empty + 8 * st, ((g / S) - 1) & 1);
+                    mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
+#pragma unroll
+                    for (int cb = 0; cb < CB; ++cb)
+                        if (cb < cbn)
+                        tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
+                                    pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
+                    if (j != 0) continue;
+                    // Q after the item's first K/V tile, which may go ahead while a consumer still
+                    // reads its half of the previous item's Q. A half wholly past nq is not loaded
+                    // (its rows are computed on stale data and never stored): a plain arrive.
                     for (int c = 0; c < T::kConsumers; ++c) {
-                        const uint32_t full = q_full + 8 * (qb * T::kConsumers + c);
-                        if (it >= QB) mbar_wait(q_empty + 8 * (qb * T::kConsumers + c), ((it / QB) - 1) & 1);
+                        if (it > 0) mbar_wait(q_empty + 8 * c, (it - 1) & 1);
                         const int r0 = q0 + c * QR;
                         if (r0 >= p.nq) {
-                            mbar_arrive(full);
+                            mbar_arrive(q_full + 8 * c);
                             continue;
                         }
-                        mbar_expect_tx(full, cbn * QR * kRowBytes);
+                        mbar_expect_tx(q_full + 8 * c, cbn * QR * kRowBytes);
 #pragma unroll
                         for (int cb = 0; cb < CB; ++cb)
                             if (cb < cbn)
-                            tma_load_4d(sq + qb * T::kQBytes + cb * BM * kRowBytes + c * QR * kRowBytes, &tq, full,
-                                        cb * 64, pick(md.q, 1, r0, h, b), pick(md.q, 2, r0, h, b), pick(md.q, 3, r0, h, b));
+                            tma_load_4d(sq + cb * BM * kRowBytes + c * QR * kRowBytes, &tq, q_full + 8 * c, cb * 64,
+                                        pick(md.q, 1, r0, h, b), pick(md.q, 2, r0, h, b), pick(md.q, 3, r0, h, b));
                     }
-                };
-                // chained: the other buffer is free long before, so Q goes ahead of the item's K/V
-                if (T::kChain && issue_k) load_q();
-                for (int j = 0; j < ntiles; ++j, ++g) {
-                    const int n0 = j * BN;
-                    if (issue_k) {
-                        const int st = g % SK;
-                        if (g >= SK) mbar_wait(empty + 8 * st, ((g / SK) - 1) & 1);
-                        mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);  // (split: this waited for K's slot alone)
-#pragma unroll
-                        for (int cb = 0; cb < CB; ++cb)
-                            if (cb < cbn)
-                            tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
-                                        pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
-                    }
-                    if (issue_v) {
-                        const int st = g % S;
-                        if (T::kSplitKV && g >= S) mbar_wait(v_empty + 8 * st, ((g / S) - 1) & 1);
-                        mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
-#pragma unroll
-                        for (int cb = 0; cb < CB; ++cb)
-                            if (cb < cbn)
-                            tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
-                                        pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
-                    }
-                    // one Q buffer: Q after the item's first K/V tile, which may go ahead while a
-                    // consumer still reads its half of the previous item's Q
-                    if (!T::kChain && j == 0 && issue_k) load_q();
                 }
             }
         }
@@ -230,7 +207,7 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
     constexpr int kPair = 256;                // both consumer warpgroups take part in each
     auto my_turn = [&] { if constexpr (T::kPingPong) named_sync(my_bar, kPair); };
     auto their_turn = [&] { if constexpr (T::kPingPong) named_arrive(other_bar, kPair); };
-    const uint32_t sq_wg = sq + c * 64 * kRowBytes;  // this consumer's half of Q buffer 0 (+ b * kQBytes: buffer b)
+    const uint32_t sq_wg = sq + c * 64 * kRowBytes;
     const float sl2 = p.scale_log2;
 
     // k16 steps of Q K^T and n64 column blocks of P V every head dim of this bucket fills: only
@@ -240,14 +217,14 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
     float o[D / 2];           // O accumulators, same layout over the head dim
     uint32_t pf[BN / 16][4];  // P as wgmma's register A operand, one k16 step per pair of n8 tiles
     float m0, m1, l0, l1;     // running row maxima (base 2, scaled) and partial sums of rows r, r+8
-    auto issue_s = [&](int st, int qb) {  // S = Q(qb) K(st)^T over D / 16 k-steps; both operands K-major
-        const uint32_t kb = sk + st * T::kKVBytes, qw = sq_wg + qb * T::kQBytes;
+    auto issue_s = [&](int st) {  // S = Q K(st)^T over D / 16 k-steps; both operands K-major
+        const uint32_t kb = sk + st * T::kKVBytes;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
             // past the head dim Q and K hold zeros (or, in blocks never loaded, nothing): stop
             if (ks >= kMinSteps && ks >= ksteps) break;
             const uint32_t off = (ks % 4) * 32;  // k16 step inside a 128-byte row
-            const uint64_t da = smem_desc(qw + (ks / 4) * BM * kRowBytes + off, 16, 1024);
+            const uint64_t da = smem_desc(sq_wg + (ks / 4) * BM * kRowBytes + off, 16, 1024);
             const uint64_t db = smem_desc(kb + (ks / 4) * BN * kRowBytes + off, 16, 1024);
             if constexpr (BN == 128) Ops<E>::ss_n128(s, da, db, ks > 0);
             else if constexpr (BN == 112) Ops<E>::ss_n112(s, da, db, ks > 0);
@@ -365,45 +342,22 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
     };
     auto release_k = [&](int st) { if constexpr (T::kSplitKV) arrive(empty + 8 * st); };  // after S(j)
     auto release_v = [&](int st) { arrive(v_empty + 8 * st); };  // after P V; unsplit: K and V together
-    auto release_q = [&](int qb) {  // this warp's last S of the item is done: its half of Q buffer qb may be reloaded
+    auto release_q = [&] {  // this warp's last S of the item is done: its half of Q may be reloaded
         __syncwarp();
-        if (lane == 0) mbar_arrive(q_empty + 8 * (qb * T::kConsumers + c));
-    };
-    // The finished item's O, normalised by its row sums (per-thread partials sum0, sum1), to global memory.
-    auto store_o = [&](int64_t item, float sum0, float sum1) {
-        sum0 += fk_shfl_xor(sum0, 1);
-        sum0 += fk_shfl_xor(sum0, 2);
-        sum1 += fk_shfl_xor(sum1, 1);
-        sum1 += fk_shfl_xor(sum1, 2);
-        const float i0 = 1.0f / sum0, i1 = 1.0f / sum1;
-        const int64_t bh = item / qtiles;
-        const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-        const int q0 = static_cast<int>(item % qtiles) * BM;
-        uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
-        const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
-        const int col = 2 * (lane % 4);
-#pragma unroll
-        for (int t = 0; t < D / 8; ++t) {
-            if (t * 8 >= dh) break;  // padding columns
-            if (r0 < p.nq)
-                *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
-            if (r1 < p.nq)
-                *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
-        }
+        if (lane == 0) mbar_arrive(q_empty + 8 * c);
     };
 
     // With ping-pong the consumers take turns (named barriers my_bar / other_bar) without a break
-    // between items: both run the same number of turns per item (ntiles + 1; chained, ntiles and
-    // one more at the end), so the alternation carries over.
+    // between items: both run the same number of turns per item (ntiles + 1), so the alternation
+    // carries over.
     if (T::kPingPong && c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
     int g0 = 0;  // ring position of the item's first K/V tile
     int it = 0;
-    if constexpr (!T::kChain)
     for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
         m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-        mbar_wait(q_full + 8 * c, it & 1);  // one Q buffer (QB 1)
+        mbar_wait(q_full + 8 * c, it & 1);
 
         // Tile 0: S(0) alone.
         {
@@ -412,13 +366,13 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             my_turn();
             fence_regs(s);
             wg_fence();
-            issue_s(st, 0);
+            issue_s(st);
             wg_commit();
             their_turn();
             wg_wait<0>();
             fence_regs(s);
             release_k(st);
-            if (ntiles == 1) release_q(0);
+            if (ntiles == 1) release_q();
             float a0, a1;
             probs(0, a0, a1);
             finish(a0, a1);
@@ -428,19 +382,17 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             const int g = g0 + j;
             const int st = g % S, pst = (g - 1) % S;
             mbar_wait(k_full + 8 * st, (g / S) & 1);
-            // V(g-1) before the turn, with K(g), but in the wide buckets with K and V released
-            // apart: there P(g-1) V(g-1) is issued after S(g) and the early rescale, behind a fence
-            if (!(T::kSplitKV && T::kWide)) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            if (!T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
             my_turn();
             fence_regs(s);
             fence_regs(o);
             wg_fence();
-            issue_s(st, 0);
+            issue_s(st);
             float a0, a1;
 #if FK_WGMMA_OVERLAP
             // S(j) and P(j-1) V(j-1) in two groups: the exponentials of S(j) run while P V is in flight.
             wg_commit();
-            if (T::kSplitKV && T::kWide) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
             early_rescale();
             issue_pv(pst);
             wg_commit();
@@ -448,12 +400,12 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             wg_wait<1>();
             fence_regs(s);
             release_k(st);
-            if (j == ntiles - 1) release_q(0);
+            if (j == ntiles - 1) release_q();
             probs(j, a0, a1);
             wg_wait<0>();
             fence_regs(o);
 #else
-            if (T::kSplitKV && T::kWide) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
             early_rescale();
             issue_pv(pst);
             wg_commit();
@@ -462,7 +414,7 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             fence_regs(s);
             fence_regs(o);
             release_k(st);
-            if (j == ntiles - 1) release_q(0);
+            if (j == ntiles - 1) release_q();
             probs(j, a0, a1);
 #endif
             release_v(pst);
@@ -486,96 +438,25 @@ __global__ void __launch_bounds__(WgmmaTile<D, kChain>::kThreads, 1)
             release_v(pst);
         }
 
-        store_o(item, l0, l1);
-    }
-
-    // Chained: the block's K/V tiles run as one sequence g = 0, 1, ... across its items. Turn g
-    // issues S(g) = Q K(g)^T and P(g-1) V(g-1), which belongs to the previous item when tile g
-    // starts one, so an item of n tiles costs n turns. At an item's first tile the previous item's
-    // O is stored (its last P V has just completed) and O, the row maxima and the sums restart
-    // (set, not scaled by zero: a NaN or Inf in one item's inputs stays in that item).
-    if constexpr (T::kChain) {
-        const int64_t tiles = (last - first + step - 1) / step * ntiles;  // this block's K/V tiles, in order
-        int64_t item = first;
-        int j = 0;             // tile g's index within its item (it: the item's index in this block)
-        int kst = 0, kph = 0;  // tile g's K slot and that slot's phase
-        int vst = 0, vph = 0;  // tile g's V slot and phase
+        l0 += fk_shfl_xor(l0, 1);
+        l0 += fk_shfl_xor(l0, 2);
+        l1 += fk_shfl_xor(l1, 1);
+        l1 += fk_shfl_xor(l1, 2);
+        const float i0 = 1.0f / l0, i1 = 1.0f / l1;
+        const int64_t bh = item / qtiles;
+        const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+        const int q0 = static_cast<int>(item % qtiles) * BM;
+        uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
+        const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
+        const int col = 2 * (lane % 4);
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-        m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-        mbar_wait(q_full + 8 * c, 0);  // Q buffer 0's first use
-        {  // g = 0: S(0) alone
-            mbar_wait(k_full + 8 * kst, kph);
-            my_turn();
-            fence_regs(s);
-            wg_fence();
-            issue_s(kst, 0);
-            wg_commit();
-            their_turn();
-            wg_wait<0>();
-            fence_regs(s);
-            release_k(kst);
-            if (ntiles == 1) release_q(0);
-            float a0, a1;
-            probs(0, a0, a1);
-            finish(a0, a1);
+        for (int t = 0; t < D / 8; ++t) {
+            if (t * 8 >= dh) break;  // padding columns
+            if (r0 < p.nq)
+                *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
+            if (r1 < p.nq)
+                *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
         }
-        for (int64_t g = 1; g < tiles; ++g) {
-            const int pst = vst, pph = vph;  // tile g-1's V slot: read in this turn
-            if (++vst == S) vst = 0, vph ^= 1;
-            if (++kst == SK) kst = 0, kph ^= 1;
-            const int64_t prev = item;
-            if (++j == ntiles) {  // tile g starts the next item
-                j = 0;
-                ++it;
-                item += step;
-            }
-            const int qb = it % QB;
-            if (j == 0) mbar_wait(q_full + 8 * (qb * T::kConsumers + c), (it / QB) & 1);
-            mbar_wait(k_full + 8 * kst, kph);
-            // V(g-1) was loaded a turn before K(g): waiting for it here, before the turn, keeps the
-            // wait's branch from between the two issues (ptxas would fence the second)
-            mbar_wait(v_full + 8 * pst, pph);
-            my_turn();
-            fence_regs(s);
-            fence_regs(o);
-            wg_fence();
-            issue_s(kst, qb);
-            wg_commit();
-            issue_pv(pst);
-            wg_commit();
-            their_turn();
-            wg_wait<1>();
-            fence_regs(s);
-            release_k(kst);
-            if (j == ntiles - 1) release_q(qb);
-            const float e0 = l0, e1 = l1;  // the previous item's sums when tile g starts an item
-            if (j == 0) m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-            float a0, a1;
-            probs(j, a0, a1);
-            wg_wait<0>();
-            fence_regs(o);
-            release_v(pst);
-            if (j == 0) {
-                store_o(prev, e0, e1);
-#pragma unroll
-                for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-            }
-            finish(a0, a1);
-        }
-        {  // the last P V
-            mbar_wait(v_full + 8 * vst, vph);
-            my_turn();
-            fence_regs(o);
-            wg_fence();
-            issue_pv(vst);
-            wg_commit();
-            their_turn();
-            wg_wait<0>();
-            fence_regs(o);
-            release_v(vst);
-        }
-        store_o(item, l0, l1);
     }
     if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
 #else

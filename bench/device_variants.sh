@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The Hopper kernel's chained items (short Nk: text cross-attention) in one device run on an
+# The Hopper kernel's default against -D variants of it and SDPA-cuDNN in one device run on an
 # NVIDIA H200:
 #   1. builds, in parallel: the default sm_90a library with `sovereign-audit build` (into build/,
 #      where the public call flash_kernel.attention finds it; provenance for the tests), each
 #      variant of $FK_VARIANTS ("name:-DFLAG ...;...": switches of gpu/fk_traits.h) by the same nvcc
 #      command plus its flags, and, with FK_BASE_SRC=<a checkout>, that tree's sources as "base"
+#      (FK_PREBUILT=1: all of them built elsewhere by the same nvcc and carried)
 #   2. the sm_90a GPU tests (tests/test_kernel_gpu.py: float64 reference, fresh random inputs,
 #      NaN-poisoned outputs, the path of every call checked), and every variant against float64
 #      at head dims 64, 72, 128 on persistent-grid shapes (many items a block, short and long Nk)
@@ -12,15 +13,16 @@
 #      items than SMs, then racecheck on small ones
 #   4. ours through the public call, the variants and SDPA-cuDNN timed call by call
 #      (bench/kernel_bench.py) at the cross-attention, short and long self-attention and wide
-#      head-dim shapes, bf16
+#      head-dim shapes (FK_SHAPES), bf16
 # Under $OUT: summary.txt, bench.json and logs.tgz; the short table prints last.
-#   OUT=/tmp/chain bash bench/device_chain.sh        # BUDGET_S (default 300) bounds the run
+#   OUT=/tmp/v FK_VARIANTS="nostages:-DFK_WGMMA_STAGES_D128=2" bash bench/device_variants.sh
+#   BUDGET_S (default 300) bounds the run
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/chain_out}
+OUT=${OUT:-/tmp/variants_out}
 BUDGET_S=${BUDGET_S:-300}
 VB=build/variants
-LOG=/tmp/chain_logs
+LOG=/tmp/variants_logs
 mkdir -p "$OUT" "$VB" "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 FLASH_KERNEL_BUILD=$PWD/build
 START=$(date +%s)
@@ -34,10 +36,7 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
   python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'; } > "$LOG/env.txt" 2>&1
 note "env: $(tr '\n' ';' < "$LOG/env.txt")"
 
-# Each switch turned back on its own: no chained kernel, the chained kernel at every Nk, the
-# unchained bucket-128 kernel's K and V released together, the chained kernel's K ring as deep as V's.
-FK_VARIANTS=${FK_VARIANTS-"nochain:-DFK_WGMMA_CHAIN_MAX_NK=0;chainall:-DFK_WGMMA_CHAIN_MAX_NK=2147483647;\
-nosplit128:-DFK_WGMMA_SPLIT_KV_D128=0;k2:-DFK_WGMMA_CHAIN_K_STAGES_D128=2"}
+FK_VARIANTS=${FK_VARIANTS-}
 
 # 1. Builds, in parallel. FK_PREBUILT=1: the libraries are already there (build/sm_90a by
 #    `sovereign-audit build`, with provenance; build/variants/<name>, base included), built by the
@@ -141,7 +140,7 @@ note "racecheck (default; many items, small, d 64,128): $(grep -E 'RACECHECK SUM
 SHAPES=${FK_SHAPES:-"1,12,32760,512,128 2,40,32760,512,128 8,16,2048,2048,128 2,24,8192,8192,128 1,24,4608,4608,128
         1,16,16384,16384,32 1,12,32760,32760,128 1,12,16384,16384,256 1,16,16384,16384,192 1,16,16384,16384,160"}
 ARGS=(); for s in $SHAPES; do ARGS+=(--shape "$s"); done
-for l in "${LIBS[@]}"; do ARGS+=(--lib "${l%%=*}@32,64,128=${l#*=}"); done  # the variants touch buckets 64 and 128 only
+for l in "${LIBS[@]}"; do ARGS+=(--lib "${l%%=*}${FK_VARIANT_DIMS:+@$FK_VARIANT_DIMS}=${l#*=}"); done  # e.g. FK_VARIANT_DIMS=32,64,128
 t=$(( $(left) - 10 )); [ "$t" -gt 240 ] && t=240
 timeout -k 5 "$t" python3 bench/kernel_bench.py "${ARGS[@]}" --dtype bf16 --torch-methods sdpa_cudnn \
     --repeats 10 --warmup 2 --rotate 2 --json "$OUT/bench.json" > "$LOG/bench.txt" 2>&1
