@@ -84,9 +84,8 @@ def _forwarders(img: ElfImage, dynsym: SymbolTable | None, picks: list[tuple[np.
             continue
         code = ((sub["st_shndx"] != SHN_UNDEF) & (sub["st_shndx"] < SHN_LORESERVE)
                 & np.isin(sub["st_info"] & 0xF, list(_STT_CODE)) & (sub["st_value"] != 0))
-        keep = np.flatnonzero(code)
-        parts.append(sub[keep])
-        names += [kept[i] for i in keep.tolist()]
+        parts.append(sub[code])
+        names += compress(kept, code.tolist())
     if not names:
         return []
     sub = np.concatenate([p[["st_shndx", "st_value", "st_size"]].astype(

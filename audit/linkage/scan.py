@@ -42,16 +42,48 @@ def symbol_basis(symbols, policy: Policy, keep: bool = False) -> tuple[set[str],
     if hit is not None and hit[0] is policy:
         return hit[1]
     kinds, names_all, flags, tables_of = _columns(symbols)
-    if _NOT_CODE.intersection(kinds):
-        code = list(map(not_, map(_NOT_CODE.__contains__, kinds)))
-        names_all, flags, tables_of = (list(compress(c, code)) for c in (names_all, flags, tables_of))
+    if _NOT_CODE.intersection(kinds):  # a few rows (74 of 85k in libtorch_cpu): cut around them
+        drop = list(compress(range(len(kinds)), map(_NOT_CODE.__contains__, kinds)))
+        names_all, flags, tables_of = (_without(c, drop) for c in (names_all, flags, tables_of))
     defined = set(compress(names_all, flags))
     imported = set(compress(names_all, map(not_, flags)))
-    in_table = {t: set(compress(names_all, map(t.__eq__, tables_of))) for t in set(tables_of)}
+    in_table: dict[str, set[str]] = {}
+    for table, lo, hi in _runs(tables_of):  # each table's rows are one run (SymbolColumns.extend)
+        in_table.setdefault(table, set()).update(names_all[lo:hi])
     basis = defined, imported, in_table, policy.symbol_groups(defined | imported)
     if keep and memo is not None:
         memo["basis"] = (policy, basis)
     return basis
+
+
+def _without(column: list, drop: list[int]) -> list:
+    """`column` without the rows at the (sorted) positions `drop`, copied a stretch at a time."""
+    out: list = []
+    at = 0
+    for k in drop:
+        out += column[at:k]
+        at = k + 1
+    out += column[at:]
+    return out
+
+
+def _runs(column: list) -> list[tuple[object, int, int]]:
+    """(value, start, stop) of each run of equal values in `column`, found with list.index (in C):
+    a reader's table column is a run or two, never a Python statement per row."""
+    values = set(column)
+    out = []
+    at, n = 0, len(column)
+    while at < n:
+        value, stop = column[at], n
+        for other in values:
+            if other != value:
+                try:
+                    stop = column.index(other, at, stop)
+                except ValueError:
+                    pass
+        out.append((value, at, stop))
+        at = stop
+    return out
 
 
 def prejudge(policy: Policy, symbols) -> None:
