@@ -128,7 +128,9 @@ template <class E, int D>
 int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev) {
     using Tile = fk::MmaTile<D>;
     const bool padded = p.d != D;
-    auto kernel = padded ? fk::mma::flash_mma_kernel<E, D, true> : fk::mma::flash_mma_kernel<E, D, false>;
+    // a bucket whose smallest head dim is D itself (32) has no padded kernel
+    constexpr bool kHasPadded = Tile::kMinDim < D;
+    auto kernel = padded && kHasPadded ? fk::mma::flash_mma_kernel<E, D, kHasPadded> : fk::mma::flash_mma_kernel<E, D, false>;
     static std::atomic<uint64_t> opted[2];  // per kernel (exact, padded): devices opted in
     if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (mma_sync)")) return st;
     const int32_t st = launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)");
@@ -243,8 +245,12 @@ int32_t dispatch_flash(const fk::FlashParams &p, int32_t dtype, int64_t d, int64
     if (dtype != FK_DTYPE_F32) {
         const bool h = dtype == FK_DTYPE_F16;
         switch (fk::bucket_of(fk::kMmaBuckets, d)) {
+            case 32: return h ? run_mma<fk::F16, 32>(p, s, bh, dev) : run_mma<fk::BF16, 32>(p, s, bh, dev);
             case 64: return h ? run_mma<fk::F16, 64>(p, s, bh, dev) : run_mma<fk::BF16, 64>(p, s, bh, dev);
+            case 96: return h ? run_mma<fk::F16, 96>(p, s, bh, dev) : run_mma<fk::BF16, 96>(p, s, bh, dev);
             case 128: return h ? run_mma<fk::F16, 128>(p, s, bh, dev) : run_mma<fk::BF16, 128>(p, s, bh, dev);
+            case 160: return h ? run_mma<fk::F16, 160>(p, s, bh, dev) : run_mma<fk::BF16, 160>(p, s, bh, dev);
+            case 192: return h ? run_mma<fk::F16, 192>(p, s, bh, dev) : run_mma<fk::BF16, 192>(p, s, bh, dev);
             case 256: return h ? run_mma<fk::F16, 256>(p, s, bh, dev) : run_mma<fk::BF16, 256>(p, s, bh, dev);
             default: return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld has no mma_sync kernel", (long long)d);
         }

@@ -96,57 +96,85 @@ FK_DEVICE float ex2(float x) {
     return y;
 }
 
-// Byte offset of 16-byte chunk c of row r in a [rows][D] 16-bit tile: the chunk index is XORed
-// with r mod 8, so the 8 row addresses of one ldmatrix phase fall in 8 different bank groups.
-template <int D> FK_DEVICE uint32_t swz(int r, int c) {
-    return uint32_t(r * (D * 2) + ((c ^ (r & 7)) << 4));
+// Byte offset of 16-byte chunk c of row r in a [rows][D] 16-bit tile. Chunks are swizzled within
+// aligned groups of 8 (128 bytes): the chunk index is XORed with r mod 8, so the 8 row addresses of
+// one ldmatrix phase fall in 8 different bank groups. A row of D = 32 (mod 64) ends in a group of 4
+// (D 32, 96, 160): there the index is XORed with (r / 2) mod 4. Rows of such D are 64 bytes (mod 128)
+// long, so rows r and r + 1 already sit half a bank period apart, and both rules keep 8
+// consecutive rows apart.
+// swz2 is the same for chunk c0 + b of an ldmatrix pair (c0 even, from the unrolled loop indices; b
+// 0 or 1, from the lane), whose group c0 alone decides, so that the rule folds at compile time.
+template <int D> FK_DEVICE uint32_t swz2(int r, int c0, int b) {
+    constexpr int C = D / 8;
+    const int x = C % 8 == 0 || (c0 | 7) < C ? r & 7 : (r >> 1) & 3;
+    return uint32_t(r * (D * 2) + (((c0 + b) ^ x) << 4));
 }
+template <int D> FK_DEVICE uint32_t swz(int r, int c) { return swz2<D>(r, c, 0); }
 
-// The cp.async copies of one BM|BN x D tile. Each thread keeps one chunk column c = tid % C of rows
-// tid / C + i * RP (RP = NT / C): per copy one 64-bit pointer step and one cp.async; the bound test
-// only on a ragged tile. Where RP is a multiple of 8 the swizzle of its chunk is the same on every
-// row it copies (one offset); else (D 256: RP 4) it is recomputed per copy from the unrolled i.
+// The cp.async copies of one BM|BN x D tile. TC threads span a row (the largest power of 2 that
+// divides its C = D / 8 chunks); each thread keeps the chunk columns c, c + TC, ... (CPT of them,
+// c = tid % TC) of rows tid / TC + i * RP (RP = NT / TC): per copy one 64-bit pointer step and one
+// cp.async; the bound test only on a ragged tile (where RP > ROWS, threads past the tile's rows copy
+// nothing). Where RP is a multiple of 8 the swizzle of a
+// chunk is the same on every row the thread copies (one offset per chunk column); else (RP 4) it
+// is recomputed per copy from the unrolled i.
 // (A loop over i = tid, tid + NT, ... recomputing row, chunk and bound per copy was ~25 SASS
 // instructions a copy, ~400 per tile: 16-20 % slower, docs/perf.md "Fast loader".)
 // Masked rows, and chunk columns past the head dim d (the bucket's padding), zero-fill from row 0,
 // chunk 0 of the head: never a read past the tensor.
 template <int D, int ROWS, int NT, bool kPad>
 struct TileCopy {
-    static constexpr int C = D / 8, RP = NT / C, IT = ROWS / RP;
-    static constexpr bool kOk = NT % C == 0 && ROWS % RP == 0;
-    uint32_t soff;   // byte offset of this thread's first chunk in the tile
-    int row;         // its first row (tid / C)
-    int c;           // its chunk column
-    int bytes;       // 16, or 0 for a padding column (past d): zero-filled, nothing read
-    int64_t step;    // elements between its consecutive rows (RP rows; 0 for a padding column)
+    static constexpr int C = D / 8;
+    static constexpr int TC = (C & -C) < NT ? (C & -C) : NT;
+    static constexpr int CPT = C / TC, RP = NT / TC;
+    static constexpr bool kIdle = RP > ROWS;  // more rows of threads than the tile has: the rest sit out
+    static constexpr int IT = kIdle ? 1 : ROWS / RP;
+    static constexpr bool kOk = C % TC == 0 && (kIdle || ROWS % RP == 0);
+    uint32_t soff[CPT];  // byte offset of this thread's chunk columns in its first row
+    int row;             // its first row (tid / TC)
+    int c;               // its first chunk column
+    uint32_t live;       // bit k: chunk column c + k * TC holds data (is below d); 0 bits zero-fill
+    int64_t step;        // elements between its consecutive rows (RP rows; 0 when no column is live)
     FK_DEVICE TileCopy(int64_t rs, int d) {
-        c = threadIdx.x % C;
-        row = threadIdx.x / C;
-        soff = swz<D>(row, c);
-        bytes = !kPad || c * 8 < d ? 16 : 0;
-        step = bytes ? RP * rs : 0;
+        c = threadIdx.x % TC;
+        row = threadIdx.x / TC;
+        live = 0;
+#pragma unroll
+        for (int k = 0; k < CPT; ++k) {
+            soff[k] = swz<D>(row, c + k * TC);
+            if (!kPad || (c + k * TC) * 8 < d) live |= 1u << k;
+        }
+        step = live ? RP * rs : 0;
     }
-    FK_DEVICE uint32_t off(int i) const {
-        return RP % 8 == 0 ? soff + i * RP * D * 2 : swz<D>(row + i * RP, c);
+    FK_DEVICE uint32_t off(int i, int k) const {
+        return RP % 8 == 0 ? soff[k] + i * RP * D * 2 : swz<D>(row + i * RP, c + k * TC);
     }
     // gt: this thread's first element of the tile (tile row `row`, chunk c); g0: a safe source
     // for zero-filled copies (row 0 of the head); rem: rows of the tile still inside the tensor.
-    // Padding-column threads pass gt == g0 (see src()).
+    // Threads with no live column pass gt == g0 (see src()).
     FK_DEVICE void load(uint32_t sbase, const uint16_t *gt, const uint16_t *g0, int64_t rem) const {
+        if (kIdle && row >= ROWS) return;
         if (rem >= ROWS) {
 #pragma unroll
-            for (int i = 0; i < IT; ++i) cp_async16(sbase + off(i), gt + i * step, bytes);
+            for (int i = 0; i < IT; ++i)
+#pragma unroll
+                for (int k = 0; k < CPT; ++k) {
+                    const bool on = !kPad || (live >> k) & 1;
+                    cp_async16(sbase + off(i, k), on ? gt + i * step + k * TC * 8 : g0, on ? 16 : 0);
+                }
         } else {
 #pragma unroll
-            for (int i = 0; i < IT; ++i) {
-                const bool in = row + i * RP < rem;
-                cp_async16(sbase + off(i), in ? gt + i * step : g0, in ? bytes : 0);
-            }
+            for (int i = 0; i < IT; ++i)
+#pragma unroll
+                for (int k = 0; k < CPT; ++k) {
+                    const bool on = row + i * RP < rem && (!kPad || (live >> k) & 1);
+                    cp_async16(sbase + off(i, k), on ? gt + i * step + k * TC * 8 : g0, on ? 16 : 0);
+                }
         }
     }
-    // This thread's source in a head: chunk c of row r, or row 0 chunk 0 for a padding column.
+    // This thread's source in a head: chunk c of row r, or row 0 chunk 0 when no column is live.
     FK_DEVICE const uint16_t *src(const uint16_t *head, int64_t r, int64_t rs) const {
-        return bytes ? head + r * rs + c * 8 : head;
+        return live ? head + r * rs + c * 8 : head;
     }
 };
 
@@ -176,15 +204,16 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
 
     using CopyQ = TileCopy<D, BM, NT, kPad>;
     using CopyKV = TileCopy<D, BN, NT, kPad>;
-    static_assert(CopyQ::kOk && CopyKV::kOk, "tile copy: needs D/8 dividing the threads, threads/(D/8) dividing BM and BN");
+    static_assert(CopyQ::kOk && CopyKV::kOk, "tile copy: needs the rows of one pass (threads / TC) to divide BM and BN");
     const int dh = kPad ? p.d : D;       // the head dim: columns dh..D-1 are zero padding
-    const int ksteps = (dh + 15) / 16;   // k16 steps of Q K^T that hold data
-    const int dsteps = (dh + 15) / 16;   // pairs of n8 tiles of O that hold data
+    // k16 steps of Q K^T, and pairs of n8 tiles of O, that hold data (all of them without FK_MMA_PAD_SKIP)
+    const int ksteps = FK_MMA_PAD_SKIP ? (dh + 15) / 16 : KS;
+    const int dsteps = FK_MMA_PAD_SKIP ? (dh + 15) / 16 : DT / 2;
     const CopyQ cq(p.qs[2], dh);
     const CopyKV ck(p.ks[2], dh), cv(p.vs[2], dh);
     const uint16_t *const k00 = ck.src(k, 0, 0), *const v00 = cv.src(v, 0, 0);  // row 0: source of zero-filled rows
     const uint16_t *kt = ck.src(k, ck.row, p.ks[2]), *vt = cv.src(v, cv.row, p.vs[2]);  // this thread's rows of tile j
-    const int64_t kstep = ck.bytes ? BN * p.ks[2] : 0, vstep = cv.bytes ? BN * p.vs[2] : 0;
+    const int64_t kstep = ck.live ? BN * p.ks[2] : 0, vstep = cv.live ? BN * p.vs[2] : 0;
     cq.load(sq, cq.src(q, q0 + cq.row, p.qs[2]), cq.src(q, 0, 0), p.nq - q0);
     cp_async_commit();
     ck.load(sk, kt, k00, p.nk);
@@ -203,7 +232,7 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
         for (int ks = 0; ks < (kQInRegs ? KS : 1); ++ks)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                if (ks < ksteps) ldmatrix_x4(qf[ks][mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
+                if (ks < ksteps) ldmatrix_x4(qf[ks][mt], sq + swz2<D>(qrow + mt * 16, 2 * ks, lane / 16));
     }
 
     float acc[MT][DT][4];
@@ -235,13 +264,13 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
 #pragma unroll
                     for (int x = 0; x < 4; ++x) qt[mt][x] = qf[kQInRegs ? ks : 0][mt][x];
                 } else {
-                    ldmatrix_x4(qt[mt], sq + swz<D>(qrow + mt * 16, 2 * ks + lane / 16));
+                    ldmatrix_x4(qt[mt], sq + swz2<D>(qrow + mt * 16, 2 * ks, lane / 16));
                 }
             }
 #pragma unroll
             for (int np = 0; np < NS / 2; ++np) {
                 uint32_t kf[4];
-                ldmatrix_x4(kf, sk + swz<D>(np * 16 + rr, 2 * ks + cc));
+                ldmatrix_x4(kf, sk + swz2<D>(np * 16 + rr, 2 * ks, cc));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     Ptx<E>::mma(s[mt][2 * np], qt[mt], kf[0], kf[1]);
@@ -316,7 +345,7 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
             for (int dp = 0; dp < DT / 2; ++dp) {
                 if (dp >= dsteps) break;  // padding columns of O: never stored
                 uint32_t vf[4];
-                ldmatrix_x4_trans(vf, svb + swz<D>(kk * 16 + rr, 2 * dp + cc));
+                ldmatrix_x4_trans(vf, svb + swz2<D>(kk * 16 + rr, 2 * dp, cc));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     Ptx<E>::mma(acc[mt][2 * dp], pf[mt][kk], vf[0], vf[1]);

@@ -47,7 +47,9 @@ constexpr int bucket_of(const int (&dims)[N], int64_t d) {
     return 0;
 }
 constexpr int kGenericBuckets[] = {32, 64, 96, 128, 192, 256};
-constexpr int kMmaBuckets[] = {64, 128, 256};
+// mma.sync: a bucket at every head dim FlashAttention-2 instantiates below 256 but 224, so that
+// the common head dims (32, 64, 96, 128, 160, 192, 256) run unpadded on a tile of their own.
+constexpr int kMmaBuckets[] = {32, 64, 96, 128, 160, 192, 256};
 // wgmma: bucket 192 (head dims 136..192) takes a smaller Q tile than 256 and so longer K/V tiles;
 // FK_WGMMA_BUCKET_192=0 runs those head dims padded in bucket 256 (four kernels fewer).
 #ifndef FK_WGMMA_BUCKET_192
@@ -141,36 +143,123 @@ struct GenericTile {
 #ifndef FK_MMA_SHIFT_PV_D128
 #define FK_MMA_SHIFT_PV_D128 0
 #endif
-// Bucket 256 (head dims 136..256), FlashAttention-2's sm_80 shape for D 256: 4 warps of one m16
-// tile (BM 64), BN 64, plain order; O alone is 128 fp32 registers a thread.
+// Bucket 32: the D 64 tile (Q in registers, shifted P V) over half the columns.
+#ifndef FK_MMA_WARPS_D32
+#define FK_MMA_WARPS_D32 4
+#endif
+#ifndef FK_MMA_BN_D32
+#define FK_MMA_BN_D32 64
+#endif
+#ifndef FK_MMA_MT_D32
+#define FK_MMA_MT_D32 2
+#endif
+#ifndef FK_MMA_SHIFT_PV_D32
+#define FK_MMA_SHIFT_PV_D32 1
+#endif
+// Bucket 96 (head dims 72..96): the D 128 tile (BM 128 x BN 64, plain order); 96 fp32 registers of
+// O a thread instead of 128.
+#ifndef FK_MMA_WARPS_D96
+#define FK_MMA_WARPS_D96 4
+#endif
+#ifndef FK_MMA_BN_D96
+#define FK_MMA_BN_D96 64
+#endif
+#ifndef FK_MMA_MT_D96
+#define FK_MMA_MT_D96 2
+#endif
+#ifndef FK_MMA_SHIFT_PV_D96
+#define FK_MMA_SHIFT_PV_D96 0
+#endif
+// Buckets 160 (136..160), 192 (168..192) and 256 (200..256): 8 warps of one m16 tile (BM 128), as
+// FlashAttention-2 runs 192 and 256 on sm_80: each K/V tile serves 128 query rows (twice the rows
+// of 4 warps x 1 tile) while a thread holds D/2 fp32 registers of O. BN 64 at 160 and 192
+// (80 / 96 KiB); 32 at 256, where 64 would need 128 KiB, past the 99 KiB of cc 8.6/8.9.
+#ifndef FK_MMA_WARPS_D160
+#define FK_MMA_WARPS_D160 8
+#endif
+#ifndef FK_MMA_BN_D160
+#define FK_MMA_BN_D160 64
+#endif
+#ifndef FK_MMA_MT_D160
+#define FK_MMA_MT_D160 1
+#endif
+#ifndef FK_MMA_WARPS_D192
+#define FK_MMA_WARPS_D192 8
+#endif
+#ifndef FK_MMA_BN_D192
+#define FK_MMA_BN_D192 64
+#endif
+#ifndef FK_MMA_MT_D192
+#define FK_MMA_MT_D192 1
+#endif
 #ifndef FK_MMA_WARPS_D256
-#define FK_MMA_WARPS_D256 4
+#define FK_MMA_WARPS_D256 8
 #endif
 #ifndef FK_MMA_BN_D256
-#define FK_MMA_BN_D256 64
+#define FK_MMA_BN_D256 32
 #endif
 #ifndef FK_MMA_MT_D256
 #define FK_MMA_MT_D256 1
 #endif
+#ifndef FK_MMA_SHIFT_PV_D160
+#define FK_MMA_SHIFT_PV_D160 0
+#endif
+// A head dim below its bucket's D skips the k16 steps of Q K^T and the n8 tile pairs of P V that
+// hold only padding (1), at the price of run-time loop bounds in those kernels, or runs them all (0).
+#ifndef FK_MMA_PAD_SKIP
+#define FK_MMA_PAD_SKIP 1
+#endif
+// Blocks per SM asked of ptxas in the new buckets (0: nothing asked, as at D 64 and 128 above).
+#ifndef FK_MMA_MIN_BLOCKS_D32
+#define FK_MMA_MIN_BLOCKS_D32 0
+#endif
+#ifndef FK_MMA_MIN_BLOCKS_D96
+#define FK_MMA_MIN_BLOCKS_D96 0
+#endif
+#ifndef FK_MMA_MIN_BLOCKS_D160
+#define FK_MMA_MIN_BLOCKS_D160 0
+#endif
+#ifndef FK_MMA_MIN_BLOCKS_D192
+#define FK_MMA_MIN_BLOCKS_D192 0
+#endif
+#ifndef FK_MMA_MIN_BLOCKS_D256
+#define FK_MMA_MIN_BLOCKS_D256 0
+#endif
+#ifndef FK_MMA_SHIFT_PV_D192
+#define FK_MMA_SHIFT_PV_D192 0
+#endif
+#ifndef FK_MMA_SHIFT_PV_D256
+#define FK_MMA_SHIFT_PV_D256 0
+#endif
 
-// D is the bucket (kMmaBuckets): 64 runs head dims 32..64, 128 runs 72..128, 256 runs 136..256.
+// One knob of bucket D (the FK_MMA_<knob>_D<bucket> macros above).
+#define FK_MMA_KNOB(K)                                                                                        \
+    (D == 32 ? FK_MMA_##K##_D32 : D == 64 ? FK_MMA_##K##_D64 : D == 96 ? FK_MMA_##K##_D96                    \
+     : D == 128 ? FK_MMA_##K##_D128 : D == 160 ? FK_MMA_##K##_D160 : D == 192 ? FK_MMA_##K##_D192            \
+     : FK_MMA_##K##_D256)
+
+// D is the bucket (kMmaBuckets): 32 runs head dim 32, 64 runs 40..64, 96 72..96, 128 104..128,
+// 160 136..160, 192 168..192, 256 200..256.
 template <int D>
 struct MmaTile {
-    static constexpr int kWarps = D == 64 ? FK_MMA_WARPS_D64 : D == 128 ? FK_MMA_WARPS_D128 : FK_MMA_WARPS_D256;
-    static constexpr int BN = D == 64 ? FK_MMA_BN_D64 : D == 128 ? FK_MMA_BN_D128 : FK_MMA_BN_D256;
-    static constexpr int MT = D == 64 ? FK_MMA_MT_D64 : D == 128 ? FK_MMA_MT_D128 : FK_MMA_MT_D256;
-    static constexpr int kMinBlocks = D == 64 ? FK_MMA_MIN_BLOCKS_D64 : D == 128 ? FK_MMA_MIN_BLOCKS_D128 : 0;
+    static constexpr int kWarps = FK_MMA_KNOB(WARPS);
+    static constexpr int BN = FK_MMA_KNOB(BN);
+    static constexpr int MT = FK_MMA_KNOB(MT);
+    static constexpr int kMinBlocks = FK_MMA_KNOB(MIN_BLOCKS);
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int BM = 16 * MT * kWarps;
     static constexpr bool kQInRegs = FK_MMA_Q_IN_REGS && MT * D <= 128 && BN <= 64;
-    static constexpr bool kShiftPV = (D == 64 ? FK_MMA_SHIFT_PV_D64 : D == 128 ? FK_MMA_SHIFT_PV_D128 : 0) != 0;
+    static constexpr bool kShiftPV = FK_MMA_KNOB(SHIFT_PV) != 0;
+    static constexpr int kMinDim = bucket_floor(kMmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kChunks = D / 8;             // 16-byte chunks per row
     static constexpr int kSmemBytes = (BM + (kShiftPV ? 3 : 2) * BN) * D * 2;
-    static_assert(D == 64 || D == 128 || D == 256, "mma path: buckets 64, 128 and 256");
-    static_assert(BN % 16 == 0 && kChunks >= 8 && (MT == 1 || MT == 2), "mma tile shape");
+    static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 160 || D == 192 || D == 256,
+                  "mma path: buckets 32, 64, 96, 128, 160, 192 and 256");
+    static_assert(BN % 16 == 0 && D % 32 == 0 && (MT == 1 || MT == 2), "mma tile shape");
     // 99 KiB: the most a block gets on cc 8.6/8.9 (the sm_80 cubin runs there too)
     static_assert(kSmemBytes <= 99 * 1024, "mma tiles exceed 99 KiB of shared memory");
 };
+#undef FK_MMA_KNOB
 
 // ---- wgmma path (NVIDIA sm_90a, fp16/bf16; buckets 64, 128, 192, 256) ----
 // One producer warpgroup (TMA loads) and two consumer warpgroups of 64 query rows each (BM 128).
