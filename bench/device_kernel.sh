@@ -96,7 +96,8 @@ stage_memcheck() {
     done
 }
 
-# FK_DRIVER_DIMS="40,72,160" limits the driver to those head dims (memcheck and racecheck).
+# FK_DRIVER_DIMS="40,72,160" limits the driver to those head dims (memcheck and racecheck);
+# FK_DRIVER_MAX_N=77 keeps the racecheck shapes at N <= 77 (default 1000).
 # Shared-memory races (racecheck) on the flash path (FK_RACECHECK_FLASH_ONLY= to add the naive path),
 # small shapes, fp16/bf16 at D 64/128.
 stage_racecheck() {

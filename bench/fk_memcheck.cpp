@@ -36,8 +36,9 @@ int main(int argc, char **argv) {
     auto on = [](const char *name) { const char *v = std::getenv(name); return v && *v; };
     const bool small = on("FK_DRIVER_SMALL");            // racecheck: fewer, smaller calls
     const bool flash_only = on("FK_DRIVER_FLASH_ONLY");  // ... and not the naive path
+    const long small_n = on("FK_DRIVER_MAX_N") ? std::atol(std::getenv("FK_DRIVER_MAX_N")) : 1000;  // racecheck: the largest N
     for (auto &s : shapes) for (int d : dims) for (int dt = 0; dt < 3; ++dt) for (int lay = 0; lay < 2; ++lay) {
-        if (small && (s[2] > 1000 || s[3] > 1000 || dt == 0 || (!only && d != 64 && d != 128 && d != 72 && d != 192))) continue;
+        if (small && (s[2] > small_n || s[3] > small_n || dt == 0 || (!only && d != 64 && d != 128 && d != 72 && d != 192))) continue;
         if (d != 64 && d != 128 && (s[2] > 1000 || s[3] > 1000)) continue;  // keep it short
         long B = s[0], H = s[1], nq = s[2], nk = s[3]; size_t es = dt == 0 ? 4 : 2;
         size_t nqe = B * H * nq * d, nke = B * H * nk * d;
