@@ -124,17 +124,28 @@ int32_t dispatch_generic(const fk::FlashParams &p, int64_t d, hipStream_t s, int
 }
 
 #if defined(FK_HAVE_MMA)
+template <class E, int D, bool kPad, int KD>
+int32_t launch_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev) {
+    using Tile = fk::MmaTile<D>;
+    auto kernel = fk::mma::flash_mma_kernel<E, D, kPad, KD>;
+    static std::atomic<uint64_t> opted;  // devices opted in for this kernel
+    if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted, "flash (mma_sync)")) return st;
+    const int32_t st = launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)");
+    return fk::ran(forget_opt_in(st, dev, opted), "mma_sync");
+}
+
+// The kernel of bucket D for head dim p.d: exact (d == D), narrow (d <= the bucket's kNarrowKD:
+// the MMAs run over that many columns), or padded. A bucket whose smallest head dim is D itself
+// (32) has no padded kernel.
 template <class E, int D>
 int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev) {
     using Tile = fk::MmaTile<D>;
-    const bool padded = p.d != D;
-    // a bucket whose smallest head dim is D itself (32) has no padded kernel
-    constexpr bool kHasPadded = Tile::kMinDim < D;
-    auto kernel = padded && kHasPadded ? fk::mma::flash_mma_kernel<E, D, kHasPadded> : fk::mma::flash_mma_kernel<E, D, false>;
-    static std::atomic<uint64_t> opted[2];  // per kernel (exact, padded): devices opted in
-    if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (mma_sync)")) return st;
-    const int32_t st = launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)");
-    return fk::ran(forget_opt_in(st, dev, opted[padded]), "mma_sync");
+    if constexpr (Tile::kMinDim < D) {
+        if constexpr (Tile::kNarrowKD < D)
+            if (p.d <= Tile::kNarrowKD) return launch_mma<E, D, true, Tile::kNarrowKD>(p, s, bh, dev);
+        if (p.d != D) return launch_mma<E, D, true, D>(p, s, bh, dev);
+    }
+    return launch_mma<E, D, false, D>(p, s, bh, dev);
 }
 #endif
 

@@ -178,17 +178,21 @@ struct TileCopy {
     }
 };
 
-// D: the head-dim bucket. kPad: the head dim p.d is below it (run-time tests skip the padding);
-// without it the kernel is compiled for p.d == D alone, with no such test.
-template <class E, int D, bool kPad>
+// D: the head-dim bucket (the row length of the shared-memory tiles). kPad: the head dim p.d is
+// below it (run-time tests skip the padding); without it the kernel is compiled for p.d == D
+// alone, with no such test. KD < D: the columns the MMAs run over, fixed at compile time
+// (MmaTile::kNarrowKD: head dims up to KD of the bucket), no run-time tests in the loops.
+template <class E, int D, bool kPad, int KD = D>
 __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) flash_mma_kernel(FlashParams p) {
 #if defined(FK_MMA_DEVICE_OK)
     using Tile = MmaTile<D>;
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::kThreads, MT = Tile::MT;
     constexpr bool kQInRegs = Tile::kQInRegs;
-    constexpr int KS = D / 16;   // k-steps of Q K^T
+    static_assert(KD % 16 == 0 && KD <= D && (KD == D || kPad), "mma path: narrow kernels are padded");
+    constexpr int KS = KD / 16;  // k-steps of Q K^T
     constexpr int NS = BN / 8;   // n8 tiles of S
-    constexpr int DT = D / 8;    // n8 tiles of O
+    constexpr int DT = KD / 8;   // n8 tiles of O
+    constexpr bool kSkip = kPad && KD == D && FK_MMA_PAD_SKIP;  // run-time loop bounds
     constexpr bool kShift = Tile::kShiftPV;
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sq = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -207,8 +211,8 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
     static_assert(CopyQ::kOk && CopyKV::kOk, "tile copy: needs the rows of one pass (threads / TC) to divide BM and BN");
     const int dh = kPad ? p.d : D;       // the head dim: columns dh..D-1 are zero padding
     // k16 steps of Q K^T, and pairs of n8 tiles of O, that hold data (all of them without FK_MMA_PAD_SKIP)
-    const int ksteps = FK_MMA_PAD_SKIP ? (dh + 15) / 16 : KS;
-    const int dsteps = FK_MMA_PAD_SKIP ? (dh + 15) / 16 : DT / 2;
+    const int ksteps = kSkip ? (dh + 15) / 16 : KS;
+    const int dsteps = kSkip ? (dh + 15) / 16 : DT / 2;
     const CopyQ cq(p.qs[2], dh);
     const CopyKV ck(p.ks[2], dh), cv(p.vs[2], dh);
     const uint16_t *const k00 = ck.src(k, 0, 0), *const v00 = cv.src(v, 0, 0);  // row 0: source of zero-filled rows

@@ -124,6 +124,9 @@ struct GenericTile {
 #ifndef FK_MMA_Q_IN_REGS
 #define FK_MMA_Q_IN_REGS 1   // 0: always re-read Q from shared memory
 #endif
+#ifndef FK_MMA_Q_REGS_MAX
+#define FK_MMA_Q_REGS_MAX 128  // Q stays in registers where MT * D is at most this (and BN <= 64)
+#endif
 // Blocks per SM asked of ptxas (__launch_bounds__' second argument): 0 asks nothing (ptxas uses up
 // to 255 registers; two 128-thread blocks fit an SM; CUDA 13.0 spills 12 B at D 64 BN 128 when asked
 // for 1); 3 caps the registers at 168 so that three blocks fit.
@@ -143,21 +146,24 @@ struct GenericTile {
 #ifndef FK_MMA_SHIFT_PV_D128
 #define FK_MMA_SHIFT_PV_D128 0
 #endif
-// Bucket 32: the D 64 tile (Q in registers, shifted P V) over half the columns.
+// Bucket 32: FlashAttention-2's D 32 tile, BM 128 x BN 128, plain order (Q from shared memory at
+// BN 128). Measured on the H200 (docs/perf.md "mma.sync head-dim buckets"): 1.19x SDPA-flash,
+// against 1.06-1.07x for the D 64 tile (BN 64, shifted P V, Q in registers).
 #ifndef FK_MMA_WARPS_D32
 #define FK_MMA_WARPS_D32 4
 #endif
 #ifndef FK_MMA_BN_D32
-#define FK_MMA_BN_D32 64
+#define FK_MMA_BN_D32 128
 #endif
 #ifndef FK_MMA_MT_D32
 #define FK_MMA_MT_D32 2
 #endif
 #ifndef FK_MMA_SHIFT_PV_D32
-#define FK_MMA_SHIFT_PV_D32 1
+#define FK_MMA_SHIFT_PV_D32 0
 #endif
 // Bucket 96 (head dims 72..96): the D 128 tile (BM 128 x BN 64, plain order); 96 fp32 registers of
-// O a thread instead of 128.
+// O a thread instead of 128. 8 warps of one m16 tile (0.70x) and BN 32 with the shifted P V
+// (0.91x) measured slower than this (0.97x) at D 96.
 #ifndef FK_MMA_WARPS_D96
 #define FK_MMA_WARPS_D96 4
 #endif
@@ -170,12 +176,12 @@ struct GenericTile {
 #ifndef FK_MMA_SHIFT_PV_D96
 #define FK_MMA_SHIFT_PV_D96 0
 #endif
-// Buckets 160 (136..160), 192 (168..192) and 256 (200..256): 8 warps of one m16 tile (BM 128), as
-// FlashAttention-2 runs 192 and 256 on sm_80: each K/V tile serves 128 query rows (twice the rows
-// of 4 warps x 1 tile) while a thread holds D/2 fp32 registers of O. BN 64 at 160 and 192
-// (80 / 96 KiB); 32 at 256, where 64 would need 128 KiB, past the 99 KiB of cc 8.6/8.9.
+// Buckets 160 (136..160), 192 (168..192) and 256 (200..256): 4 warps of one m16 tile (BM 64), BN 64
+// (40 / 48 / 64 KiB of K and V). Measured against FlashAttention-2's sm_80 shape for 192 and 256,
+// 8 warps of one m16 tile (BM 128; BN 64 at 160/192, BN 32 at 256 within 99 KiB): 1.15x against
+// 1.05x SDPA-flash at 160, 0.98x against 0.86x at 192, 0.93-0.95x against 0.80x at 256.
 #ifndef FK_MMA_WARPS_D160
-#define FK_MMA_WARPS_D160 8
+#define FK_MMA_WARPS_D160 4
 #endif
 #ifndef FK_MMA_BN_D160
 #define FK_MMA_BN_D160 64
@@ -184,7 +190,7 @@ struct GenericTile {
 #define FK_MMA_MT_D160 1
 #endif
 #ifndef FK_MMA_WARPS_D192
-#define FK_MMA_WARPS_D192 8
+#define FK_MMA_WARPS_D192 4
 #endif
 #ifndef FK_MMA_BN_D192
 #define FK_MMA_BN_D192 64
@@ -193,10 +199,10 @@ struct GenericTile {
 #define FK_MMA_MT_D192 1
 #endif
 #ifndef FK_MMA_WARPS_D256
-#define FK_MMA_WARPS_D256 8
+#define FK_MMA_WARPS_D256 4
 #endif
 #ifndef FK_MMA_BN_D256
-#define FK_MMA_BN_D256 32
+#define FK_MMA_BN_D256 64
 #endif
 #ifndef FK_MMA_MT_D256
 #define FK_MMA_MT_D256 1
@@ -208,6 +214,11 @@ struct GenericTile {
 // hold only padding (1), at the price of run-time loop bounds in those kernels, or runs them all (0).
 #ifndef FK_MMA_PAD_SKIP
 #define FK_MMA_PAD_SKIP 1
+#endif
+// Bucket 96's head dims 72 and 80 run a kernel whose MMAs cover 80 columns, fixed at compile time
+// (FK_MMA_NARROW_D96=96: the padded 96 kernel, which skips the padding k16 steps at run time).
+#ifndef FK_MMA_NARROW_D96
+#define FK_MMA_NARROW_D96 80
 #endif
 // Blocks per SM asked of ptxas in the new buckets (0: nothing asked, as at D 64 and 128 above).
 #ifndef FK_MMA_MIN_BLOCKS_D32
@@ -248,9 +259,10 @@ struct MmaTile {
     static constexpr int kMinBlocks = FK_MMA_KNOB(MIN_BLOCKS);
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int BM = 16 * MT * kWarps;
-    static constexpr bool kQInRegs = FK_MMA_Q_IN_REGS && MT * D <= 128 && BN <= 64;
+    static constexpr bool kQInRegs = FK_MMA_Q_IN_REGS && MT * D <= FK_MMA_Q_REGS_MAX && BN <= 64;
     static constexpr bool kShiftPV = FK_MMA_KNOB(SHIFT_PV) != 0;
     static constexpr int kMinDim = bucket_floor(kMmaBuckets, D);  // the smallest head dim of the bucket
+    static constexpr int kNarrowKD = D == 96 ? FK_MMA_NARROW_D96 : D;  // < D: a narrow kernel (fk_mma.h)
     static constexpr int kChunks = D / 8;             // 16-byte chunks per row
     static constexpr int kSmemBytes = (BM + (kShiftPV ? 3 : 2) * BN) * D * 2;
     static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 160 || D == 192 || D == 256,
