@@ -37,7 +37,8 @@ constexpr int kVectorBytes = 16;  // global loads of the flash paths are 16 byte
 // never stored. The tensor-core kernels skip the k16 steps of Q K^T that hold only padding (and
 // the n8 tiles / n64 column blocks of P V past d), so there a bucket costs shared memory and
 // registers, and tensor-core work only up to the next multiple of 16 (of 64 for wgmma's P V in
-// the wide buckets); they are compiled twice per bucket, for d == D with no such test and for d < D.
+// the wide buckets); they are compiled twice per bucket, for d == D with no such test and for d < D
+// (mma.sync bucket 96 a third time, for d <= 80 with 80 columns fixed: MmaTile::kNarrowKD).
 // The generic kernel computes over all D columns (FMA work on the padding). A few buckets keep
 // the binary small: no instantiation per head dim.
 template <int N>
