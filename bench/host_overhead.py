@@ -56,8 +56,6 @@ def methods(torch, flash_kernel, lib):
 
 def breakdown(torch, flash_kernel, lib, shape, dtype, calls: int) -> list[tuple[str, float]]:
     """Host time of each step of the public call, alone, in a loop (us per step): where it goes."""
-    import ctypes
-
     from flash_kernel import _binding as B
 
     q, k, v = (torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))
@@ -74,18 +72,35 @@ def breakdown(torch, flash_kernel, lib, shape, dtype, calls: int) -> list[tuple[
     sets = [filled(*(torch.randn(shape, device="cuda", dtype=dtype) for _ in range(3))) for _ in range(4)]
     turn = iter(range(1 << 62))
     fn = lib._forwards[0]
+
+    def key():
+        return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                q.device, k.device, v.device, "bhnd", None, None)
+
+    last = key()  # equal, other objects: what the public call compares against
+
+    def args_of_call():
+        a = B._copy_args(args)
+        B._pack_pointers(a, B._POINTERS_AT, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+        a.scale = 0.0
+        return a
+
+    def idle(call):  # the GPU idle when the call starts (as in a host-bound loop), the call alone timed
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        return time.perf_counter() - t0
+
     steps = [
-        ("library_for(device)", lambda: flash_kernel.library_for(q.device)),
-        ("input key (shapes, strides, ...)", lambda: (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-                                                      q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, "bhnd")),
-        ("output: empty_like (as called)", lambda: torch.empty_like(q, memory_format=torch.contiguous_format)),
-        ("output: torch.empty(shape, ...) (compare)", lambda: torch.empty(q.shape, dtype=q.dtype, device=q.device)),
-        ("args copy + 4 data_ptr", lambda: B.AttentionArgs.from_buffer_copy(args).__setattr__("q", q.data_ptr())
-         or (k.data_ptr(), v.data_ptr(), o.data_ptr())),
+        ("library_for(device) (first calls only)", lambda: flash_kernel.library_for(q.device)),
+        ("input key, compared with the last", lambda: key() == last),
+        ("output: empty_like(q) (as called)", lambda: torch.empty_like(q)),
+        ("output: empty_like, contiguous_format", lambda: torch.empty_like(q, memory_format=torch.contiguous_format)),
+        ("args copy + 4 data_ptr + scale", args_of_call),
         ("current stream + device", lambda: (api.raw_stream(0), api.current_device())),
         ("full checks (first call of a kind)", lambda: B.check_inputs(q, k, v, "bhnd", lib.head_dims)),
-        ("C call (validate, maps cached, launch)", lambda: fn(ctypes.byref(args))),
-        ("C call, 3 maps encoded (new tensors)", lambda: fn(ctypes.byref(sets[next(turn) % 4]))),
+        ("C call (validate, maps cached, launch)", lambda: fn(args)),
+        ("C call, 3 maps encoded (new tensors)", lambda: fn(sets[next(turn) % 4])),
     ]
     out = []
     for name, step in steps:
@@ -97,6 +112,9 @@ def breakdown(torch, flash_kernel, lib, shape, dtype, calls: int) -> list[tuple[
             step()
         out.append((name, (time.perf_counter() - t0) / calls))
         torch.cuda.synchronize()
+    for name, call in (("C call, GPU idle at the call (median)", lambda: fn(args)),
+                       ("public call, GPU idle at the call (median)", lambda: flash_kernel.attention(q, k, v))):
+        out.append((name, statistics.median(idle(call) for _ in range(calls))))
     return out
 
 

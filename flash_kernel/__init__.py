@@ -60,8 +60,7 @@ def library_for(device) -> Library:
     """The built library for a device ('cpu', 'cuda', 'cuda:1' or a torch.device), looked up on the
     file system once per device (and per FLASH_KERNEL_BUILD / FLASH_KERNEL_TARGET setting)."""
     kind = _device_type(device)
-    data = getattr(os.environ, "_data", None)  # _settings, inlined: this runs on every public call
-    key = (kind, data.get(_RAW[0]), data.get(_RAW[1])) if data is not None and _RAW else (kind, *_settings())
+    key = (kind, _ENV.get(_BUILD_KEY), _ENV.get(_TARGET_KEY))
     lib = _by_device.get(key)
     if lib is None:
         lib = _find_library(kind)
@@ -70,19 +69,22 @@ def library_for(device) -> Library:
 
 
 _by_device: dict[tuple, Library] = {}
+
+# FLASH_KERNEL_BUILD and FLASH_KERNEL_TARGET are read on every public call (a change is honoured),
+# so from the mapping behind os.environ (raw values, ~0.03 us a name) rather than os.environ.get
+# (~0.7 us: key encoding, value decoding); where os.environ is not CPython's own, through it.
 _SETTINGS = ("FLASH_KERNEL_BUILD", "FLASH_KERNEL_TARGET")
-_RAW = tuple(os.environ.encodekey(n) for n in _SETTINGS) if hasattr(os.environ, "encodekey") else ()
+if hasattr(os.environ, "_data") and hasattr(os.environ, "encodekey"):
+    _ENV = os.environ._data
+    _BUILD_KEY, _TARGET_KEY = (os.environ.encodekey(n) for n in _SETTINGS)
+else:
+    _ENV = os.environ
+    _BUILD_KEY, _TARGET_KEY = _SETTINGS
 
 
 def _settings() -> tuple:
-    """FLASH_KERNEL_BUILD and FLASH_KERNEL_TARGET as they are now (the cache key of library_for: a
-    change is honoured). Read on every public call, so from the mapping behind os.environ (raw
-    values, ~0.03 us a name) rather than os.environ.get (~0.7 us: key encoding, value decoding)."""
-    env = os.environ
-    data = getattr(env, "_data", None)
-    if data is None or not _RAW:  # os.environ is not CPython's own mapping
-        return env.get(_SETTINGS[0]), env.get(_SETTINGS[1])
-    return data.get(_RAW[0]), data.get(_RAW[1])
+    """FLASH_KERNEL_BUILD and FLASH_KERNEL_TARGET as they are now (raw: a cache key)."""
+    return _ENV.get(_BUILD_KEY), _ENV.get(_TARGET_KEY)
 
 
 def _find_library(kind: str) -> Library:
@@ -119,16 +121,55 @@ _binding.library_lookup = library_for
 
 def attention(q, k, v, scale=None, layout: str = "bhnd"):
     """softmax(scale * Q K^T) V through the flash path of the library for q.device."""
-    if _compiling():
-        return _op_layer().traced_call(q, k, v, scale, layout, naive=False)
-    return library_for(_tensor_device(q))._call(q, k, v, scale, layout, False)
+    # Inputs of a kind called before (same shapes, strides, dtypes, devices, layout and library
+    # settings) go from here straight to the C call: this runs on every call, so it is inline.
+    global _last
+    api = _binding._api  # torch's functions, once a call has looked them up
+    if api is not None and not api.is_compiling():
+        tensor = api.Tensor
+        if type(q) is tensor and type(k) is tensor and type(v) is tensor:
+            key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                   q.device, k.device, v.device, layout, _ENV.get(_BUILD_KEY), _ENV.get(_TARGET_KEY))
+            last = _last  # the kind of the last call: a comparison, no hashing, when it repeats
+            if key == last[0]:
+                kind = last[1]
+            else:
+                kind = _kinds.get(key)
+                if kind is not None:
+                    _last = (key, kind)
+            if kind is not None:
+                return kind.run(api, q, k, v, scale, False)
+    return _call(q, k, v, scale, layout, False)
 
 
 def naive_attention(q, k, v, scale=None, layout: str = "bhnd"):
     """The naive (pre-flash) path of the library for q.device: materialises the score matrix."""
+    return _call(q, k, v, scale, layout, True)
+
+
+_kinds: dict[tuple, _binding._Kind] = {}  # input kinds the public call has seen (see attention)
+_last: tuple = ((), None)  # (key, kind) of the last call found in _kinds
+
+
+def _call(q, k, v, scale, layout: str, naive: bool):
+    """The public call the first time inputs of a kind are seen (checked in full), or when
+    torch.compile traces it, or for inputs that cannot go straight to the C call."""
+    global _last
     if _compiling():
-        return _op_layer().traced_call(q, k, v, scale, layout, naive=True)
-    return library_for(_tensor_device(q))._call(q, k, v, scale, layout, True)
+        return _op_layer().traced_call(q, k, v, scale, layout, naive=naive)
+    settings = _settings()
+    lib = library_for(_tensor_device(q))
+    out = lib._call(q, k, v, scale, layout, naive)
+    tensor = _binding._api.Tensor  # set by the call
+    if type(q) is tensor and type(k) is tensor and type(v) is tensor:
+        key = _binding.input_key(q, k, v, layout)
+        kind = lib.known_kind(key)
+        if kind is not None:  # checked by this call: the next one of its kind skips the lookups
+            if len(_kinds) >= 256:  # a workload of ever-new shapes: start over
+                _kinds.clear()
+                _last = ((), None)
+            _kinds[(*key, *settings)] = kind
+    return out
 
 
 def _compiling() -> bool:

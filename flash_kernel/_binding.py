@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import struct
 import threading
 from pathlib import Path
 
@@ -228,7 +229,7 @@ class Library:
         if self._ran_path is not None:
             self._ran_path.restype = ctypes.c_char_p
             self._ran_path.argtypes = []
-        self._checked: dict[tuple, AttentionArgs | bool] = {}  # input kinds already checked (see _call)
+        self._checked: dict[tuple, _Kind | bool] = {}  # input kinds already checked (see _call)
         self._forwards = (d.fk_flash_forward, d.fk_naive_forward)  # read on every call: no lookups
         self._host = self.target == "cpu"
 
@@ -314,27 +315,14 @@ class Library:
         tensor = api.Tensor
         if type(q) is tensor and type(k) is tensor and type(v) is tensor and not api.is_compiling():
             # Plain tensors outside tracing go straight to the C call: the custom op's dispatch
-            # costs more host time than a short kernel runs. Inputs of a shape, layout, dtype and
-            # device seen before skip the checks: their filled argument struct is kept.
-            key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                   q.device, k.device, v.device, layout)
-            template = self._checked.get(key)
-            if template is None:
-                template = self._template(key, q, k, v, layout)
-            if template is not False:
-                s = 0.0 if scale is None else _fp32_scale(scale)
-                # dense in q's logical layout, like torch.empty(q.shape, ...) but with less argument parsing
-                o = api.empty_like(q, memory_format=api.contiguous_format)
-                args = AttentionArgs.from_buffer_copy(template)
-                args.q, args.k, args.v, args.o, args.scale = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), s
-                fn = self._forwards[naive]
-                if self._host:
-                    status = fn(ctypes.byref(args))
-                else:  # CUDA tensors (the template was checked against this library's device kind)
-                    status = _call_on_device(api, fn, args, q.get_device())
-                if status != FK_OK:
-                    self._status(status, naive)
-                return o
+            # costs more host time than a short kernel runs. Inputs of a kind seen before skip the
+            # checks (see _Kind).
+            key = input_key(q, k, v, layout)
+            kind = self._checked.get(key)
+            if kind is None:
+                kind = self._new_kind(key, q, k, v, layout)
+            if kind is not False:
+                return kind.run(api, q, k, v, scale, naive)
         _op = op_layer()  # registers the torch ops on first use (a dict lookup after)
 
         q, k, v = check_inputs(q, k, v, layout, self.head_dims)
@@ -347,20 +335,78 @@ class Library:
         # traced, fake or subclassed tensors: through the registered op
         return _op.call(self, q, k, v, s, layout, naive)
 
-    def _template(self, key, q, k, v, layout):
-        """Check inputs of a new kind once; remember an argument struct for them (False: the kernel
-        cannot address them as they are, so every call copies them and is checked in full)."""
+    def known_kind(self, key) -> _Kind | None:
+        """The checked kind of inputs with this input_key, if they go straight to the C call."""
+        kind = self._checked.get(key)
+        return kind if kind else None
+
+    def _new_kind(self, key, q, k, v, layout):
+        """Check inputs of a new kind once and remember them (False: the kernel cannot address them
+        as they are, so every call copies them and is checked in full)."""
         op_layer()  # registers the torch ops on the first call
 
         checked = check_inputs(q, k, v, layout, self.head_dims)
         self.check_device(q.device)
-        template = False
+        kind = False
         if all(a is b for a, b in zip(checked, (q, k, v))):
-            template = fill_args(q, k, v, _Dense(q.shape), layout, 0.0, None)
+            dense = _Dense(q.shape)
+            kind = _Kind(self, fill_args(q, k, v, dense, layout, 0.0, None), tuple(q.stride()) == dense.stride())
         if len(self._checked) >= 256:  # a workload of ever-new shapes: start over
             self._checked.clear()
-        self._checked[key] = template
-        return template
+        self._checked[key] = kind
+        return kind
+
+
+def input_key(q, k, v, layout: str) -> tuple:
+    """What the checks of a call depend on: every input's shape, strides, dtype and device, and the
+    layout (inputs with equal keys pass or fail the checks alike)."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, layout)
+
+
+class _Kind:
+    """Inputs of one kind (input_key) checked against one library: their argument struct filled
+    but for the pointers and the scale, which are each call's own."""
+
+    __slots__ = ("dense", "forwards", "host", "lib", "template")
+
+    def __init__(self, lib: Library, template: AttentionArgs, dense: bool):
+        self.lib = lib
+        self.template = template
+        self.forwards = lib._forwards
+        self.host = lib.is_host
+        self.dense = dense  # q's strides are already those of a dense tensor of its shape
+
+    def run(self, api, q, k, v, scale, naive: bool):
+        """One call: the output allocated, the struct copied and completed, the C function called.
+        Only the scale is checked (quickly where it is a float well inside fp32's positive range)."""
+        if scale is None:
+            s = 0.0
+        elif type(scale) is float and 1e-37 < scale < 1e38:
+            s = scale
+        else:
+            s = resolve_scale(scale, 0)
+        # dense in q's logical layout; empty_like keeps q's strides, so where they are already
+        # dense the memory-format keyword (argument parsing on every call) is left out
+        o = api.empty_like(q) if self.dense else api.empty_like(q, memory_format=api.contiguous_format)
+        args = _copy_args(self.template)
+        _pack_pointers(args, _POINTERS_AT, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+        args.scale = s
+        fn = self.forwards[naive]
+        # the struct itself is passed: ctypes passes it by reference (argtypes), cheaper than byref()
+        status = fn(args) if self.host else _call_on_device(api, fn, args, q.get_device())
+        if status != FK_OK:
+            self.lib._status(status, naive)
+        return o
+
+
+_copy_args = AttentionArgs.from_buffer_copy
+# q, k, v and o are adjacent pointer fields: one pack_into writes all four (four ctypes field
+# assignments cost more)
+_pack_pointers = struct.Struct("@4P").pack_into
+_POINTERS_AT = AttentionArgs.q.offset
+assert [getattr(AttentionArgs, n).offset - _POINTERS_AT for n in "qkvo"] == [
+    i * ctypes.sizeof(ctypes.c_void_p) for i in range(4)]
 
 
 class _Dense:
@@ -426,19 +472,10 @@ def _call_on_device(api, fn, args: AttentionArgs, index: int) -> int:
     """The C call for CUDA tensors on device `index`, on torch's current stream there (the C side
     launches on the current device)."""
     args.stream = api.raw_stream(index)  # 0: the legacy default stream
-    current = api.current_device()
-    if index == current:
-        return fn(ctypes.byref(args))
+    if index == api.current_device():
+        return fn(args)
     with api.cuda.device(index):
-        return fn(ctypes.byref(args))
-
-
-def _fp32_scale(scale) -> float:
-    """resolve_scale for a call of a kind already checked: floats well inside fp32's positive range
-    pass at once; anything else (ints, bounds, bad values) takes the full check."""
-    if type(scale) is float and 1e-37 < scale < 1e38:
-        return scale
-    return resolve_scale(scale, 0)
+        return fn(args)
 
 
 _cache: dict[str, Library] = {}

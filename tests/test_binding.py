@@ -389,6 +389,8 @@ def test_public_call_traced_first_in_a_fresh_process(build_root):
 def test_library_looked_up_once_per_device(build_root, monkeypatch):
     monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))
     monkeypatch.setattr(flash_kernel, "_by_device", {})
+    monkeypatch.setattr(flash_kernel, "_kinds", {})  # and no input kind remembered from other tests
+    monkeypatch.setattr(flash_kernel, "_last", ((), None))
     looked = []
     real = flash_kernel._find_library
     monkeypatch.setattr(flash_kernel, "_find_library", lambda kind: looked.append(kind) or real(kind))
@@ -399,6 +401,46 @@ def test_library_looked_up_once_per_device(build_root, monkeypatch):
     monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root) + os.sep)  # another setting: looked up again
     flash_kernel.attention(q, k, v)
     assert looked == ["cpu", "cpu"]
+
+
+def test_public_call_checks_each_new_kind_once(build_root, monkeypatch):
+    """The public call checks inputs of a kind (shapes, strides, dtypes, devices, layout) in full
+    once; later calls of the kind skip the checks but compute from their own tensors and scale;
+    any other kind is checked, with the same errors as a first call."""
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))
+    monkeypatch.setattr(flash_kernel, "_kinds", {})
+    monkeypatch.setattr(flash_kernel, "_last", ((), None))
+    monkeypatch.setattr(flash_kernel.library_for("cpu"), "_checked", {})  # nor by the library
+    checked = []
+    real = B.check_inputs
+    monkeypatch.setattr(B, "check_inputs", lambda *a, **kw: checked.append(a[0].shape) or real(*a, **kw))
+    seed, gen = seeded()
+
+    def ref(q, k, v, scale=None):
+        return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=scale)
+
+    for i in range(3):
+        q, k, v = qkv((1, 2, 19, 64), (1, 2, 23, 64), gen=gen)
+        for scale in (None, 0.3):
+            assert rel(flash_kernel.attention(q, k, v, scale=scale), ref(q, k, v, scale)) <= 1e-5, f"seed {seed}"
+    assert len(checked) == 1
+    # the kind of the call before is remembered, and so is each other one
+    q2, k2, v2 = qkv((1, 2, 7, 64), (1, 2, 9, 64), gen=gen)
+    for q_, k_, v_ in ((q2, k2, v2), (q, k, v), (q2, k2, v2)):
+        assert rel(flash_kernel.attention(q_, k_, v_), ref(q_, k_, v_)) <= 1e-5, f"seed {seed}"
+    assert len(checked) == 2
+    with pytest.raises(flash_kernel.KernelError) as ei:  # another head dim: checked, refused
+        flash_kernel.attention(*qkv((1, 2, 19, 20), (1, 2, 23, 20)))
+    assert ei.value.status == B.FK_ERR_HEAD_DIM and "head_dim 20" in str(ei.value)
+    with pytest.raises(flash_kernel.KernelError) as ei:  # another dtype for v alone
+        flash_kernel.attention(q, k, v.double())
+    assert ei.value.status == B.FK_ERR_DTYPE
+    with pytest.raises(flash_kernel.KernelError) as ei:  # the remembered kind, a bad scale
+        flash_kernel.attention(q, k, v, scale=float("nan"))
+    assert ei.value.status == B.FK_ERR_SCALE
+    with pytest.raises(flash_kernel.KernelError) as ei:  # the remembered shapes in the other layout
+        flash_kernel.attention(q, k, v, layout="bnhd")
+    assert ei.value.status == B.FK_ERR_SIZE
 
 
 def test_failed_lookup_is_not_remembered(tmp_path, build_root, monkeypatch):

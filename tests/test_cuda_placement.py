@@ -87,6 +87,7 @@ def test_public_call_captured_in_a_cuda_graph(b, h, nq, nk, d, dtype):
 def test_public_call_on_a_non_default_stream(b, h, nq, nk, d, dtype):
     _, q, k, v = fresh("cuda", (b, h, nq, d), (b, h, nk, d), dtype)
     seed, q2, k2, v2 = fresh("cuda", q.shape, k.shape, dtype)
+    flash_kernel.attention(q, k, v)  # the kind is checked and remembered: the call below skips the checks
     torch.cuda.synchronize()
     side = torch.cuda.Stream()  # non-blocking: no implicit order with the default stream
     with torch.cuda.stream(side):
@@ -113,6 +114,9 @@ def test_public_call_on_the_second_gpu():
     assert current == 0
     b, h, nq, nk, d, dtype = CASES[0]
     seed, q, k, v = fresh("cuda:1", (b, h, nq, d), (b, h, nk, d), dtype)
+    flash_kernel.attention(q, k, v)  # the kind is checked and remembered: the call below skips the checks
+    torch.cuda.synchronize(1)
+    assert torch.cuda.current_device() == current
     with torch.cuda.device(1):  # the allocator's block of device 1, poisoned on its current stream
         ptr = poisoned_block(q)
     out = flash_kernel.attention(q, k, v)
