@@ -244,9 +244,10 @@ for path in sys.argv[1:]:
     seen = []
     forked_info = reader.read_elf(path, pattern, meanwhile=waited.append, on_symbols=seen.append)
     forked = forked_info.to_dict()
-    # no room for the other tables' names in the shared map: the child reads them itself
+    # no room for names in the shared maps: the child reads the other tables' names itself and
+    # sends its own through the pipe
     start = prescan.start
-    prescan.start = lambda *a, **k: start(*a, **{**k, "text": 0})
+    prescan.start = lambda *a, **k: start(*a, **{**k, "text": 0, "names_room": 0})
     no_room = reader.read_elf(path, pattern).to_dict()
     prescan.start = start
     # a parent that never hands the other tables over: the child stops, the parent decodes

@@ -3,7 +3,8 @@
 The pattern scan over a big `.symtab` (libtorch_cpu.so: 530k entries, a 76 MB string table) is
 regex work that holds the GIL, so a thread cannot share it; a forked child can, on the second
 core. The child runs exactly the in-process code (audit.elf.symbols.select and names_text) on the
-same mapped file and sends back the selected indices, name ends, decoded names and warnings;
+same mapped file and sends back the selected indices, name ends and warnings, and the names
+through a shared anonymous map (raw, decoded on each side);
 the parent builds the symbols as usual. Meanwhile the parent selects the other tables and hands
 their selections over (`give`: index arrays through a shared anonymous map, so no pipe fills
 up while both sides write); then the child runs the caller's `then` (the reader's
@@ -24,7 +25,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from audit.elf.symbols import SymbolTable, names_text, select, split_names
+from audit.elf.parse import decode
+from audit.elf.symbols import SymbolTable, names_raw, select, split_names
 
 MIN_ENTRIES = 200_000  # below this, forking costs more than it saves
 _LEN = struct.Struct("<Q")
@@ -32,11 +34,12 @@ _FAILED = object()
 
 
 class Prescan:
-    def __init__(self, pid: int, fd: int, index: int, given_fd: int, shared: mmap.mmap):
+    def __init__(self, pid: int, fd: int, index: int, given_fd: int, shared: mmap.mmap, back: mmap.mmap):
         self.pid, self.index = pid, index
         self._fh = os.fdopen(fd, "rb")
         self._given_fd: int | None = given_fd
         self._shared = shared
+        self._back = back
         self._answers: list = []  # what the child has sent, in order
         self._reaped = False
 
@@ -92,6 +95,9 @@ class Prescan:
         if got is _FAILED:
             return None
         idx, ends, text, warnings = got
+        if isinstance(text, int):  # the raw names' length in the shared map
+            text = decode(self._back[:text])
+        self._back.close()
         return idx, ends, split_names(text, len(idx)), warnings
 
     def then(self):
@@ -142,17 +148,21 @@ def candidate(tables: list[SymbolTable], pattern) -> SymbolTable | None:
 
 
 def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable | None = None,
-          rows: int = 0, text: int = 0) -> Prescan | None:
+          rows: int = 0, text: int = 0, names_room: int | None = None) -> Prescan | None:
     """Fork a child selecting `table` (see candidate), or return None if the fork fails.
     `then((idx, ends, names, warnings), given)`, if given, runs in the child afterwards, with the
     table's selection and what the parent handed over with `Prescan.give` (the selections of the
     other tables, of `rows` entries at most in all, their string tables `text` bytes in all:
-    {index: (idx, ends, names or None, warnings)}); its (picklable) result is `Prescan.then()`'s."""
+    {index: (idx, ends, names or None, warnings)}); its (picklable) result is `Prescan.then()`'s.
+    `names_room`: bytes of shared map for the child's names (default: twice its string table;
+    names that do not fit go through the pipe)."""
     r, w = os.pipe()
     given_r, given_w = os.pipe()
     # anonymous and shared: the parent's arrays and names, no pipe to fill (pages never written
     # cost nothing, so the names get twice their string tables' size: escapes make them longer)
     shared = mmap.mmap(-1, 16 * max(rows, 1) + 2 * text + 8)
+    # and the other way, the child's names as raw bytes: no pickling, no pipe to pass them through
+    back = mmap.mmap(-1, (2 * table.str_size if names_room is None else names_room) + 8)
     try:
         pid = os.fork()
     except OSError:
@@ -166,8 +176,14 @@ def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable |
             os.close(given_w)
             warnings: list[str] = []
             idx, ends = select(img, table, pattern, keep_imports, warnings)
-            text = names_text(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
-            _send(w, (idx, ends, text, warnings))  # the names as one string, split after sending
+            raw = names_raw(img, table, table.syms["st_name"][idx].tolist(), ends.tolist())
+            text = decode(raw)
+            if len(raw) <= len(back):  # the names through the shared map, their length sent
+                back[:len(raw)] = raw
+                _send(w, (idx, ends, len(raw), warnings))
+            else:  # no room (names overlap in the table): as one string, split after sending
+                _send(w, (idx, ends, text, warnings))
+            del raw
             names = split_names(text, len(idx))
             del text
             if then is not None:
@@ -180,7 +196,7 @@ def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable |
         os._exit(code)
     os.close(w)
     os.close(given_r)
-    return Prescan(pid, r, table.index, given_w, shared)
+    return Prescan(pid, r, table.index, given_w, shared, back)
 
 
 def _given(fd: int, shared: mmap.mmap) -> dict | None:

@@ -190,6 +190,12 @@ def split_names(text: str, count: int) -> list[str]:
 
 def names_text(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[int]) -> str:
     """names_at's names joined by NULs, as one string (what a helper process sends as it is)."""
+    # one decode for all: NUL never occurs inside a name, so it separates them safely
+    return decode(names_raw(img, table, offsets, ends))
+
+
+def names_raw(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list[int]) -> bytes:
+    """names_text's bytes before decoding: the raw names joined by NULs."""
     buf, base, size = img.buf, table.str_off, table.str_size
     raws = []
     for off, end in zip(offsets, ends):
@@ -200,8 +206,7 @@ def names_text(img: ElfImage, table: SymbolTable, offsets: list[int], ends: list
             e = find_nul(buf, base + off, base + size)
             end = size if e < 0 else e - base
         raws.append(bytes(buf[base + off:base + end]))
-    # one decode for all: NUL never occurs inside a name, so it separates them safely
-    return decode(b"\0".join(raws))
+    return b"\0".join(raws)
 
 
 def symbol_columns(img: ElfImage, table: SymbolTable, idx: np.ndarray,
