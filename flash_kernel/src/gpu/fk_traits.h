@@ -128,6 +128,16 @@ struct GenericTile {
 #ifndef FK_MMA_Q_REGS_MAX
 #define FK_MMA_Q_REGS_MAX 128  // Q stays in registers where MT * D is at most this (and BN <= 64)
 #endif
+// Buckets that keep Q in registers past FK_MMA_Q_REGS_MAX (1): 96 (MT 2) and 192 (MT 1), 255 / 243
+// registers. Measured on the H200 (docs/perf.md "mma.sync head-dim buckets", variant qr): 1.10x /
+// 1.15x SDPA-flash at head dims 72 / 80, 0.98x at 96, 1.05x at 192, against 1.04 / 1.09 / 0.96 / 0.97x
+// with Q re-read from shared memory. 160 and 256 were not measured this way: they keep it there.
+#ifndef FK_MMA_Q_REGS_D96
+#define FK_MMA_Q_REGS_D96 1
+#endif
+#ifndef FK_MMA_Q_REGS_D192
+#define FK_MMA_Q_REGS_D192 1
+#endif
 // Blocks per SM asked of ptxas (__launch_bounds__' second argument): 0 asks nothing (ptxas uses up
 // to 255 registers; two 128-thread blocks fit an SM; CUDA 13.0 spills 12 B at D 64 BN 128 when asked
 // for 1); 3 caps the registers at 168 so that three blocks fit.
@@ -260,7 +270,9 @@ struct MmaTile {
     static constexpr int kMinBlocks = FK_MMA_KNOB(MIN_BLOCKS);
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int BM = 16 * MT * kWarps;
-    static constexpr bool kQInRegs = FK_MMA_Q_IN_REGS && MT * D <= FK_MMA_Q_REGS_MAX && BN <= 64;
+    static constexpr bool kQInRegs =
+        FK_MMA_Q_IN_REGS && BN <= 64 &&
+        (MT * D <= FK_MMA_Q_REGS_MAX || (D == 96 && FK_MMA_Q_REGS_D96) || (D == 192 && FK_MMA_Q_REGS_D192));
     static constexpr bool kShiftPV = FK_MMA_KNOB(SHIFT_PV) != 0;
     static constexpr int kMinDim = bucket_floor(kMmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kNarrowKD = D == 96 ? FK_MMA_NARROW_D96 : D;  // < D: a narrow kernel (fk_mma.h)
