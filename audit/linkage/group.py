@@ -56,5 +56,5 @@ def group_findings(raw: list[Finding]) -> list[Finding]:
             reason=first.reason, use_instead=first.use_instead, severity=first.severity, chain=list(first.chain),
             in_file=first.in_file, offset=places[0].offset, count=count, examples=names[1:MAX_EXAMPLES + 1],
             detail=places[0].detail, matches=places,
-            distinct_names=len({n for m in places for n in m.names}) if count > 1 else count))
+            distinct_names=len(set().union(*(m.names for m in places))) if count > 1 else count))
     return out
