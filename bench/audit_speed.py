@@ -11,7 +11,8 @@ package's is.
 
 Scenarios (each skipped, with the reason, when its input is missing):
   file     torch's libtorch_cpu.so (434 MB, 606k symbols): `check FILE` vs `readelf -Ws FILE`.
-           Goals: time ratio <= 1.0, peak memory <= 2x readelf's.
+           Goals: time ratio <= 1.0, peak memory <= 2x readelf's. Then, for the record, the same
+           with `--format json` (the report that carries the file's sha256, so the file is hashed).
   wheel    the torch CPU wheel (136 ELF files): `check WHEEL`, goal <= 10 s; the nvidia-cudnn-cu12
            wheel: goal < 1 GB peak memory.
   device   librocsparse.so.0 (888 AMDGPU code objects) vs `roc-obj-ls`; libcublasLt.so.12 and
@@ -266,6 +267,13 @@ def main(argv=None) -> int:
                   f"{r['ratio']:.2f}, median per-pair ratio {r['pair_ratio']:.2f}, CPU ratio {r['cpu_ratio']:.2f}; "
                   f"memory: PSS sum or largest process {r['rss_ratio']:.2f}x, RSS sum "
                   f"{r['ours']['rss'] / r['ref']['rss']:.2f}x readelf's")
+            # the same with the JSON report, which carries the file's sha256 (the text log does not,
+            # and check hashes only for outputs that show it): for the record, no goal
+            j = raw["libtorch_cpu_json"] = side_by_side(AUDIT + ["--format", "json", str(f)],
+                                                        [inp["readelf"], "-Ws", str(f)], max(3, args.runs // 2))
+            table.add("libtorch_cpu.so, --format json (hashed)", j["ours"], "readelf -Ws", j["ref"], j["ratio"])
+            print(f"libtorch_cpu.so --format json: wall ours {j['ours']['walls']} readelf {j['ref']['walls']}; "
+                  f"ratio of medians {j['ratio']:.2f}, CPU ratio {j['cpu_ratio']:.2f}")
         else:
             skip("file", "no libtorch_cpu.so (torch 2.13.0 CPU wheel) or no readelf")
 
