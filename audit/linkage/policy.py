@@ -217,8 +217,8 @@ class Policy:
                    "inspected": functools.partial(compile_globs, self.inspected)}
         # Single lookups (strings, kernels): one regex per evidence type, a named group per
         # rule in policy order, so the first rule that matches wins.
-        for kind, attrs in (("symbols", ("match_symbols",)), ("kernels", ("kernels", "symbols")), ("strings", ("strings",)),
-                            ("shared", ("shared_kernels",))):
+        # (symbols are classified with each rule's own regex, which judging makes anyway)
+        for kind, attrs in (("kernels", ("kernels", "symbols")), ("strings", ("strings",)), ("shared", ("shared_kernels",))):
             recipes["by_" + kind] = functools.partial(self._by_rule_regex, attrs)
         self._re = LazyRegexes(recipes)
         # The reader's bulk filter: the patterns, and for the name lists a few covering globs
@@ -232,6 +232,7 @@ class Policy:
             for n in r.match_names:
                 self._name_owner.setdefault(n, i)
         self._prefixes_made: list | None = None
+        self._prefix_tuples_made: list | None = None
         return self
 
     def prepare(self, device_code: bool = True) -> None:
@@ -307,8 +308,25 @@ class Policy:
         return out
 
     def rule_for_symbol(self, name: str) -> Rule | None:
-        """The first rule whose symbol patterns match the whole name."""
-        return self._classify("symbols", name)
+        """The first rule (policy order) whose symbol patterns or names list match the whole name.
+        Each rule's own regex is asked, only where the name starts with one of its literal
+        prefixes: one regex over every rule would be compiled for the few names asked about."""
+        listed = self._name_owner.get(name)
+        for i, (rule, prefixes) in enumerate(zip(self.rules, self._prefix_tuples)):
+            if listed is not None and listed <= i:
+                return self.rules[listed]
+            if prefixes and name.startswith(prefixes):
+                rx = rule._re.get("symbols")
+                if rx is not None and rx.match(name):
+                    return rule
+        return None
+
+    @property
+    def _prefix_tuples(self) -> list[tuple[str, ...]]:
+        """Each rule's literal prefixes (_prefixes) as one tuple, for str.startswith."""
+        if self._prefix_tuples_made is None:
+            self._prefix_tuples_made = [tuple(lit for lit, _ in made) for made in self._prefixes]
+        return self._prefix_tuples_made
 
     def rule_for_kernel(self, name: str, shipper: Rule | None = None) -> Rule | None:
         """The rule a device kernel belongs to: the first whose kernel (or symbol) patterns, the
