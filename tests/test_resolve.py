@@ -205,3 +205,21 @@ def test_resolution_agrees_with_the_glibc_loader(linkage_libs, key):
     for name, path in fixtures.items():
         assert name in mine, (name, mine)
         assert mine[name] == path, (name, mine[name], path)
+
+
+def test_member_versions_found_by_soname_prefix_only():
+    """A NEEDED `libfoo.so.1` falls back to a member `libfoo.so.1.2.3` (shipped without the symlink
+    ldconfig would make), never to a name that merely shares the prefix."""
+    from audit.linkage.resolve import Member, MemberSet
+
+    names = ["b/libfoo.so.1.2.3", "a/libfoo.so.1.2.3", "libfoo.so.1", "libfoo.so.10", "libfoo.so.1a",
+             "libfoo.so.x.1", "libfoo.so.1.2.3.bak", "libfoobar.so.1", "libfoo.so", "libfoo.so.1..2"]
+    members = MemberSet("F", [Member(f"/t/{n}", f"F!{n}") for n in names])
+    shown = lambda ms: [m.shown for m in ms]  # noqa: E731
+    assert shown(members.versions_of("libfoo.so.1")) == ["F!libfoo.so.1..2", "F!a/libfoo.so.1.2.3",
+                                                         "F!b/libfoo.so.1.2.3"]
+    assert shown(members.versions_of("libfoo.so")) == ["F!libfoo.so.1", "F!libfoo.so.1..2", "F!a/libfoo.so.1.2.3",
+                                                       "F!b/libfoo.so.1.2.3", "F!libfoo.so.10"]
+    assert shown(members.versions_of("libfoo.so.1.2")) == ["F!a/libfoo.so.1.2.3", "F!b/libfoo.so.1.2.3"]
+    assert members.versions_of("libfoo") == [] and members.versions_of("x/libfoo.so") == []
+    assert shown(members.versions_of("libfoobar.so")) == ["F!libfoobar.so.1"]

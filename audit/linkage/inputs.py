@@ -92,6 +92,7 @@ class Inputs:
         self.skipped: dict[str, int] = {}
         self.warnings: list[str] = []
         self.seen: set[str] = set()
+        self._real_folders: dict[str, str] = {}  # folder -> its realpath (_real)
         self.tmpdirs: list[tempfile.TemporaryDirectory] = []
         self.images: list[Image] = []
         self.labels: list[tuple[str, str]] = []  # (extraction folder, the wheel/package as reported)
@@ -168,8 +169,19 @@ class Inputs:
         if not found:
             self.warnings.append(f"{arg}: the image holds no ELF file")
 
+    def _real(self, host: str) -> str:
+        """os.path.realpath(host), with each folder resolved once: a folder's tens of thousands of
+        files would otherwise cost one lstat per path component each."""
+        folder, name = os.path.split(host)
+        if name in ("", ".", "..") or os.path.islink(host):
+            return os.path.realpath(host)
+        real_folder = self._real_folders.get(folder)
+        if real_folder is None:
+            real_folder = self._real_folders[folder] = os.path.realpath(folder)
+        return os.path.join(real_folder, name)
+
     def _file(self, report: str, host: str, explicit: bool):
-        real = os.path.realpath(host)
+        real = self._real(host)
         if real in self.seen:
             self.skip("duplicate")
             return

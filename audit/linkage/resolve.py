@@ -138,6 +138,7 @@ class MemberSet:
     def __init__(self, label: str, members: Iterable[Member]):
         self.label = label  # the wheel, folder or image, as reported
         self._by_name: dict[str, list[Member]] = {}
+        self._versions: dict[str, list[Member]] | None = None  # built on the first versions_of
         for m in members:
             self._by_name.setdefault(os.path.basename(m.path), []).append(m)
         for hits in self._by_name.values():
@@ -155,8 +156,19 @@ class MemberSet:
         a library shipped without the symlink ldconfig would make, found by its SONAME."""
         if "/" in name:
             return []
-        return [m for base, ms in sorted(self._by_name.items()) if base.startswith(name + ".")
-                and base[len(name) + 1:].replace(".", "").isdigit() for m in ms]
+        if self._versions is None:
+            self._versions = self._index_versions()
+        return list(self._versions.get(name, ()))
+
+    def _index_versions(self) -> dict[str, list[Member]]:
+        """Every name a member answers as `name` + version, once: a folder holds tens of thousands
+        of files, and scanning them all per lookup cost seconds."""
+        index: dict[str, list[Member]] = {}
+        for base in sorted(self._by_name):
+            for i, ch in enumerate(base):
+                if ch == "." and base[i + 1:].replace(".", "").isdigit():
+                    index.setdefault(base[:i], []).extend(self._by_name[base])
+        return index
 
 
 # ---------------------------------------------------------------- paths
@@ -180,6 +192,7 @@ class Paths:
     def __init__(self, root: str | None, fs: FileSystem = HOST):
         self.root = root.rstrip("/") if root else None
         self.fs = fs
+        self._real_host: dict[str, str | None] = {}  # realpath on this machine, once per path and run
 
     def host(self, path: str) -> str:
         """An absolute path as the audited system sees it -> where it is here."""
@@ -189,10 +202,12 @@ class Paths:
         """Symlinks resolved, staying inside the sysroot (or the image); None if missing or a loop."""
         root = self.root or ""
         if self.fs is HOST and (not root or not (host_path == root or host_path.startswith(root + "/"))):
-            try:
-                return os.path.realpath(host_path, strict=True)
-            except (OSError, RuntimeError):
-                return None
+            if host_path not in self._real_host:
+                try:
+                    self._real_host[host_path] = os.path.realpath(host_path, strict=True)
+                except (OSError, RuntimeError):
+                    self._real_host[host_path] = None
+            return self._real_host[host_path]
         if not host_path.startswith("/"):
             return None
         todo = deque(host_path[len(root):].split("/"))
