@@ -178,7 +178,7 @@ bool wgmma_usable(int dev) {
     const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess && major == 9 &&
                     minor == 0 &&
-                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128, false, kPersist>) == cudaSuccess &&
+                    cudaFuncGetAttributes(&fa, fk::wgmma::flash_wgmma_kernel<fk::BF16, 128, false, kPersist, 1>) == cudaSuccess &&
                     fa.binaryVersion == 90 && fk::wgmma::encoder() != nullptr;
     (void)cudaGetLastError();
     if (dev < 64) known[dev].store(ok ? 1 : 2);
@@ -187,27 +187,93 @@ bool wgmma_usable(int dev) {
 
 constexpr int32_t kNotTaken = -1;  // the wgmma path cannot address these tensors: take mma_sync
 
+// Clusters of two with K/V multicast (fk_traits.h FK_WGMMA_CLUSTER_KV): buckets 64 and 128 on the
+// persistent grid, short Nk, at least two query tiles.
+template <int D>
+constexpr bool kClusterKV = kPersist && FK_WGMMA_CLUSTER_KV != 0 && (D == 64 || D == 128);
+
+// How many clusters of two of `kernel` run at once on device `dev` (asked once per device and
+// kernel; 0 if the runtime cannot say).
+template <class Kernel>
+int active_pairs(Kernel kernel, int smem, int dev, std::atomic<int> (&known)[64]) {
+    if (dev >= 0 && dev < 64) {
+        if (const int n = known[dev].load(std::memory_order_relaxed)) return n;
+    }
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 2;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.gridDim = dim3(2, 1, 1);
+    cfg.blockDim = dim3(static_cast<unsigned>(128 * 3), 1, 1);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n < 1) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < 64) known[dev].store(n, std::memory_order_relaxed);
+    return n;
+}
+
 template <class E, int D>
 int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStream_t s, int64_t bh_total, int dev) {
     using Tile = fk::WgmmaTile<D>;
     if (p.nq > INT32_MAX - Tile::BM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
     const int sms = kPersist ? sm_count(dev) : 0;
     if (kPersist && sms == 0) return kNotTaken;  // the runtime cannot say how many SMs: mma_sync
+    const int64_t qtiles = (p.nq + Tile::BM - 1) / Tile::BM;
+    const bool cl = kClusterKV<D> && p.nk <= FK_WGMMA_CLUSTER_KV_MAX_NK && qtiles >= 2;
     CUtensorMap tq, tk, tv;
     fk::wgmma::MapsDims md{};
     // dimension 0 of each map is the real head dim: TMA zero-fills the bucket's padding columns;
-    // Q is loaded in halves, one per consumer warpgroup
+    // Q is loaded in halves, one per consumer warpgroup; clusters load K and V in halves too
+    const int kv_rows = cl ? Tile::BN / 2 : Tile::BN;
     if (!fk::wgmma::encode_cached(&tq, &md.q, dev, dtype, p.q, batch, p.heads, p.nq, p.d, p.qs, Tile::kQRows) ||
-        !fk::wgmma::encode_cached(&tk, &md.k, dev, dtype, p.k, batch, p.heads, p.nk, p.d, p.ks, Tile::BN) ||
-        !fk::wgmma::encode_cached(&tv, &md.v, dev, dtype, p.v, batch, p.heads, p.nk, p.d, p.vs, Tile::BN))
+        !fk::wgmma::encode_cached(&tk, &md.k, dev, dtype, p.k, batch, p.heads, p.nk, p.d, p.ks, kv_rows) ||
+        !fk::wgmma::encode_cached(&tv, &md.v, dev, dtype, p.v, batch, p.heads, p.nk, p.d, p.vs, kv_rows))
         return kNotTaken;
     const bool padded = p.d != D;
-    auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist>
-                         : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist>;
+    fk::FlashParams q = p;
+    if constexpr (kClusterKV<D>) {
+        if (cl) {
+            auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true, true, 2>
+                                 : fk::wgmma::flash_wgmma_kernel<E, D, false, true, 2>;
+            static std::atomic<uint64_t> opted[2];
+            static std::atomic<int> pairs_known[2][64];
+            if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (wgmma)")) return st;
+            int pairs = active_pairs(kernel, Tile::kSmemBytes, dev, pairs_known[padded]);
+            if (pairs == 0) pairs = sms / 2;
+            const int64_t items = (qtiles + 1) / 2 * bh_total;  // pairs of query tiles
+            q.bh0 = 0;
+            const unsigned clusters = static_cast<unsigned>(items < pairs ? items : pairs);
+            cudaLaunchConfig_t cfg{};
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = 2;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = 1;
+            cfg.gridDim = dim3(2 * clusters, 1, 1);
+            cfg.blockDim = dim3(Tile::kThreads, 1, 1);
+            cfg.dynamicSmemBytes = Tile::kSmemBytes;
+            cfg.stream = s;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, tq, tk, tv, q, md, items);
+            if (e != cudaSuccess) (void)cudaGetLastError();
+            int32_t st = e == cudaSuccess ? check_launch("flash (wgmma)")
+                                          : fk::fail(FK_ERR_LAUNCH, "flash (wgmma) launch failed: %s", cudaGetErrorString(e));
+            if (st) return forget_opt_in(st, dev, opted[padded]);
+            return fk::ran(FK_OK, "wgmma");
+        }
+    }
+    auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1>
+                         : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist, 1>;
     static std::atomic<uint64_t> opted[2];  // per kernel (exact, padded): devices opted in
     if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (wgmma)")) return st;
-    const int64_t qtiles = (p.nq + Tile::BM - 1) / Tile::BM;
-    fk::FlashParams q = p;
     if constexpr (kPersist) {  // one block per SM (fewer if there are fewer items), each looping over items
         const int64_t items = qtiles * bh_total;
         q.bh0 = 0;

@@ -362,6 +362,17 @@ struct MmaTile {
 #ifndef FK_WGMMA_PERSISTENT
 #define FK_WGMMA_PERSISTENT 1
 #endif
+// Clusters of two CTAs along the query tiles at short Nk (buckets 64 and 128, persistent grid, calls
+// with Nk <= FK_WGMMA_CLUSTER_KV_MAX_NK and at least two query tiles): each CTA's producer loads half
+// of every K/V tile and multicasts it to both, so a pair of adjacent query tiles of one (batch,
+// head) reads its K and V from L2 once (text cross-attention re-reads a head's whole K and V per
+// 128-row tile). 0: never.
+#ifndef FK_WGMMA_CLUSTER_KV
+#define FK_WGMMA_CLUSTER_KV 1
+#endif
+#ifndef FK_WGMMA_CLUSTER_KV_MAX_NK
+#define FK_WGMMA_CLUSTER_KV_MAX_NK 1024
+#endif
 template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups
@@ -388,6 +399,8 @@ struct WgmmaTile {
     // + 1 KiB: the dynamic shared window is aligned up to the 1 KiB swizzle period in the kernel
     static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
     static constexpr int kProducerRegs = 24, kConsumerRegs = 240;   // setmaxnreg: 24*128 + 240*256 <= 64K
+    // clusters: the multicast producer spills at 24 (ptxas, CUDA 13.0); 40*128 + 232*256 = 168*384
+    static constexpr int kClusterProducerRegs = 40, kClusterConsumerRegs = 232;
     static_assert(D == 64 || D == 128 || D == 192 || D == 256, "wgmma path: buckets 64, 128, 192 and 256");
     static_assert(BN % 16 == 0 && BN >= 64 && BN <= 128, "wgmma path: S tiles of n64, n80, n96, n112 or n128");
     static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");

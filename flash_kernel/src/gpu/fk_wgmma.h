@@ -75,6 +75,25 @@ FK_DEVICE void tma_load_4d(uint32_t dst, const CUtensorMap *map, uint32_t bar, i
         "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
         ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
+// Clusters of two along the query tiles (FK_WGMMA_CLUSTER_KV): each CTA's producer loads half of
+// every K/V tile and multicasts it into both CTAs' shared memory (the same offset, completing on
+// the same barrier offset in each), so the pair reads K and V from L2 once.
+FK_DEVICE void tma_load_4d_mc(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1, int c2, int c3,
+                              uint16_t mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4, %5}], [%6], %7;\n"
+        ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar), "h"(mask) : "memory");
+}
+// Every thread of both CTAs: after the barriers' init (before any remote arrive or multicast) and
+// before exit (the peer may still arrive on this CTA's barriers).
+FK_DEVICE void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// Arrive on the barrier at the same shared offset in CTA `peer` of the cluster.
+FK_DEVICE void mbar_arrive_peer(uint32_t bar, uint32_t peer) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n"
+                 ::"r"(bar), "r"(peer) : "memory");
+}
 FK_DEVICE void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 FK_DEVICE void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 FK_DEVICE void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -106,7 +125,11 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 // blockIdx.x + gridDim.x, ... of `items` (FK_WGMMA_PERSISTENT, fk_traits.h); otherwise the grid is
 // (query tiles, (batch, head) pairs from p.bh0) and each block runs the one item it names.
 // Item i is query tile i % qtiles of (batch * heads + head) i / qtiles.
-template <class E, int D, bool kPad, bool kPersist>
+// kCl 2 (persistent only): the grid is clusters of two CTAs; an item is a pair of adjacent query
+// tiles of one (batch, head), tile 2 (i % pairs) + rank on the CTA of that rank (a last odd tile's
+// partner computes on no rows and stores nothing), and K/V tiles are multicast (tma_load_4d_mc):
+// a slot is refilled once the consumers of both CTAs have released it.
+template <class E, int D, bool kPad, bool kPersist, int kCl>
 __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md, int64_t items) {
@@ -114,6 +137,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     using T = WgmmaTile<D>;
     constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks, QR = T::kQRows;
     constexpr int kRowBytes = 128;  // one swizzled row of a column block
+    static_assert(kCl == 1 || (kCl == 2 && kPersist && BN % 2 == 0), "clusters of two: persistent grid");
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sk = sq + T::kQBytes;            // stage s: sk + s * kKVBytes
@@ -125,10 +149,14 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const int qtiles = static_cast<int>((p.nq + BM - 1) / BM);
-    // this block's first item, the item past its last, and its step
-    const int64_t first = kPersist ? int64_t(blockIdx.x) : (p.bh0 + blockIdx.y) * qtiles + blockIdx.x;
+    const int ptiles = (qtiles + kCl - 1) / kCl;  // items per (batch, head)
+    // the CTA's rank in its cluster: clusters are kCl consecutive blocks along x (ctaid, unlike
+    // %cluster_ctarank, is rematerialised rather than held in a register)
+    const uint32_t rank = kCl > 1 ? blockIdx.x % kCl : 0;
+    // this block's first item, the item past its last, and its step (clusters: the cluster's)
+    const int64_t first = kPersist ? int64_t(blockIdx.x / kCl) : (p.bh0 + blockIdx.y) * qtiles + blockIdx.x;
     const int64_t last = kPersist ? items : first + 1;
-    const int64_t step = kPersist ? int64_t(gridDim.x) : 1;
+    const int64_t step = kPersist ? int64_t(gridDim.x / kCl) : 1;
     const int nk = static_cast<int>(p.nk);
     const int ntiles = (nk + BN - 1) / BN;
     const int dh = kPad ? p.d : D;           // the head dim (<= D)
@@ -143,39 +171,56 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         for (int s = 0; s < S; ++s) {
             mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * T::kConsumers);  // lane 0 of every consumer warp
-            if (T::kSplitKV) mbar_init(v_empty + 8 * s, 4 * T::kConsumers);
+            mbar_init(empty + 8 * s, 4 * T::kConsumers * kCl);  // lane 0 of every consumer warp (of both CTAs)
+            if (T::kSplitKV) mbar_init(v_empty + 8 * s, 4 * T::kConsumers * kCl);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (kCl > 1) cluster_sync();
+    else __syncthreads();
 
     if (wg == 0) {  // ---------------- producer ----------------
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(T::kProducerRegs));
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCl > 1 ? T::kClusterProducerRegs : T::kProducerRegs));
         if (warp == 0 && lane == 0) {
             int g = 0;  // K/V tiles issued so far: the ring runs on across items
             int it = 0;
             for (int64_t item = first; item < last; item += step, ++it) {
-                const int64_t bh = item / qtiles;
+                const int64_t bh = item / ptiles;
                 const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-                const int q0 = static_cast<int>(item % qtiles) * BM;
+                const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
                 for (int j = 0; j < ntiles; ++j, ++g) {
                     const int st = g % S;
                     if (g >= S) mbar_wait(empty + 8 * st, ((g / S) - 1) & 1);
                     const int n0 = j * BN;
                     mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);  // (split: this waited for K's slot alone)
+                    // clusters: this CTA's half of the tile's rows (the peer's half arrives on the same
+                    // barrier); TMA zero-fills rows past nk, a half wholly past them included
+                    constexpr int kHalf = BN / kCl;
+                    const int hr = int(rank) * kHalf, nh = n0 + hr;
 #pragma unroll
                     for (int cb = 0; cb < CB; ++cb)
-                        if (cb < cbn)
-                        tma_load_4d(sk + st * T::kKVBytes + cb * BN * kRowBytes, &tk, k_full + 8 * st, cb * 64,
-                                    pick(md.k, 1, n0, h, b), pick(md.k, 2, n0, h, b), pick(md.k, 3, n0, h, b));
+                        if (cb < cbn) {
+                            const uint32_t dst = sk + st * T::kKVBytes + cb * BN * kRowBytes + hr * kRowBytes;
+                            if constexpr (kCl > 1)
+                                tma_load_4d_mc(dst, &tk, k_full + 8 * st, cb * 64, pick(md.k, 1, nh, h, b),
+                                               pick(md.k, 2, nh, h, b), pick(md.k, 3, nh, h, b), 0x3);
+                            else
+                                tma_load_4d(dst, &tk, k_full + 8 * st, cb * 64, pick(md.k, 1, nh, h, b),
+                                            pick(md.k, 2, nh, h, b), pick(md.k, 3, nh, h, b));
+                        }
                     if (T::kSplitKV && g >= S) mbar_wait(v_empty + 8 * st, ((g / S) - 1) & 1);
                     mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
 #pragma unroll
                     for (int cb = 0; cb < CB; ++cb)
-                        if (cb < cbn)
-                        tma_load_4d(sv + st * T::kKVBytes + cb * BN * kRowBytes, &tv, v_full + 8 * st, cb * 64,
-                                    pick(md.v, 1, n0, h, b), pick(md.v, 2, n0, h, b), pick(md.v, 3, n0, h, b));
+                        if (cb < cbn) {
+                            const uint32_t dst = sv + st * T::kKVBytes + cb * BN * kRowBytes + hr * kRowBytes;
+                            if constexpr (kCl > 1)
+                                tma_load_4d_mc(dst, &tv, v_full + 8 * st, cb * 64, pick(md.v, 1, nh, h, b),
+                                               pick(md.v, 2, nh, h, b), pick(md.v, 3, nh, h, b), 0x3);
+                            else
+                                tma_load_4d(dst, &tv, v_full + 8 * st, cb * 64, pick(md.v, 1, nh, h, b),
+                                            pick(md.v, 2, nh, h, b), pick(md.v, 3, nh, h, b));
+                        }
                     if (j != 0) continue;
                     // Q after the item's first K/V tile, which may go ahead while a consumer still
                     // reads its half of the previous item's Q. A half wholly past nq is not loaded
@@ -197,11 +242,12 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 }
             }
         }
+        if constexpr (kCl > 1) cluster_sync();
         return;
     }
 
     // ---------------- consumers ----------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kCl > 1 ? T::kClusterConsumerRegs : T::kConsumerRegs));
     const int c = wg - 1;                     // consumer index: rows 64c .. 64c + 63 of the block
     const int my_bar = 1 + c, other_bar = 2 - c;  // named barriers 1 and 2 (0 is __syncthreads)
     constexpr int kPair = 256;                // both consumer warpgroups take part in each
@@ -336,9 +382,11 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             wg_fence();
         }
     };
-    auto arrive = [&](uint32_t bar) {  // this warp has finished reading a slot
+    auto arrive = [&](uint32_t bar) {  // this warp has finished reading a slot (clusters: tell both CTAs)
         __syncwarp();
         if (lane == 0) mbar_arrive(bar);
+        if constexpr (kCl > 1)
+            if (lane == 1) mbar_arrive_peer(bar, (blockIdx.x % kCl) ^ 1u);
     };
     auto release_k = [&](int st) { if constexpr (T::kSplitKV) arrive(empty + 8 * st); };  // after S(j)
     auto release_v = [&](int st) { arrive(v_empty + 8 * st); };  // after P V; unsplit: K and V together
@@ -443,9 +491,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         l1 += fk_shfl_xor(l1, 1);
         l1 += fk_shfl_xor(l1, 2);
         const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-        const int64_t bh = item / qtiles;
+        const int64_t bh = item / ptiles;
         const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-        const int q0 = static_cast<int>(item % qtiles) * BM;
+        const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
         uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
         const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
         const int col = 2 * (lane % 4);
@@ -459,6 +507,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         }
     }
     if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
+    if constexpr (kCl > 1) cluster_sync();
 #else
     __trap();  // the sm_80 pass of an sm_90a build: never launched (the host checks the cubin)
 #endif
