@@ -231,7 +231,7 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
     fk::wgmma::MapsDims md{};
     // dimension 0 of each map is the real head dim: TMA zero-fills the bucket's padding columns;
     // Q is loaded in halves, one per consumer warpgroup; clusters load K and V in halves too
-    const int kv_rows = cl ? Tile::BN / 2 : Tile::BN;
+    const int kv_rows = cl && FK_WGMMA_CLUSTER_KV_MULTICAST ? Tile::BN / 2 : Tile::BN;
     if (!fk::wgmma::encode_cached(&tq, &md.q, dev, dtype, p.q, batch, p.heads, p.nq, p.d, p.qs, Tile::kQRows) ||
         !fk::wgmma::encode_cached(&tk, &md.k, dev, dtype, p.k, batch, p.heads, p.nk, p.d, p.ks, kv_rows) ||
         !fk::wgmma::encode_cached(&tv, &md.v, dev, dtype, p.v, batch, p.heads, p.nk, p.d, p.vs, kv_rows))

@@ -373,6 +373,11 @@ struct MmaTile {
 #ifndef FK_WGMMA_CLUSTER_KV_MAX_NK
 #define FK_WGMMA_CLUSTER_KV_MAX_NK 1024
 #endif
+// 0: the clusters only pair the query tiles (each CTA loads whole K/V tiles itself, nothing shared):
+// a control that separates the cluster launch from the multicast.
+#ifndef FK_WGMMA_CLUSTER_KV_MULTICAST
+#define FK_WGMMA_CLUSTER_KV_MULTICAST 1
+#endif
 template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups

@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks, QR = T::kQRows;
     constexpr int kRowBytes = 128;  // one swizzled row of a column block
     static_assert(kCl == 1 || (kCl == 2 && kPersist && BN % 2 == 0), "clusters of two: persistent grid");
+    constexpr int kMc = kCl > 1 && FK_WGMMA_CLUSTER_KV_MULTICAST ? kCl : 1;  // CTAs sharing each K/V tile
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sk = sq + T::kQBytes;            // stage s: sk + s * kKVBytes
@@ -171,8 +172,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         for (int s = 0; s < S; ++s) {
             mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 4 * T::kConsumers * kCl);  // lane 0 of every consumer warp (of both CTAs)
-            if (T::kSplitKV) mbar_init(v_empty + 8 * s, 4 * T::kConsumers * kCl);
+            mbar_init(empty + 8 * s, 4 * T::kConsumers * kMc);  // lane 0 of every consumer warp (of both CTAs)
+            if (T::kSplitKV) mbar_init(v_empty + 8 * s, 4 * T::kConsumers * kMc);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -195,13 +196,13 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);  // (split: this waited for K's slot alone)
                     // clusters: this CTA's half of the tile's rows (the peer's half arrives on the same
                     // barrier); TMA zero-fills rows past nk, a half wholly past them included
-                    constexpr int kHalf = BN / kCl;
-                    const int hr = int(rank) * kHalf, nh = n0 + hr;
+                    constexpr int kHalf = BN / kMc;
+                    const int hr = kMc > 1 ? int(rank) * kHalf : 0, nh = n0 + hr;
 #pragma unroll
                     for (int cb = 0; cb < CB; ++cb)
                         if (cb < cbn) {
                             const uint32_t dst = sk + st * T::kKVBytes + cb * BN * kRowBytes + hr * kRowBytes;
-                            if constexpr (kCl > 1)
+                            if constexpr (kMc > 1)
                                 tma_load_4d_mc(dst, &tk, k_full + 8 * st, cb * 64, pick(md.k, 1, nh, h, b),
                                                pick(md.k, 2, nh, h, b), pick(md.k, 3, nh, h, b), 0x3);
                             else
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     for (int cb = 0; cb < CB; ++cb)
                         if (cb < cbn) {
                             const uint32_t dst = sv + st * T::kKVBytes + cb * BN * kRowBytes + hr * kRowBytes;
-                            if constexpr (kCl > 1)
+                            if constexpr (kMc > 1)
                                 tma_load_4d_mc(dst, &tv, v_full + 8 * st, cb * 64, pick(md.v, 1, nh, h, b),
                                                pick(md.v, 2, nh, h, b), pick(md.v, 3, nh, h, b), 0x3);
                             else
@@ -385,7 +386,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     auto arrive = [&](uint32_t bar) {  // this warp has finished reading a slot (clusters: tell both CTAs)
         __syncwarp();
         if (lane == 0) mbar_arrive(bar);
-        if constexpr (kCl > 1)
+        if constexpr (kMc > 1)
             if (lane == 1) mbar_arrive_peer(bar, (blockIdx.x % kCl) ^ 1u);
     };
     auto release_k = [&](int st) { if constexpr (T::kSplitKV) arrive(empty + 8 * st); };  // after S(j)
