@@ -366,9 +366,11 @@ struct MmaTile {
 // with Nk <= FK_WGMMA_CLUSTER_KV_MAX_NK and at least two query tiles): each CTA's producer loads half
 // of every K/V tile and multicasts it to both, so a pair of adjacent query tiles of one (batch,
 // head) reads its K and V from L2 once (text cross-attention re-reads a head's whole K and V per
-// 128-row tile). 0: never.
+// 128-row tile). Off (0): measured on the H200 (docs/perf.md, "Short Nk: clusters of two with K/V
+// multicast") at 0.86-0.88x the unclustered kernel at Nk 512 and 0.85x at long self-attention;
+// correct (GPU tests, memcheck, racecheck) but slower, kept as a switch for other devices.
 #ifndef FK_WGMMA_CLUSTER_KV
-#define FK_WGMMA_CLUSTER_KV 1
+#define FK_WGMMA_CLUSTER_KV 0
 #endif
 #ifndef FK_WGMMA_CLUSTER_KV_MAX_NK
 #define FK_WGMMA_CLUSTER_KV_MAX_NK 1024
