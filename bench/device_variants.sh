@@ -95,41 +95,7 @@ MC=$!
 timeout -k 5 150 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE -k sm_90a tests/test_kernel_gpu.py > "$LOG/pytest.log" 2>&1
 note "pytest tests/test_kernel_gpu.py -k sm_90a -n 8 rc=$? ($(el) s): $(tail -1 "$LOG/pytest.log")"
 grep -E "^(FAILED|ERROR)" "$LOG/pytest.log" | head -8 | tee -a "$SUMMARY"
-timeout -k 5 60 python3 - "${LIBS[@]}" > "$LOG/variants-check.log" 2>&1 <<'PY'
-import math, sys
-import torch
-import flash_kernel
-from flash_kernel import _binding
-gen = torch.Generator(device="cuda")
-gen.seed()
-print("seed", gen.initial_seed())
-sms = torch.cuda.get_device_properties(0).multi_processor_count
-cases = [("bhnd", (1, sms + 7, 300, 1000)), ("bnhd", (1, sms + 1, 256, 512)), ("bhnd", (2, sms + 3, 129, 100)),
-         ("bnhd", (1, 3, 333, 4099)), ("bhnd", (1, 2, 1000, 9000))]
-for spec in sys.argv[1:]:
-    label, _, path = spec.partition("=")
-    lib = flash_kernel.load(path)
-    worst, bad = 0.0, []
-    for d in (64, 72, 128):
-        for dt, tol in ((torch.float16, 2e-3), (torch.bfloat16, 1e-2)):
-            for layout, (b, h, nq, nk) in cases:
-                def t(n):
-                    x = torch.randn(b, h, n, d, generator=gen, device="cuda").to(dt)
-                    return x if layout == "bhnd" else x.transpose(1, 2).contiguous()
-                q, k, v = t(nq), t(nk), t(nk)
-                o = torch.full_like(q, float("nan"))
-                lib.run_into(q, k, v, o, _binding.resolve_scale(None, d), layout, False)
-                torch.cuda.synchronize()
-                path = lib.last_flash_path()
-                qq, kk, vv = ((x if layout == "bhnd" else x.transpose(1, 2)).double() for x in (q, k, v))
-                ref = torch.softmax(qq @ kk.transpose(-1, -2) / math.sqrt(d), -1) @ vv
-                oo = (o if layout == "bhnd" else o.transpose(1, 2)).double()
-                err = (torch.linalg.vector_norm(oo - ref) / torch.linalg.vector_norm(ref)).item() if torch.isfinite(oo).all() else math.inf
-                worst = max(worst, err / tol)
-                if err > tol or path != "wgmma":
-                    bad.append(f"d{d} {dt} {layout} {(b, h, nq, nk)} err {err:.3g} path {path}")
-    print(f"{label}: {'ok' if not bad else 'FAIL'} (worst rel L2 / tolerance {worst:.2f}) {'; '.join(bad[:4])}")
-PY
+timeout -k 5 60 python3 bench/check_variants.py --dims 64,72,128 --cases many "${LIBS[@]}" > "$LOG/variants-check.log" 2>&1
 note "variants vs float64 rc=$? ($(el) s): $(grep -E '^[a-z0-9_]+: ' "$LOG/variants-check.log" | tr '\n' ' ')"
 wait $MC
 note "memcheck (default; test shapes, d 64,72,128): $(grep -E 'ERROR SUMMARY|calls|rc=' "$LOG/memcheck.log" | tr '\n' ' ')"

@@ -105,38 +105,7 @@ timeout -k 5 80 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_kernel_
     >"$LOG/pytest.log" 2>&1
 note "pytest (default, head dims 136..256) rc=$? ($(el) s): $(tail -1 "$LOG/pytest.log")"
 grep -E "^(FAILED|ERROR)" "$LOG/pytest.log" | head -6 | tee -a "$SUMMARY"
-timeout -k 5 60 python3 - "${LIBS[@]}" >"$LOG/variants-check.log" 2>&1 <<'PY'
-import math, sys
-import torch
-import flash_kernel
-from flash_kernel import _binding
-gen = torch.Generator(device="cuda")
-gen.seed()
-print("seed", gen.initial_seed())
-for spec in sys.argv[1:]:
-    label, _, path = spec.partition("=")
-    lib = flash_kernel.load(path)
-    worst, bad = 0.0, []
-    for d in range(136, 257, 8):
-        for dt, tol in ((torch.float16, 2e-3), (torch.bfloat16, 1e-2)):
-            for layout, (b, h, nq, nk) in (("bhnd", (2, 3, 77, 1000)), ("bnhd", (1, 2, 1000, 333))):
-                def t(n):
-                    x = torch.randn(b, h, n, d, generator=gen, device="cuda").to(dt)
-                    return x if layout == "bhnd" else x.transpose(1, 2).contiguous()
-                q, k, v = t(nq), t(nk), t(nk)
-                o = torch.full_like(q, float("nan"))
-                lib.run_into(q, k, v, o, _binding.resolve_scale(None, d), layout, False)
-                torch.cuda.synchronize()
-                path = lib.last_flash_path()
-                qq, kk, vv = ((x if layout == "bhnd" else x.transpose(1, 2)).double() for x in (q, k, v))
-                ref = torch.softmax(qq @ kk.transpose(-1, -2) / math.sqrt(d), -1) @ vv
-                oo = (o if layout == "bhnd" else o.transpose(1, 2)).double()
-                err = (torch.linalg.vector_norm(oo - ref) / torch.linalg.vector_norm(ref)).item() if torch.isfinite(oo).all() else math.inf
-                worst = max(worst, err / tol)
-                if err > tol or path != "wgmma":
-                    bad.append(f"d{d} {dt} {layout} err {err:.3g} path {path}")
-    print(f"{label}: {'ok' if not bad else 'FAIL'} (worst rel L2 / tolerance {worst:.2f}) {'; '.join(bad[:4])}")
-PY
+timeout -k 5 60 python3 bench/check_variants.py --dims 136-256/8 --cases ragged "${LIBS[@]}" >"$LOG/variants-check.log" 2>&1
 note "variants vs float64 rc=$? ($(el) s): $(grep -E '^[a-z0-9_@,]+: ' "$LOG/variants-check.log" | tr '\n' ' ')"
 wait $MC
 note "memcheck (default; d 160,192,200,256): $(grep -E 'ERROR SUMMARY|calls|rc=' "$LOG/memcheck.log" | tr '\n' ' ')"
