@@ -198,30 +198,24 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     // barrier); TMA zero-fills rows past nk, a half wholly past them included
                     constexpr int kHalf = BN / kMc;
                     const int hr = kMc > 1 ? int(rank) * kHalf : 0, nh = n0 + hr;
+                    // one K or V tile (this CTA's rows of it, under clusters) into stage st, column block by block
+                    auto load_tile = [&](uint32_t base, const CUtensorMap *map, uint32_t full, const MapDims &dims) {
 #pragma unroll
-                    for (int cb = 0; cb < CB; ++cb)
-                        if (cb < cbn) {
-                            const uint32_t dst = sk + st * T::kKVBytes + cb * BN * kRowBytes + hr * kRowBytes;
-                            if constexpr (kMc > 1)
-                                tma_load_4d_mc(dst, &tk, k_full + 8 * st, cb * 64, pick(md.k, 1, nh, h, b),
-                                               pick(md.k, 2, nh, h, b), pick(md.k, 3, nh, h, b), 0x3);
-                            else
-                                tma_load_4d(dst, &tk, k_full + 8 * st, cb * 64, pick(md.k, 1, nh, h, b),
-                                            pick(md.k, 2, nh, h, b), pick(md.k, 3, nh, h, b));
-                        }
+                        for (int cb = 0; cb < CB; ++cb)
+                            if (cb < cbn) {
+                                const uint32_t dst = base + st * T::kKVBytes + cb * BN * kRowBytes + hr * kRowBytes;
+                                if constexpr (kMc > 1)
+                                    tma_load_4d_mc(dst, map, full, cb * 64, pick(dims, 1, nh, h, b),
+                                                   pick(dims, 2, nh, h, b), pick(dims, 3, nh, h, b), 0x3);
+                                else
+                                    tma_load_4d(dst, map, full, cb * 64, pick(dims, 1, nh, h, b),
+                                                pick(dims, 2, nh, h, b), pick(dims, 3, nh, h, b));
+                            }
+                    };
+                    load_tile(sk, &tk, k_full + 8 * st, md.k);
                     if (T::kSplitKV && g >= S) mbar_wait(v_empty + 8 * st, ((g / S) - 1) & 1);
                     mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
-#pragma unroll
-                    for (int cb = 0; cb < CB; ++cb)
-                        if (cb < cbn) {
-                            const uint32_t dst = sv + st * T::kKVBytes + cb * BN * kRowBytes + hr * kRowBytes;
-                            if constexpr (kMc > 1)
-                                tma_load_4d_mc(dst, &tv, v_full + 8 * st, cb * 64, pick(md.v, 1, nh, h, b),
-                                               pick(md.v, 2, nh, h, b), pick(md.v, 3, nh, h, b), 0x3);
-                            else
-                                tma_load_4d(dst, &tv, v_full + 8 * st, cb * 64, pick(md.v, 1, nh, h, b),
-                                            pick(md.v, 2, nh, h, b), pick(md.v, 3, nh, h, b));
-                        }
+                    load_tile(sv, &tv, v_full + 8 * st, md.v);
                     if (j != 0) continue;
                     // Q after the item's first K/V tile, which may go ahead while a consumer still
                     // reads its half of the previous item's Q. A half wholly past nq is not loaded
