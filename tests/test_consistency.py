@@ -133,3 +133,16 @@ def test_job_time_bootstrap_covers_a_known_ratio():
         ci = bootstrap_total_ratio_ci([(a, "sum")], [(b, "sum")], resamples=1000, seed=i)
         covered += ci.low <= 2.0 <= ci.high
     assert covered >= 170
+
+
+def test_dit_plus_vae_is_refuted_with_the_dit_loop_it_contains():
+    op = I(3.0, 2.9, 3.1)
+    loop = K.check_dit(I(0.191, 0.1217, 0.3324), 0.15, op)  # predicted ~1.11x: refuted
+    assert loop.verdict == K.INCONSISTENT
+    alone = K.check_dit_vae(I(0.5073, 0.2919, 0.95), 0.15, op, dit_s=2.3, vae_ref_s=20.0, vae_core_s=20.0)
+    assert alone.verdict == K.CONSISTENT  # its wide interval reaches the widened prediction
+    k = K.check_dit_vae(I(0.5073, 0.2919, 0.95), 0.15, op, dit_s=2.3, vae_ref_s=20.0, vae_core_s=20.0, dit=loop)
+    assert k.verdict == K.INCONSISTENT and k.cause.startswith("it contains the DiT loop")
+    assert "the DiT loop it contains" in k.to_dict()["rule"]
+    ok = K.check_dit(I(1.05, 0.95, 1.2), 0.15, op)
+    assert K.check_dit_vae(I(1.0, 0.95, 1.05), 0.15, op, 2.3, 20.0, 20.0, dit=ok).verdict == K.CONSISTENT

@@ -95,7 +95,9 @@ class Consistency:
         d = asdict(self)
         d["measured"], d["predicted"] = self.measured.to_dict(), self.predicted.to_dict()
         d["rule"] = (f"inconsistent when the measured 95% CI and the predicted interval, widened by "
-                     f"{100 * self.tolerance:.0f}% each way, do not overlap")
+                     f"{100 * self.tolerance:.0f}% each way, do not overlap"
+                     + (", or when the DiT loop it contains is inconsistent" if self.what == "DiT loop + VAE decode"
+                        else ""))
         return d
 
 
@@ -127,10 +129,15 @@ def check_dit(measured: Interval, p: float, op: Interval, tolerance: float = TOL
 
 
 def check_dit_vae(measured: Interval, p: float, op: Interval, dit_s: float, vae_ref_s: float,
-                  vae_core_s: float, tolerance: float = TOLERANCE) -> Consistency:
+                  vae_core_s: float, tolerance: float = TOLERANCE,
+                  dit: Consistency | None = None) -> Consistency:
     """DiT loop + VAE decode against Amdahl with the decode as unchanged time. `dit_s` is the
     reference's DiT loop; the decode counted is the mean of the two cores' decodes (the same work);
-    when they differ beyond the tolerance, that is named as the likely cause."""
+    when they differ beyond the tolerance, that is named as the likely cause.
+
+    `dit`: the check of the DiT loop this figure contains. When the bound refutes the loop, the
+    whole is refuted too: the decode's spread can widen the whole's interval until it reaches the
+    prediction, but the loop inside it still carries something other than attention."""
     vae = (vae_ref_s + vae_core_s) / 2 if _finite(vae_ref_s) and _finite(vae_core_s) else float("nan")
     predicted = predicted_interval(share_with_fixed_time(p, dit_s, vae), op)
     decode_differs = (_finite(vae_ref_s) and _finite(vae_core_s) and min(vae_ref_s, vae_core_s) > 0
@@ -138,9 +145,13 @@ def check_dit_vae(measured: Interval, p: float, op: Interval, dit_s: float, vae_
     decode = (f"the VAE decode, the same work for every core, took {vae_ref_s:.3g} s for the reference "
               f"and {vae_core_s:.3g} s for the candidate: its timing, not attention, moved the figure"
               if decode_differs else "")
-    return check("DiT loop + VAE decode", measured, predicted, tolerance,
-                 cause_above=decode if decode and vae_ref_s > vae_core_s else "",
-                 cause_below=decode if decode and vae_core_s > vae_ref_s else "")
+    whole = check("DiT loop + VAE decode", measured, predicted, tolerance,
+                  cause_above=decode if decode and vae_ref_s > vae_core_s else "",
+                  cause_below=decode if decode and vae_core_s > vae_ref_s else "")
+    if dit is not None and dit.inconsistent and whole.verdict == CONSISTENT:
+        return Consistency(whole.what, measured, predicted, INCONSISTENT,
+                           f"it contains the DiT loop, which its Amdahl bound refutes ({dit.cause})", tolerance)
+    return whole
 
 
 def level(low: float | None, high: float | None) -> bool:

@@ -187,7 +187,8 @@ def pipeline_speedup(ev: dict, attention: str = "flash") -> dict | None:
     checks = {"dit": K.check_dit(dit, share, op)}
     if num(full.value) is not None:
         checks["full"] = K.check_dit_vae(full, share, op, num(ref.get("dit_loop_s")),
-                                         num(ref.get("vae_decode_s")), num(run.get("vae_decode_s")))
+                                         num(ref.get("vae_decode_s")), num(run.get("vae_decode_s")),
+                                         dit=checks["dit"])
     headline = next((k for k in ("full", "dit") if k in checks and not checks[k].inconsistent
                      and checks[k].measured.known), None)
     figure = checks[headline].measured if headline else None

@@ -45,11 +45,13 @@ def fill_comparison(report: PipelineReport, name: str, latents_of: dict, metrics
         c.op_speedup, c.op_speedup_ci, c.reference_attention_share = ci.ratio, ci.to_dict(), p
         c.amdahl_predicted = amdahl(p, ci.ratio)
         op = K.Interval(ci.ratio, ci.low, ci.high)
+    loop = None
     if dit is not None and op is not None:
-        c.consistency.append(K.check_dit(dit, c.reference_attention_share, op).to_dict())
+        loop = K.check_dit(dit, c.reference_attention_share, op)
+        c.consistency.append(loop.to_dict())
     if full is not None and op is not None:
         k = K.check_dit_vae(full, c.reference_attention_share, op, ref.dit_loop_s, ref.vae_decode_s,
-                            run.vae_decode_s)
+                            run.vae_decode_s, dit=loop)
         c.amdahl_predicted_dit_vae = k.predicted.value
         c.consistency.append(k.to_dict())
 
