@@ -287,7 +287,9 @@ class Policy:
         Names are sorted once; each rule then looks only at the contiguous range of names that
         start with one of its literal prefixes, so 85k vendor names cost ~one regex match each.
         """
-        unique = names if isinstance(names, (set, frozenset)) else set(names)
+        # (a dict's keys in first-seen order sort faster than a set's, in hash order: a symbol
+        # table's names come in runs that the sort takes as they are)
+        unique = names if isinstance(names, (set, frozenset, dict)) else dict.fromkeys(names)
         ordered = sorted(unique)
         claimed: set[str] = set()
         out = []

@@ -50,7 +50,7 @@ def symbol_basis(symbols, policy: Policy, keep: bool = False) -> tuple[set[str],
     in_table: dict[str, set[str]] = {}
     for table, lo, hi in _runs(tables_of):  # each table's rows are one run (SymbolColumns.extend)
         in_table.setdefault(table, set()).update(names_all[lo:hi])
-    basis = defined, imported, in_table, policy.symbol_groups(defined | imported)
+    basis = defined, imported, in_table, policy.symbol_groups(dict.fromkeys(names_all))
     if keep and memo is not None:
         memo["basis"] = (policy, basis)
     return basis
