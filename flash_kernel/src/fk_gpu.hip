@@ -124,14 +124,40 @@ int32_t dispatch_generic(const fk::FlashParams &p, int64_t d, hipStream_t s, int
 }
 
 #if defined(FK_HAVE_MMA)
-template <class E, int D, bool kPad, int KD>
-int32_t launch_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev) {
-    using Tile = fk::MmaTile<D>;
-    auto kernel = fk::mma::flash_mma_kernel<E, D, kPad, KD>;
-    static std::atomic<uint64_t> opted;  // devices opted in for this kernel
+// The binary version (80, 90) of the cubin `kernel` runs on device `dev`: its tile is MmaTile<D, that>
+// (fk_traits.h: the sm_90 compilation may take larger tiles). Asked once per device and kernel in
+// `known` (devices past 63, or unknown, ask on every call); 0 if the runtime cannot say.
+template <class Kernel>
+int cubin_arch(Kernel kernel, int dev, std::atomic<int> (&known)[64]) {
+    if (dev >= 0 && dev < 64) {
+        if (const int a = known[dev].load(std::memory_order_relaxed)) return a;
+    }
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess || fa.binaryVersion <= 0) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (dev >= 0 && dev < 64) known[dev].store(fa.binaryVersion, std::memory_order_relaxed);
+    return fa.binaryVersion;
+}
+
+template <class Tile, class Kernel>
+int32_t launch_mma_tile(Kernel kernel, const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev,
+                        std::atomic<uint64_t> &opted) {
     if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted, "flash (mma_sync)")) return st;
     const int32_t st = launch_flash(kernel, p, Tile::BM, Tile::kThreads, Tile::kSmemBytes, s, bh, "flash (mma_sync)");
     return fk::ran(forget_opt_in(st, dev, opted), "mma_sync");
+}
+
+template <class E, int D, bool kPad, int KD>
+int32_t launch_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev) {
+    auto kernel = fk::mma::flash_mma_kernel<E, D, kPad, KD>;
+    static std::atomic<uint64_t> opted;  // devices opted in for this kernel
+    static std::atomic<int> arch[64];    // per device: the binary version of its cubin (0 unknown)
+    const int a = cubin_arch(kernel, dev, arch);
+    if (a == 0) return fk::fail(FK_ERR_LAUNCH, "flash (mma_sync): this device runs no cubin of the kernel");
+    return a >= 90 ? launch_mma_tile<fk::MmaTile<D, 90>>(kernel, p, s, bh, dev, opted)
+                   : launch_mma_tile<fk::MmaTile<D, 80>>(kernel, p, s, bh, dev, opted);
 }
 
 // The kernel of bucket D for head dim p.d: exact (d == D), narrow (d <= the bucket's kNarrowKD:
@@ -139,7 +165,7 @@ int32_t launch_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev)
 // (32) has no padded kernel.
 template <class E, int D>
 int32_t run_mma(const fk::FlashParams &p, hipStream_t s, int64_t bh, int dev) {
-    using Tile = fk::MmaTile<D>;
+    using Tile = fk::MmaTile<D, 80>;  // kMinDim and kNarrowKD: the same on every architecture
     if constexpr (Tile::kMinDim < D) {
         if constexpr (Tile::kNarrowKD < D)
             if (p.d <= Tile::kNarrowKD) return launch_mma<E, D, true, Tile::kNarrowKD>(p, s, bh, dev);

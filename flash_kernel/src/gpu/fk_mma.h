@@ -183,9 +183,10 @@ struct TileCopy {
 // alone, with no such test. KD < D: the columns the MMAs run over, fixed at compile time
 // (MmaTile::kNarrowKD: head dims up to KD of the bucket), no run-time tests in the loops.
 template <class E, int D, bool kPad, int KD = D>
-__global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) flash_mma_kernel(FlashParams p) {
+__global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, FK_MMA_ARCH>::kMinBlocks)
+    flash_mma_kernel(FlashParams p) {
 #if defined(FK_MMA_DEVICE_OK)
-    using Tile = MmaTile<D>;
+    using Tile = MmaTile<D, FK_MMA_ARCH>;  // this cubin's tile (the host launches with the same one)
     constexpr int BM = Tile::BM, BN = Tile::BN, NT = Tile::kThreads, MT = Tile::MT;
     constexpr bool kQInRegs = Tile::kQInRegs;
     static_assert(KD % 16 == 0 && KD <= D && (KD == D || kPad), "mma path: narrow kernels are padded");
@@ -194,9 +195,12 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
     constexpr int DT = KD / 8;   // n8 tiles of O
     constexpr bool kSkip = kPad && KD == D && FK_MMA_PAD_SKIP;  // run-time loop bounds
     constexpr bool kShift = Tile::kShiftPV;
+    constexpr int kStages = Tile::kStages;  // 2: K and V double-buffered (plain order)
+    constexpr bool kEarlyK = Tile::kEarlyK && kStages == 1;
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sq = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    const uint32_t sk = sq + BM * D * 2, sv = sk + BN * D * 2;  // kShift: V(j) in sv + (j & 1) * BN * D * 2
+    // kShift: V(j) in sv + (j & 1) * BN * D * 2; kStages 2: K(j) and V(j) in sk / sv + (j & 1) * BN * D * 2
+    const uint32_t sk = sq + BM * D * 2, sv = sk + kStages * BN * D * 2;
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = p.bh0 + blockIdx.y, b = bh / p.heads, h = bh % p.heads;
@@ -221,6 +225,10 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
     cq.load(sq, cq.src(q, q0 + cq.row, p.qs[2]), cq.src(q, 0, 0), p.nq - q0);
     cp_async_commit();
     ck.load(sk, kt, k00, p.nk);
+    if (kStages == 2) {  // V(0) in the same group as K(0)
+        cv.load(sv, vt, v00, p.nk);
+        vt += vstep;
+    }
     // kShift: the first step multiplies a zero P by "V(-1)": zero-fill its buffer (no global read)
     if (kShift) cv.load(sv + BN * D * 2, v00, v00, 0);
     cp_async_commit();
@@ -251,7 +259,7 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
     const int64_t ntiles = (p.nk + BN - 1) / BN;
 
     // S = Q K^T for the K tile in shared memory.
-    auto qk = [&](float (&s)[MT][NS][4]) {
+    auto qk = [&](float (&s)[MT][NS][4], uint32_t skb) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -274,7 +282,7 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
 #pragma unroll
             for (int np = 0; np < NS / 2; ++np) {
                 uint32_t kf[4];
-                ldmatrix_x4(kf, sk + swz2<D>(np * 16 + rr, 2 * ks, cc));
+                ldmatrix_x4(kf, skb + swz2<D>(np * 16 + rr, 2 * ks, cc));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     Ptx<E>::mma(s[mt][2 * np], qt[mt], kf[0], kf[1]);
@@ -358,7 +366,27 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
             }
     };
 
-    if constexpr (!kShift) {
+    if constexpr (kStages == 2) {
+        // Step j: K(j+1) and V(j+1) load into the other buffers during all of step j.
+        for (int64_t j = 0; j < ntiles; ++j) {
+            const int64_t k0 = j * BN;
+            const uint32_t cur = uint32_t(j & 1) * (BN * D * 2), nxt = uint32_t((j + 1) & 1) * (BN * D * 2);
+            cp_async_wait<0>();  // K(j) and V(j) landed
+            __syncthreads();     // ... for every thread; and every warp is done with step j-1's buffers
+            if (j + 1 < ntiles) {
+                kt += kstep;
+                ck.load(sk + nxt, kt, k00, p.nk - k0 - BN);
+                cv.load(sv + nxt, vt, v00, p.nk - k0 - BN);
+                vt += vstep;
+                cp_async_commit();
+            }
+            float s[MT][NS][4];
+            qk(s, sk + cur);
+            uint32_t pf[MT][NS / 2][4];
+            softmax(s, pf, k0);
+            pv(pf, sv + cur);
+        }
+    } else if constexpr (!kShift) {
         // Step j: S(j) while V(j) lands, softmax, then P(j) V(j) while K(j+1) lands.
         for (int64_t j = 0; j < ntiles; ++j) {
             const int64_t k0 = j * BN;
@@ -368,16 +396,21 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
             vt += vstep;
             cp_async_commit();
             float s[MT][NS][4];
-            qk(s);
+            qk(s, sk);
+            // kEarlyK: V(j) waited for and K(j+1) issued before the softmax (FlashAttention-2's order)
+            auto next_k = [&] {
+                cp_async_wait<0>();  // V(j) landed
+                __syncthreads();     // ... for every thread; and every warp is done with K(j)
+                if (j + 1 < ntiles) {
+                    kt += kstep;
+                    ck.load(sk, kt, k00, p.nk - k0 - BN);
+                    cp_async_commit();
+                }
+            };
+            if (kEarlyK) next_k();
             uint32_t pf[MT][NS / 2][4];
             softmax(s, pf, k0);
-            cp_async_wait<0>();  // V(j) landed
-            __syncthreads();     // ... for every thread; and every warp is done with K(j)
-            if (j + 1 < ntiles) {
-                kt += kstep;
-                ck.load(sk, kt, k00, p.nk - k0 - BN);
-                cp_async_commit();
-            }
+            if (!kEarlyK) next_k();
             pv(pf, sv);
         }
     } else {
@@ -398,7 +431,7 @@ __global__ void __launch_bounds__(MmaTile<D>::kThreads, MmaTile<D>::kMinBlocks) 
             vt += vstep;
             cp_async_commit();
             float s[MT][NS][4];
-            qk(s);
+            qk(s, sk);
             __syncthreads();  // every warp is done with K(j)
             if (j + 1 < ntiles) {
                 kt += kstep;

@@ -254,19 +254,107 @@ struct GenericTile {
 #define FK_MMA_SHIFT_PV_D256 0
 #endif
 
+// K/V tiles in shared memory (1 or 2, plain order only): 2 double-buffers K and V, so that tile
+// j+1 loads during all of step j (one barrier a step instead of two).
+#ifndef FK_MMA_STAGES_D32
+#define FK_MMA_STAGES_D32 1
+#endif
+#ifndef FK_MMA_STAGES_D64
+#define FK_MMA_STAGES_D64 1
+#endif
+#ifndef FK_MMA_STAGES_D96
+#define FK_MMA_STAGES_D96 1
+#endif
+#ifndef FK_MMA_STAGES_D128
+#define FK_MMA_STAGES_D128 1
+#endif
+#ifndef FK_MMA_STAGES_D160
+#define FK_MMA_STAGES_D160 1
+#endif
+#ifndef FK_MMA_STAGES_D192
+#define FK_MMA_STAGES_D192 1
+#endif
+#ifndef FK_MMA_STAGES_D256
+#define FK_MMA_STAGES_D256 1
+#endif
+// One stage, plain order: wait for V(j) and issue K(j+1) before the softmax of S(j) (1, as
+// FlashAttention-2 orders it) or after it (0).
+#ifndef FK_MMA_EARLY_K_D32
+#define FK_MMA_EARLY_K_D32 0
+#endif
+#ifndef FK_MMA_EARLY_K_D64
+#define FK_MMA_EARLY_K_D64 0
+#endif
+#ifndef FK_MMA_EARLY_K_D96
+#define FK_MMA_EARLY_K_D96 0
+#endif
+#ifndef FK_MMA_EARLY_K_D128
+#define FK_MMA_EARLY_K_D128 0
+#endif
+#ifndef FK_MMA_EARLY_K_D160
+#define FK_MMA_EARLY_K_D160 0
+#endif
+#ifndef FK_MMA_EARLY_K_D192
+#define FK_MMA_EARLY_K_D192 0
+#endif
+#ifndef FK_MMA_EARLY_K_D256
+#define FK_MMA_EARLY_K_D256 0
+#endif
+// Per-architecture tiles. The sm_80 cubin also runs on cc 8.6/8.9, where a block gets at most 99
+// KiB of shared memory; the sm_90 cubins run on cc 9.0 only (227 KiB). Buckets 96 and 256 may take
+// another tile in the sm_90 compilation (FK_MMA_SM90_<knob>_D<bucket>; default: the sm_80 tile).
+// The host reads which cubin a kernel runs on a device (its binary version) and launches with that
+// tile's block size and shared memory (fk_gpu.hip).
+#ifndef FK_MMA_SM90_WARPS_D96
+#define FK_MMA_SM90_WARPS_D96 FK_MMA_WARPS_D96
+#endif
+#ifndef FK_MMA_SM90_BN_D96
+#define FK_MMA_SM90_BN_D96 FK_MMA_BN_D96
+#endif
+#ifndef FK_MMA_SM90_MT_D96
+#define FK_MMA_SM90_MT_D96 FK_MMA_MT_D96
+#endif
+#ifndef FK_MMA_SM90_STAGES_D96
+#define FK_MMA_SM90_STAGES_D96 FK_MMA_STAGES_D96
+#endif
+#ifndef FK_MMA_SM90_WARPS_D256
+#define FK_MMA_SM90_WARPS_D256 FK_MMA_WARPS_D256
+#endif
+#ifndef FK_MMA_SM90_BN_D256
+#define FK_MMA_SM90_BN_D256 FK_MMA_BN_D256
+#endif
+#ifndef FK_MMA_SM90_MT_D256
+#define FK_MMA_SM90_MT_D256 FK_MMA_MT_D256
+#endif
+#ifndef FK_MMA_SM90_STAGES_D256
+#define FK_MMA_SM90_STAGES_D256 FK_MMA_STAGES_D256
+#endif
+// The architecture whose tiles the code being compiled uses: 90 in the sm_90/sm_90a device passes,
+// 80 in the sm_80 pass (and on the host, which asks for both by name).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define FK_MMA_ARCH 90
+#else
+#define FK_MMA_ARCH 80
+#endif
+
 // One knob of bucket D (the FK_MMA_<knob>_D<bucket> macros above).
 #define FK_MMA_KNOB(K)                                                                                        \
     (D == 32 ? FK_MMA_##K##_D32 : D == 64 ? FK_MMA_##K##_D64 : D == 96 ? FK_MMA_##K##_D96                    \
      : D == 128 ? FK_MMA_##K##_D128 : D == 160 ? FK_MMA_##K##_D160 : D == 192 ? FK_MMA_##K##_D192            \
      : FK_MMA_##K##_D256)
+// ... for architecture Arch (80 or 90): the knobs with an sm_90 override
+#define FK_MMA_KNOB_ARCH(K)                                                                                   \
+    (Arch >= 90 && D == 96 ? FK_MMA_SM90_##K##_D96 : Arch >= 90 && D == 256 ? FK_MMA_SM90_##K##_D256 : FK_MMA_KNOB(K))
 
 // D is the bucket (kMmaBuckets): 32 runs head dim 32, 64 runs 40..64, 96 72..96, 128 104..128,
-// 160 136..160, 192 168..192, 256 200..256.
-template <int D>
+// 160 136..160, 192 168..192, 256 200..256. Arch: 80 (the sm_80 cubin) or 90 (sm_90, sm_90a).
+template <int D, int Arch>
 struct MmaTile {
-    static constexpr int kWarps = FK_MMA_KNOB(WARPS);
-    static constexpr int BN = FK_MMA_KNOB(BN);
-    static constexpr int MT = FK_MMA_KNOB(MT);
+    static constexpr int kWarps = FK_MMA_KNOB_ARCH(WARPS);
+    static constexpr int BN = FK_MMA_KNOB_ARCH(BN);
+    static constexpr int MT = FK_MMA_KNOB_ARCH(MT);
+    static constexpr int kStages = FK_MMA_KNOB_ARCH(STAGES);
+    static constexpr bool kEarlyK = FK_MMA_KNOB(EARLY_K) != 0;
     static constexpr int kMinBlocks = FK_MMA_KNOB(MIN_BLOCKS);
     static constexpr int kThreads = 32 * kWarps;
     static constexpr int BM = 16 * MT * kWarps;
@@ -277,13 +365,15 @@ struct MmaTile {
     static constexpr int kMinDim = bucket_floor(kMmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kNarrowKD = D == 96 ? FK_MMA_NARROW_D96 : D;  // < D: a narrow kernel (fk_mma.h)
     static constexpr int kChunks = D / 8;             // 16-byte chunks per row
-    static constexpr int kSmemBytes = (BM + (kShiftPV ? 3 : 2) * BN) * D * 2;
+    static constexpr int kSmemBytes = (BM + (kShiftPV ? 3 : 2 * kStages) * BN) * D * 2;
     static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 160 || D == 192 || D == 256,
                   "mma path: buckets 32, 64, 96, 128, 160, 192 and 256");
     static_assert(BN % 16 == 0 && D % 32 == 0 && (MT == 1 || MT == 2), "mma tile shape");
-    // 99 KiB: the most a block gets on cc 8.6/8.9 (the sm_80 cubin runs there too)
-    static_assert(kSmemBytes <= 99 * 1024, "mma tiles exceed 99 KiB of shared memory");
+    static_assert(kStages == 1 || (kStages == 2 && !kShiftPV), "mma path: 2 K/V stages in the plain order only");
+    // 99 KiB: the most a block gets on cc 8.6/8.9 (the sm_80 cubin runs there too); 227 KiB on cc 9.0
+    static_assert(kSmemBytes <= (Arch >= 90 ? 227 : 99) * 1024, "mma tiles exceed the shared memory of a block");
 };
+#undef FK_MMA_KNOB_ARCH
 #undef FK_MMA_KNOB
 
 // ---- wgmma path (NVIDIA sm_90a, fp16/bf16; buckets 64, 128, 192, 256) ----
