@@ -278,7 +278,10 @@ struct GenericTile {
 #define FK_MMA_STAGES_D256 1
 #endif
 // One stage, plain order: wait for V(j) and issue K(j+1) before the softmax of S(j) (1, as
-// FlashAttention-2 orders it) or after it (0).
+// FlashAttention-2 orders it: K(j+1) loads during the softmax and P V) or after it (0). On at
+// buckets 96 and 256, measured on the H200 (docs/perf.md "mma.sync buckets 96 and 256"): 1.02-1.03x
+// SDPA-flash at head dim 96 (0.97-0.98x after), 1.17x at 72, 1.26x at 80 (1.10x, 1.15x), 0.98x at
+// 256 (0.93x). Two stages at 96 (1.03-1.04x, no spill) measured level with it.
 #ifndef FK_MMA_EARLY_K_D32
 #define FK_MMA_EARLY_K_D32 0
 #endif
@@ -286,7 +289,7 @@ struct GenericTile {
 #define FK_MMA_EARLY_K_D64 0
 #endif
 #ifndef FK_MMA_EARLY_K_D96
-#define FK_MMA_EARLY_K_D96 0
+#define FK_MMA_EARLY_K_D96 1
 #endif
 #ifndef FK_MMA_EARLY_K_D128
 #define FK_MMA_EARLY_K_D128 0
@@ -298,11 +301,14 @@ struct GenericTile {
 #define FK_MMA_EARLY_K_D192 0
 #endif
 #ifndef FK_MMA_EARLY_K_D256
-#define FK_MMA_EARLY_K_D256 0
+#define FK_MMA_EARLY_K_D256 1
 #endif
 // Per-architecture tiles. The sm_80 cubin also runs on cc 8.6/8.9, where a block gets at most 99
 // KiB of shared memory; the sm_90 cubins run on cc 9.0 only (227 KiB). Buckets 96 and 256 may take
 // another tile in the sm_90 compilation (FK_MMA_SM90_<knob>_D<bucket>; default: the sm_80 tile).
+// None measured faster on the H200 (docs/perf.md): at 256, 8 warps x BM 128 (128 KiB) 0.91x
+// SDPA-flash, with 2 stages (192 KiB) 0.92x, 4 warps with 2 stages (160 KiB, one block an SM)
+// 0.79x, against 0.93x for the sm_80 tile; at 96, 8 warps x two m16 tiles, 2 stages, 0.93-0.94x.
 // The host reads which cubin a kernel runs on a device (its binary version) and launches with that
 // tile's block size and shared memory (fk_gpu.hip).
 #ifndef FK_MMA_SM90_WARPS_D96
