@@ -128,8 +128,11 @@ def attention(q, k, v, scale=None, layout: str = "bhnd"):
     if api is not None and not api.is_compiling():
         tensor = api.Tensor
         if type(q) is tensor and type(k) is tensor and type(v) is tensor:
-            key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                   q.device, k.device, v.device, layout, _ENV.get(_BUILD_KEY), _ENV.get(_TARGET_KEY))
+            try:
+                key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                       q.device, k.device, v.device, layout, _ENV.get(_BUILD_KEY), _ENV.get(_TARGET_KEY))
+            except RuntimeError:  # a tensor without strides (sparse): the full checks name it
+                return _call(q, k, v, scale, layout, False)
             last = _last  # the kind of the last call: a comparison, no hashing, when it repeats
             if key == last[0]:
                 kind = last[1]

@@ -144,6 +144,9 @@ def check_inputs(q, k, v, layout: str, head_dims: tuple[int, ...] | None = None)
             raise KernelError(f"{name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}", FK_ERR_SIZE)
         if t.numel() == 0:
             raise KernelError(f"{name} has a zero size: shape {tuple(t.shape)}", FK_ERR_SIZE)
+        if t.layout != torch.strided:  # sparse, nested...: no strides the kernel could address
+            raise KernelError(f"{name} is a {str(t.layout).removeprefix('torch.')} tensor: pass a dense "
+                              f"(strided) one, e.g. {name}.to_dense()", FK_ERR_STRIDE)
     if not (q.dtype == k.dtype == v.dtype):
         raise KernelError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}", FK_ERR_DTYPE)
     if _dtype_code(q.dtype) is None:

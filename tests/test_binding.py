@@ -208,6 +208,7 @@ def _bad_inputs():
         ("scale beyond fp32", lambda: (z(good),) * 3, {"scale": 1e300}, B.FK_ERR_SCALE),
         ("not a tensor", lambda: ([[0.0]], z(good), z(good)), {}, B.FK_ERR_NULL_POINTER),
         ("meta tensors", lambda: (torch.empty(good, device="meta"),) * 3, {}, B.FK_ERR_NULL_POINTER),
+        ("sparse q", lambda: (torch.ones(good).to_sparse(), z(good), z(good)), {}, B.FK_ERR_STRIDE),
     ]
 
 
@@ -401,6 +402,23 @@ def test_library_looked_up_once_per_device(build_root, monkeypatch):
     monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root) + os.sep)  # another setting: looked up again
     flash_kernel.attention(q, k, v)
     assert looked == ["cpu", "cpu"]
+
+
+def test_public_call_names_a_sparse_input_after_a_dense_call_of_its_shape(build_root, monkeypatch):
+    """The public call's remembered path reads strides, which a sparse tensor has none of: its
+    error is the checks' one line, not torch's, whether or not a dense call of the shape came first."""
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))
+    monkeypatch.setattr(flash_kernel, "_kinds", {})
+    monkeypatch.setattr(flash_kernel, "_last", ((), None))
+    q, k, v = qkv((1, 2, 8, 64), (1, 2, 8, 64))
+    for dense_first in (False, True):
+        if dense_first:
+            flash_kernel.attention(q, k, v)
+        for call in (flash_kernel.attention, flash_kernel.naive_attention):
+            with pytest.raises(flash_kernel.KernelError) as ei:
+                call(q.to_sparse(), k, v)
+            assert str(ei.value) == "q is a sparse_coo tensor: pass a dense (strided) one, e.g. q.to_dense()"
+            assert ei.value.status == B.FK_ERR_STRIDE
 
 
 def test_public_call_checks_each_new_kind_once(build_root, monkeypatch):
