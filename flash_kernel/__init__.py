@@ -127,7 +127,8 @@ def attention(q, k, v, scale=None, layout: str = "bhnd"):
     api = _binding._api  # torch's functions, once a call has looked them up
     if api is not None and not api.is_compiling():
         tensor = api.Tensor
-        if type(q) is tensor and type(k) is tensor and type(v) is tensor:
+        if (type(q) is tensor and type(k) is tensor and type(v) is tensor
+                and not (q.requires_grad or k.requires_grad or v.requires_grad)):  # else: refused, or no_grad
             try:
                 key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                        q.device, k.device, v.device, layout, _ENV.get(_BUILD_KEY), _ENV.get(_TARGET_KEY))

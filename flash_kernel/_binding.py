@@ -131,6 +131,12 @@ def resolve_scale(scale, head_dim: int) -> float:
     return s
 
 
+# The kernel has no backward: an output computed from inputs that require grad would silently carry
+# no gradient back to them, so such a call is refused while grad mode is on.
+NO_BACKWARD = ("flash_kernel has no backward pass and an input requires grad: call it under torch.no_grad() "
+               "or torch.inference_mode(), or pass detached tensors")
+
+
 def check_inputs(q, k, v, layout: str, head_dims: tuple[int, ...] | None = None):
     """Validate q, k, v as the C side does; returns (q, k, v) made addressable (D stride 1)."""
     import torch
@@ -317,6 +323,8 @@ class Library:
         api = _api or _torch_api()
         tensor = api.Tensor
         if type(q) is tensor and type(k) is tensor and type(v) is tensor and not api.is_compiling():
+            if (q.requires_grad or k.requires_grad or v.requires_grad) and api.is_grad_enabled():
+                raise KernelError(NO_BACKWARD)
             # Plain tensors outside tracing go straight to the C call: the custom op's dispatch
             # costs more host time than a short kernel runs. Inputs of a kind seen before skip the
             # checks (see _Kind).
@@ -445,6 +453,7 @@ class _TorchApi:
         self.Tensor = torch.Tensor
         self.compiler = torch.compiler
         self.is_compiling = torch.compiler.is_compiling
+        self.is_grad_enabled = torch.is_grad_enabled
         self.empty_like = torch.empty_like
         self.contiguous_format = torch.contiguous_format
         self.cuda = torch.cuda

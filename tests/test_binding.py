@@ -421,6 +421,30 @@ def test_public_call_names_a_sparse_input_after_a_dense_call_of_its_shape(build_
             assert ei.value.status == B.FK_ERR_STRIDE
 
 
+def test_an_input_that_requires_grad_is_refused_while_grad_mode_is_on(build_root, monkeypatch, lib):
+    """Forward only: an output that silently carried no gradient back to q, k or v would train a
+    model wrong, so the call is refused in grad mode, on the first call of a kind and on the
+    remembered path alike, and runs under no_grad / inference_mode or on detached inputs."""
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(build_root))
+    monkeypatch.setattr(flash_kernel, "_kinds", {})
+    monkeypatch.setattr(flash_kernel, "_last", ((), None))
+    q, k, v = qkv((1, 2, 8, 64), (1, 2, 8, 64))
+    for fn in (flash_kernel.attention, flash_kernel.naive_attention, lib.attention, lib.naive_attention):
+        expected = fn(q, k, v)  # a kind checked and remembered first
+        for grad in ("q", "k", "v"):
+            args = {"q": q, "k": k, "v": v}
+            args[grad] = args[grad].clone().requires_grad_(True)
+            with pytest.raises(flash_kernel.KernelError) as ei:
+                fn(args["q"], args["k"], args["v"])
+            assert "no backward pass and an input requires grad" in str(ei.value) and "\n" not in str(ei.value)
+            with torch.no_grad():
+                assert torch.equal(fn(args["q"], args["k"], args["v"]), expected)
+            with torch.inference_mode():
+                assert torch.equal(fn(args["q"], args["k"], args["v"]), expected)
+            detached = {n: t.detach() for n, t in args.items()}
+            assert torch.equal(fn(detached["q"], detached["k"], detached["v"]), expected)
+
+
 def test_public_call_checks_each_new_kind_once(build_root, monkeypatch):
     """The public call checks inputs of a kind (shapes, strides, dtypes, devices, layout) in full
     once; later calls of the kind skip the checks but compute from their own tensors and scale;
