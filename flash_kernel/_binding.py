@@ -146,13 +146,17 @@ def check_inputs(q, k, v, layout: str, head_dims: tuple[int, ...] | None = None)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise KernelError(f"{name} must be a torch.Tensor, not {type(t).__name__}", FK_ERR_NULL_POINTER)
+        # sparse, nested, mkldnn...: no strides the kernel could address
+        if t.is_nested:
+            raise KernelError(f"{name} is a nested tensor: pass a dense 4-D one (e.g. {name}.to_padded_tensor(0.0))",
+                              FK_ERR_STRIDE)
+        if t.layout != torch.strided:
+            raise KernelError(f"{name} is a {str(t.layout).removeprefix('torch.')} tensor: pass a dense (strided) "
+                              f"one, e.g. {name}.to_dense()", FK_ERR_STRIDE)
         if t.dim() != 4:
             raise KernelError(f"{name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}", FK_ERR_SIZE)
         if t.numel() == 0:
             raise KernelError(f"{name} has a zero size: shape {tuple(t.shape)}", FK_ERR_SIZE)
-        if t.layout != torch.strided:  # sparse, nested...: no strides the kernel could address
-            raise KernelError(f"{name} is a {str(t.layout).removeprefix('torch.')} tensor: pass a dense "
-                              f"(strided) one, e.g. {name}.to_dense()", FK_ERR_STRIDE)
     if not (q.dtype == k.dtype == v.dtype):
         raise KernelError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}", FK_ERR_DTYPE)
     if _dtype_code(q.dtype) is None:
@@ -328,7 +332,11 @@ class Library:
             # Plain tensors outside tracing go straight to the C call: the custom op's dispatch
             # costs more host time than a short kernel runs. Inputs of a kind seen before skip the
             # checks (see _Kind).
-            key = input_key(q, k, v, layout)
+            try:
+                key = input_key(q, k, v, layout)
+            except RuntimeError:  # no sizes or strides (nested, sparse): check_inputs names it
+                check_inputs(q, k, v, layout, self.head_dims)
+                raise
             kind = self._checked.get(key)
             if kind is None:
                 kind = self._new_kind(key, q, k, v, layout)

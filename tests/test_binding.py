@@ -209,6 +209,8 @@ def _bad_inputs():
         ("not a tensor", lambda: ([[0.0]], z(good), z(good)), {}, B.FK_ERR_NULL_POINTER),
         ("meta tensors", lambda: (torch.empty(good, device="meta"),) * 3, {}, B.FK_ERR_NULL_POINTER),
         ("sparse q", lambda: (torch.ones(good).to_sparse(), z(good), z(good)), {}, B.FK_ERR_STRIDE),
+        ("nested q", lambda: (torch.nested.nested_tensor([torch.ones(2, 8, 64), torch.ones(2, 5, 64)]), z(good),
+                              z(good)), {}, B.FK_ERR_STRIDE),
     ]
 
 
