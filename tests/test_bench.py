@@ -191,3 +191,13 @@ def test_time_cap_reduces_repeats_of_a_slow_backend_and_says_so():
     assert 3 <= naive.repeats <= 4 and len(naive.summary.samples) == naive.repeats
     assert "capped" in naive.reason and naive.status == "ok"
     assert cand.repeats == 10 and len(cand.summary.samples) == 10
+
+
+def test_a_shape_whose_inputs_do_not_fit_is_skipped_and_the_next_shape_is_timed():
+    # ~256 PB of inputs: torch's CPU allocator refuses at once ("can't allocate memory")
+    rep = run_bench(_logging_selection([]), [Shape(99999, 99999, 99999, 99999, 64), SMALL], "fp32", repeats=3,
+                    warmup=1, backends=("primary", "eager"), progress=False, capture_environment=False)
+    huge, small = rep.shapes
+    assert {b.status for b in huge.backends} == {"skipped"}
+    assert all(b.reason.startswith("inputs do not fit: out of memory") for b in huge.backends)
+    assert {b.status for b in small.backends} == {"ok"}

@@ -260,3 +260,14 @@ def test_public_path_that_differs_from_the_raw_call_fails():
     s = rep.shapes[0]
     assert s.poisoned
     assert [g.name for g in s.failures] == ["public_path"]
+
+
+def test_a_shape_whose_inputs_do_not_fit_fails_its_gate_and_the_next_shape_still_runs(cands, capsys):
+    """~256 PB of inputs: torch's CPU allocator refuses at once. The shape fails closed (parity not
+    shown) with the reason in one line, exit 1, and the shape after it is still checked."""
+    code, out, err = run_cli(["parity", "--device", "cpu", "--candidate", f"{cands}:good",
+                              "--shape", "99999,99999,99999,64", "--shape", "1,2,33,64"], capsys)
+    assert code == 1, err
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and "(99999,99999,99999,64)" in line[0] and "inputs do not fit in memory" in line[0]
+    assert "Traceback" not in out + err and "1/2 shapes" in out

@@ -27,6 +27,7 @@ from typing import Callable
 from audit.errors import UsageError
 from audit.evidence import metrics as M
 from audit.evidence.environment import capture
+from audit.evidence.parity import is_oom
 from audit.evidence.presets import Shape
 from audit.evidence.selection import Backend, Selection, oracle_supports, torch_dtype
 from audit.evidence.stats import RatioCI, Summary, bootstrap_ratio_ci, summarize
@@ -185,16 +186,6 @@ def input_sets_for(shape: Shape, elem: int, device: str, sets: int | None) -> tu
     return n, set_bytes
 
 
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    if isinstance(exc, torch.cuda.OutOfMemoryError) or isinstance(exc, MemoryError):
-        return True
-    if getattr(exc, "status", None) == 9 or getattr(exc, "code", None) == 9:  # FK_ERR_NO_MEMORY
-        return True
-    return "out of memory" in str(exc).lower()
-
-
 # PyTorch's words when a forced SDPA backend has no kernel for the device or inputs.
 NO_SDPA_KERNEL = "No viable backend for scaled_dot_product_attention"
 
@@ -205,7 +196,7 @@ def _reason(exc: BaseException, caught: list, device: str | None = None) -> str:
         why = [" ".join(str(w.message).split())[:200] for w in caught]
         return (f"not available: this PyTorch has no kernel of this backend for these inputs"
                 + (f" on {device}" if device else "") + (f" ({why[0]})" if why else ""))
-    head = "out of memory" if _is_oom(exc) else type(exc).__name__
+    head = "out of memory" if is_oom(exc) else type(exc).__name__
     why = [" ".join(str(w.message).split())[:200] for w in caught]
     return f"{head}: {msg}" + (f" ({why[0]})" if why else "")
 
@@ -280,7 +271,7 @@ def _refusal(exc: BaseException) -> str | None:
     """Our library's refusal of a call (KernelError with its status), as one line; None if the
     exception is something else (out of memory, a launch failure: those are skips)."""
     status = getattr(exc, "status_name", None)
-    if status is None or _is_oom(exc) or status == "FK_ERR_LAUNCH":
+    if status is None or is_oom(exc) or status == "FK_ERR_LAUNCH":
         return None
     return f"{status}: " + " ".join(str(exc).split())[:300]
 
@@ -301,7 +292,7 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
     try:
         inputs = [random_inputs(shape, dtype, sel.device, seed + j, layout) for j in range(n_sets)]
     except Exception as exc:
-        if not _is_oom(exc):
+        if not is_oom(exc):
             raise
         for name, be in backends_for(sel, shape.head_dim, wanted):
             res.backends.append(BackendResult(name, getattr(be, "sovereign", False),

@@ -191,6 +191,19 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def is_oom(exc: BaseException) -> bool:
+    """An allocation that did not fit: torch's CUDA or CPU allocator, Python's, or our naive path's
+    workspace (FK_ERR_NO_MEMORY)."""
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or isinstance(exc, MemoryError):
+        return True
+    if getattr(exc, "status", None) == 9 or getattr(exc, "code", None) == 9:  # FK_ERR_NO_MEMORY
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "can't allocate memory" in text  # the latter: torch's CPU allocator
+
+
 def random_inputs(shape: Shape, dtype, device: str, seed: int, layout: str = "bhnd"):
     """Seeded standard-normal q (B,H,Nq,D), k and v (B,H,Nk,D), generated on `device`.
 
@@ -268,7 +281,15 @@ def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, se
     res = ShapeParity(shape, seed, scale, "failed")
     oracle = sel.oracle if oracle_supports(sel, shape.head_dim) else _eager_oracle(
         sel.oracle_note or "our library lacks this head dim")
-    q, k, v = random_inputs(shape, dtype, dev, seed, layout)
+    try:
+        q, k, v = random_inputs(shape, dtype, dev, seed, layout)
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        reason = f"inputs do not fit in memory: {' '.join(str(exc).split())[:200]}"
+        res.error = reason
+        res.gates.append(GateResult("output", "-", None, None, False, f"not checked: {reason}"))
+        return res
     try:
         out, res.poisoned = _run_backend(sel.primary, q, k, v, scale)
     except _CallFailed as exc:
