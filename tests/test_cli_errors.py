@@ -146,3 +146,13 @@ def test_a_missing_module_of_our_own_is_still_an_internal_error(tmp_path):
     proc = _run_without("audit.report.keys", "keygen", "--out", str(tmp_path / "k"), tmp_path=tmp_path)
     assert proc.returncode == 4 and proc.stderr.startswith("internal error: ModuleNotFoundError"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["run", "--device", "cpu"], ["report", str(REPO / "docs" / "research-object-h200" / "evidence")]])
+def test_an_out_folder_that_cannot_be_made_is_one_line_exit_2(command, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept\n")
+    rc, _, err = cli(capsys, *command, "--out", blocker / "bundle")
+    assert rc == EXIT_USAGE and err.splitlines() == [
+        f"error: --out {blocker / 'bundle'}: cannot create the bundle folder: Not a directory"], err
+    assert blocker.read_text() == "kept\n"

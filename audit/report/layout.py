@@ -90,7 +90,10 @@ def prepare_out(out: Path) -> str | None:
                 p.unlink()
             elif p.is_dir():
                 shutil.rmtree(p)
-    (out / "evidence").mkdir(parents=True, exist_ok=True)
+    try:
+        (out / "evidence").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only or missing parent, /proc...: the user's choice of folder
+        raise UsageError(f"--out {out}: cannot create the bundle folder: {exc.strerror or exc}") from None
     return replaced
 
 
