@@ -156,3 +156,17 @@ def test_an_out_folder_that_cannot_be_made_is_one_line_exit_2(command, tmp_path,
     assert rc == EXIT_USAGE and err.splitlines() == [
         f"error: --out {blocker / 'bundle'}: cannot create the bundle folder: Not a directory"], err
     assert blocker.read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "--device", "cpu", "--target", "cpu", "--shape", "1,1,16,64", "--repeats", "1", "--warmup", "0",
+     "--json"],
+    ["parity", "--device", "cpu", "--target", "cpu", "--shape", "1,1,16,64", "--json"],
+    ["build", "--target", "cpu", "--out"],
+])
+def test_an_output_under_a_file_is_one_line_exit_2(command, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept\n")
+    rc, _, err = cli(capsys, *command, blocker / "out.json")
+    assert rc == EXIT_USAGE and len(err.splitlines()) == 1 and str(blocker) in err, err
+    assert blocker.read_text() == "kept\n"

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from audit.errors import GateFailed, InputError, UsageError
+from audit.files import write_json_atomic
 
 GPU_DEFAULT_PRESETS = ["wan2.1-1.3b-480p", "cogvideox-5b"]
 
@@ -121,11 +122,14 @@ def _write_json(path: str | None, data: dict) -> None:
     data = _finite(data)
     try:
         p = Path(path)
-        if p.parent and not p.parent.exists():
-            p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        if p.parent.exists() and not p.parent.is_dir():
+            raise UsageError(f"cannot write {path!r}: {str(p.parent)!r} is not a folder")
+        if p.exists() and not p.is_file():  # /dev/stdout, a FIFO: written through, as asked
+            p.write_text(json.dumps(data, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        else:  # a file: replaced whole, so a run killed mid-write leaves the last complete report
+            write_json_atomic(p, data)
     except OSError as exc:
-        raise InputError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 @click.command("parity")

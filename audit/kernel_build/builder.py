@@ -130,7 +130,7 @@ def _build_names(names: list[str], explicit: bool, out: Path, jobs: int | None =
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise InputError(f"cannot create the build folder {str(out)!r}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot create the build folder {str(out)!r}: {exc.strerror or exc}") from None
     specs = tg.all_specs()
     root = source_root()
     toolchains: dict[str, Toolchain | ToolchainMissing] = {}

@@ -168,5 +168,5 @@ def write_keypair(prefix: str | Path, key: SigningKey, force: bool = False) -> t
             os.unlink(tmp)
         except OSError:
             pass
-        raise InputError(f"keygen: cannot write {prefix!s}.key/.pub: {exc.strerror or exc}") from None
+        raise UsageError(f"keygen: cannot write {prefix!s}.key/.pub: {exc.strerror or exc}") from None
     return priv_path, pub_path
