@@ -120,9 +120,11 @@ def resolve_scale(scale, head_dim: int) -> float:
     """The C ABI's scale: 0.0 means the library's default 1/sqrt(D)."""
     if scale is None:
         return 0.0
+    if isinstance(scale, (str, bytes, bool)):  # float() would take "0.5" and True: SDPA's scale does not
+        raise KernelError(f"scale must be a number, not {type(scale).__name__}", FK_ERR_SCALE)
     try:
         s = float(scale)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of more than one element
         raise KernelError(f"scale must be a number, not {type(scale).__name__}", FK_ERR_SCALE) from None
     if not math.isfinite(s) or s <= 0.0:
         raise KernelError(f"scale must be positive and finite (got {s!r}); None means 1/sqrt(D)", FK_ERR_SCALE)
