@@ -217,6 +217,7 @@ def _bad_inputs():
     ]
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage:UserWarning")
 @pytest.mark.parametrize("naive", [False, True], ids=["flash", "naive"])
 @pytest.mark.parametrize("label,make,kw,status", _bad_inputs(), ids=[b[0] for b in _bad_inputs()])
 def test_bad_inputs_raise_kernel_error_with_the_c_status(lib, label, make, kw, status, naive):
