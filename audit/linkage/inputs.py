@@ -126,7 +126,7 @@ class Inputs:
 
     def _again(self, host: str) -> bool:
         """An archive already opened in this run (named twice, or a link to it in a folder)."""
-        real = os.path.realpath(host)
+        real = self._real(host)
         if real in self.seen:
             self.skip("duplicate")
             return True
@@ -171,7 +171,8 @@ class Inputs:
 
     def _real(self, host: str) -> str:
         """os.path.realpath(host), with each folder resolved once: a folder's tens of thousands of
-        files would otherwise cost one lstat per path component each."""
+        files would otherwise cost one lstat per path component each. Every key of `seen` is made
+        here, so a file met twice (named, in a folder, through a link) is recognised alike."""
         folder, name = os.path.split(host)
         if name in ("", ".", "..") or os.path.islink(host):
             return os.path.realpath(host)
@@ -217,7 +218,7 @@ class Inputs:
         if tar_kind(host) == "image":
             yield from self._image(host)
             return
-        self.seen.add(os.path.realpath(host))
+        self.seen.add(self._real(host))
         self.skip("tar")
         self.warnings.append(f"{host}: tar archive that is not a container image (no manifest.json or "
                              "index.json), not audited")
@@ -326,7 +327,7 @@ class Inputs:
                 extracted.append((inner, os.path.join(tmp.name, *m.filename.split("/"))))
         members = MemberSet(report, (Member(dest, inner) for inner, dest in extracted))
         for inner, dest in extracted:
-            self.seen.add(os.path.realpath(dest))
+            self.seen.add(self._real(dest))
             yield Input(inner, dest, True, members=members)
 
     def _conda(self, report: str, host: str):
@@ -347,7 +348,7 @@ class Inputs:
         for name, dest, audited in extracted:
             if not audited:
                 continue
-            self.seen.add(os.path.realpath(dest))
+            self.seen.add(self._real(dest))
             yield Input(f"{report}{WHEEL_SEP}{name}", dest, True, members=members, scope=scope)
 
     def relabel(self, text: str | None) -> str | None:
