@@ -131,12 +131,28 @@ struct GenericTile {
 // Buckets that keep Q in registers past FK_MMA_Q_REGS_MAX (1): 96 (MT 2) and 192 (MT 1), 255 / 243
 // registers. Measured on the H200 (docs/perf.md "mma.sync head-dim buckets", variant qr): 1.10x /
 // 1.15x SDPA-flash at head dims 72 / 80, 0.98x at 96, 1.05x at 192, against 1.04 / 1.09 / 0.96 / 0.97x
-// with Q re-read from shared memory. 160 and 256 were not measured this way: they keep it there.
+// with Q re-read from shared memory. 160 and 256 were not measured this way: they keep it there
+// (32, 64 and 128 are decided by FK_MMA_Q_REGS_MAX and BN alone).
+#ifndef FK_MMA_Q_REGS_D32
+#define FK_MMA_Q_REGS_D32 0
+#endif
+#ifndef FK_MMA_Q_REGS_D64
+#define FK_MMA_Q_REGS_D64 0
+#endif
 #ifndef FK_MMA_Q_REGS_D96
 #define FK_MMA_Q_REGS_D96 1
 #endif
+#ifndef FK_MMA_Q_REGS_D128
+#define FK_MMA_Q_REGS_D128 0
+#endif
+#ifndef FK_MMA_Q_REGS_D160
+#define FK_MMA_Q_REGS_D160 0
+#endif
 #ifndef FK_MMA_Q_REGS_D192
 #define FK_MMA_Q_REGS_D192 1
+#endif
+#ifndef FK_MMA_Q_REGS_D256
+#define FK_MMA_Q_REGS_D256 0
 #endif
 // Blocks per SM asked of ptxas (__launch_bounds__' second argument): 0 asks nothing (ptxas uses up
 // to 255 registers; two 128-thread blocks fit an SM; CUDA 13.0 spills 12 B at D 64 BN 128 when asked
@@ -366,7 +382,7 @@ struct MmaTile {
     static constexpr int BM = 16 * MT * kWarps;
     static constexpr bool kQInRegs =
         FK_MMA_Q_IN_REGS && BN <= 64 &&
-        (MT * D <= FK_MMA_Q_REGS_MAX || (D == 96 && FK_MMA_Q_REGS_D96) || (D == 192 && FK_MMA_Q_REGS_D192));
+        (MT * D <= FK_MMA_Q_REGS_MAX || FK_MMA_KNOB(Q_REGS) != 0);
     static constexpr bool kShiftPV = FK_MMA_KNOB(SHIFT_PV) != 0;
     static constexpr int kMinDim = bucket_floor(kMmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kNarrowKD = D == 96 ? FK_MMA_NARROW_D96 : D;  // < D: a narrow kernel (fk_mma.h)
