@@ -18,17 +18,10 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/persist_out}
 BUDGET_S=${BUDGET_S:-300}
-START=$(date +%s)
-left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  nvcc --version | tail -1
-  python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'; } > "$OUT/env.txt" 2>&1
-note "env: $(tr '\n' ';' < "$OUT/env.txt")"
+. bench/device_common.sh
+record_env "$OUT/env.txt"
 
 # 1. Both libraries, built at the same time.
 FK_OTHER=${FK_OTHER:-"tile:-DFK_WGMMA_PERSISTENT=0"}
@@ -43,9 +36,9 @@ print(shlex.join(cmd[:1] + os.environ["OFLAGS"].split() + cmd[1:]))
 PY
 (eval "$(cat "$OUT/other-cmd.txt")" > "$OUT/build-$ONAME.log" 2>&1; echo $? > "$OUT/build-$ONAME.rc") &
 timeout 300 python3 -m audit build --target sm_90a --out build > "$OUT/build.log" 2>&1
-note "build sm_90a (default) rc=$? ($(( $(date +%s) - START )) s)"
+note "build sm_90a (default) rc=$? ($(el) s)"
 wait
-note "build sm_90a variant $ONAME rc=$(cat "$OUT/build-$ONAME.rc") ($(( $(date +%s) - START )) s): $(cat "$OUT/other-cmd.txt")"
+note "build sm_90a variant $ONAME rc=$(cat "$OUT/build-$ONAME.rc") ($(el) s): $(cat "$OUT/other-cmd.txt")"
 
 # 2. Correctness of the default library (sm_90a alone) and of the public call where users put it.
 timeout -k 5 150 python3 -m pytest -q -p no:cacheprovider -k "sm_90a" tests/test_kernel_gpu.py > "$OUT/pytest.log" 2>&1
@@ -119,7 +112,7 @@ ARGS=(); for s in $SHAPES; do ARGS+=(--shape "$s"); done
 t=$(( $(left) - 10 )); [ "$t" -gt 200 ] && t=200
 timeout -k 5 "$t" python3 bench/kernel_bench.py "${ARGS[@]}" --dtype bf16 --lib "$ONAME=$OTHER" \
     --torch-methods sdpa_cudnn --repeats 10 --warmup 2 --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
-note "bench rc=$? ($(( $(date +%s) - START )) s)"
+note "bench rc=$? ($(el) s)"
 
 # The logs in one archive (few files come back from a device run), the summary and tables last.
 tar czf "$OUT/logs.tgz" -C "$OUT" --remove-files $(cd "$OUT" && ls ./*.log ./*.txt ./*.rc 2>/dev/null | grep -v -e summary.txt -e bench.txt) 2>/dev/null

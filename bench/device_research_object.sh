@@ -15,19 +15,19 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/research_object_out}
 mkdir -p "$OUT"
 LOGS=$(mktemp -d)
-START=$(date +%s)
 export PYTHONUNBUFFERED=1
-note() { echo "$*" | tee -a "$LOGS/summary.txt"; }
+SUMMARY=$LOGS/summary.txt
+. bench/device_common.sh
 . bench/device_wheels.sh
 use_carried_wheels "$LOGS/pip.log"
 python3 -m audit build --target sm_90a --target cpu --out build >"$LOGS/build.log" 2>&1
-note "build rc=$? ($(( $(date +%s) - START )) s)"
+note "build rc=$? ($(el) s)"
 
 FK_BUILD=build FK_LIBS=sm_90a FK_STAGES="memcheck racecheck" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a \
     FK_MEMCHECK_TIMEOUT=${FK_MEMCHECK_TIMEOUT:-100} FK_RACECHECK_TIMEOUT=${FK_RACECHECK_TIMEOUT:-100} \
     OUT="$LOGS/sanitize" bash bench/device_kernel.sh >"$LOGS/sanitize.log" 2>&1
 grep -E "^(memcheck|racecheck)" "$LOGS/sanitize/summary.txt" | tee -a "$LOGS/summary.txt"
-note "sanitizers done ($(( $(date +%s) - START )) s)"
+note "sanitizers done ($(el) s)"
 
 ARTIFACTS=()
 if [ -f .device/gfx1030/libflash_kernel.so ]; then
@@ -37,7 +37,7 @@ fi
 rm -rf /tmp/ro
 timeout -k 5 ${RUN_TIMEOUT:-330} python3 -m audit run --out /tmp/ro --device cuda --target sm_90a --target cpu \
     "${ARTIFACTS[@]}" --build-dir build --repeats 10 --pipeline-steps 2 >"$LOGS/run.log" 2>&1
-note "run rc=$? ($(( $(date +%s) - START )) s)"
+note "run rc=$? ($(el) s)"
 python3 -m audit verify /tmp/ro >"$LOGS/verify.log" 2>&1
 note "verify rc=$?: $(tail -1 "$LOGS/verify.log")"
 [ -d /tmp/ro ] && tar czf "$OUT/research-object.tgz" -C /tmp ro

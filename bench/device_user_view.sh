@@ -19,21 +19,13 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/user_view_out}
 BUDGET_S=${BUDGET_S:-285}
-START=$(date +%s)
-left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
+. bench/device_common.sh
 
 . bench/device_wheels.sh
 use_carried_wheels "$OUT/pip.log"
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  nvcc --version | tail -1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "gpus", torch.cuda.device_count())'
-  python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1; } > "$OUT/env.txt" 2>&1
-note "env: $(tr '\n' ';' < "$OUT/env.txt")"
+record_env "$OUT/env.txt" python3 -c 'import diffusers; print("diffusers", diffusers.__version__)'
 
 # 1. One build of the default libraries.
 #    (PREBUILT=1: use the libraries already in build/, e.g. built with the same nvcc on another machine
@@ -44,7 +36,7 @@ if [ -n "${PREBUILT:-}" ]; then
     note "build: prebuilt $(ls build | tr '\n' ' ')"
 else
     python3 -m audit build "${TARGETS[@]}" --out build >"$OUT/build.log" 2>&1
-    note "build rc=$? ($(( $(date +%s) - START )) s)"
+    note "build rc=$? ($(el) s)"
 fi
 
 # 2. The public call in a graph capture, on a side stream, on cuda:1; the binding's GPU tests.
@@ -74,18 +66,18 @@ fi
 timeout -k 5 $(( $(left) > 130 ? 110 : $(left) - 20 )) python3 -m audit bench --device cuda --preset dit \
     --backend primary --backend sdpa-flash --backend sdpa-cudnn --repeats 10 --warmup 2 --no-progress \
     --json "$OUT/bench-dit.json" >"$OUT/bench-dit.txt" 2>&1
-note "bench --preset dit rc=$? ($(( $(date +%s) - START )) s)"
+note "bench --preset dit rc=$? ($(el) s)"
 
 # 3a. fp16 where the long-sequence goals are stated (Wan2.1-1.3B self-attention, head dim 256).
 timeout -k 5 60 python3 -m audit bench --device cuda --dtype fp16 --shape 1,12,32760,128 --shape 1,12,16384,256 \
     --backend primary --backend sdpa-flash --backend sdpa-cudnn --repeats 10 --warmup 2 --no-progress \
     --json "$OUT/bench-fp16.json" >"$OUT/bench-fp16.txt" 2>&1
-note "bench fp16 rc=$? ($(( $(date +%s) - START )) s)"
+note "bench fp16 rc=$? ($(el) s)"
 
 # 3b. The host cost of one call: the public call's wall time per call against the same call
 #     replayed from a CUDA graph (its kernel's own time), beside SDPA's, plus where the host time goes.
 timeout -k 5 90 python3 bench/host_overhead.py --build build >"$OUT/host.txt" 2>&1
-note "host_overhead rc=$? ($(( $(date +%s) - START )) s)"
+note "host_overhead rc=$? ($(el) s)"
 
 # 3c. The mma.sync path (sm_90 library) at every head dim, against SDPA-flash (what it must beat) and SDPA-cuDNN.
 if [ -n "${MMA_SYNC:-}" ]; then
@@ -94,7 +86,7 @@ if [ -n "${MMA_SYNC:-}" ]; then
         --shape 1,24,16384,128 --shape 1,16,16384,160 --shape 1,16,16384,192 --shape 1,12,16384,256 \
         --backend primary --backend sdpa-flash --backend sdpa-cudnn --repeats 10 --warmup 2 --no-progress \
         --json "$OUT/bench-mma.json" >"$OUT/bench-mma.txt" 2>&1
-    note "bench mma.sync rc=$? ($(( $(date +%s) - START )) s)"
+    note "bench mma.sync rc=$? ($(el) s)"
 fi
 
 # 4. The research object with the default library, if it can finish in the time left. An RDNA2
@@ -114,7 +106,7 @@ elif [ "$(left)" -gt 120 ]; then
     timeout -k 5 $(( $(left) - 10 )) python3 -m audit run --out /tmp/ro --device cuda --target sm_90a \
         --target cpu "${ARTIFACTS[@]}" --build-dir build --repeats 10 --pipeline-steps 2 >"$OUT/run.log" 2>&1
     rc=$?
-    note "run rc=$rc ($(( $(date +%s) - START )) s)"
+    note "run rc=$rc ($(el) s)"
     python3 -m audit verify /tmp/ro >"$OUT/verify.log" 2>&1
     note "verify rc=$?: $(tail -1 "$OUT/verify.log")"
     [ -d /tmp/ro ] && tar czf "$OUT/research-object.tgz" -C /tmp ro

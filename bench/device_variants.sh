@@ -25,16 +25,8 @@ VB=build/variants
 LOG=/tmp/variants_logs
 mkdir -p "$OUT" "$VB" "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 FLASH_KERNEL_BUILD=$PWD/build
-START=$(date +%s)
-left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
-el() { echo $(( $(date +%s) - START )); }
-SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  nvcc --version | tail -1
-  python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'; } > "$LOG/env.txt" 2>&1
-note "env: $(tr '\n' ';' < "$LOG/env.txt")"
+. bench/device_common.sh
+record_env "$LOG/env.txt"
 
 FK_VARIANTS=${FK_VARIANTS-}
 
@@ -49,25 +41,14 @@ if [ -n "${FK_PREBUILT:-}" ]; then
     note "prebuilt: default $(stat -c %s build/sm_90a/libflash_kernel.so 2>/dev/null) bytes$(for l in "${LIBS[@]}"; do printf ', %s %s' "${l%%=*}" "$(stat -c %s "${l#*=}" 2>/dev/null)"; done)"
 else
 
-NVCC=(nvcc -x cu -O3 -std=c++17 -shared -Xcompiler -fPIC --expt-relaxed-constexpr --threads 2
-      -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 -DFK_WGMMA '-DFK_TARGET="sm_90a"' -Xptxas -v)
 timeout -k 5 200 python3 -m audit build --target sm_90a --out build > "$LOG/build-default.log" 2>&1 &
 PIDS=($!)
 IFS=';' read -r -a VARS <<< "$FK_VARIANTS"
 LIBS=()
-for v in "${VARS[@]}"; do
-    [ -z "$v" ] && continue
-    name=${v%%:*}; flags=${v#*:}
-    mkdir -p "$VB/$name"
-    # shellcheck disable=SC2086
-    timeout -k 5 200 "${NVCC[@]}" $flags -I flash_kernel/include -I flash_kernel/src flash_kernel/src/fk_gpu.hip \
-        -o "$VB/$name/libflash_kernel.so" > "$LOG/build-$name.log" 2>&1 &
-    PIDS+=($!)
-    LIBS+=("$name=$VB/$name/libflash_kernel.so")
-done
+build_variants 200 "${VARS[@]}"
 if [ -n "${FK_BASE_SRC:-}" ]; then  # another tree's sources, e.g. the commit before
     mkdir -p "$VB/base"
-    timeout -k 5 200 "${NVCC[@]}" -I "$FK_BASE_SRC/flash_kernel/include" -I "$FK_BASE_SRC/flash_kernel/src" \
+    timeout -k 5 200 "${VARIANT_NVCC[@]}" -I "$FK_BASE_SRC/flash_kernel/include" -I "$FK_BASE_SRC/flash_kernel/src" \
         "$FK_BASE_SRC/flash_kernel/src/fk_gpu.hip" -o "$VB/base/libflash_kernel.so" > "$LOG/build-base.log" 2>&1 &
     PIDS+=($!)
     LIBS=("base=$VB/base/libflash_kernel.so" "${LIBS[@]}")

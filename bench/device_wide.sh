@@ -23,11 +23,7 @@ VB=${VB:-build/wide}   # variant builds
 LOG=${LOG:-/tmp/wide_logs}
 mkdir -p "$OUT" "$VB" "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 FLASH_KERNEL_BUILD=$PWD/build
-START=$(date +%s)
-SUMMARY=$OUT/summary.txt
-: > "$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-el() { echo $(( $(date +%s) - START )); }
+. bench/device_common.sh
 
 # Variants: what each -D turns back from the defaults (bucket 192 with BN 112 and ping-pong, wide
 # P V, K/V released apart, early rescale, bucket 256 without ping-pong). "old" is the kernel before
@@ -50,29 +46,14 @@ WIDE_VARIANTS=${WIDE_VARIANTS-$DEFAULT_VARIANTS}
 WIDE_SHAPES=${WIDE_SHAPES:-"1,12,16384,16384,160 1,24,16384,16384,160 1,12,16384,16384,192 1,12,16384,16384,256"}
 WIDE_FP16_SHAPES=${WIDE_FP16_SHAPES:-"1,12,16384,16384,192 1,12,16384,16384,256"}
 
-{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-  nvcc --version | tail -1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
-  git log -1 --format='commit %H' 2>/dev/null || true; } > "$LOG/env.txt" 2>&1
-note "env: $(tr '\n' ';' < "$LOG/env.txt")"
+record_env "$LOG/env.txt"
 
 # 1. Builds, in parallel (one nvcc per library; each compiles its two cubins on 2 threads).
-NVCC=(nvcc -x cu -O3 -std=c++17 -shared -Xcompiler -fPIC --expt-relaxed-constexpr --threads 2
-      -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 -DFK_WGMMA '-DFK_TARGET="sm_90a"'
-      -Xptxas -v -I flash_kernel/include -I flash_kernel/src flash_kernel/src/fk_gpu.hip)
 timeout -k 5 150 python3 -m audit build --target sm_90a --out build >"$LOG/build-default.log" 2>&1 &
 PIDS=($!)
 IFS=';' read -r -a VARS <<< "$WIDE_VARIANTS"
 LIBS=()
-for v in "${VARS[@]}"; do
-    [ -z "$v" ] && continue
-    label=${v%%:*}; flags=${v#*:}; name=${label%%@*}
-    mkdir -p "$VB/$name"
-    # shellcheck disable=SC2086
-    timeout -k 5 150 "${NVCC[@]}" $flags -o "$VB/$name/libflash_kernel.so" >"$LOG/build-$name.log" 2>&1 &
-    PIDS+=($!)
-    LIBS+=("$label=$VB/$name/libflash_kernel.so")
-done
+build_variants 150 "${VARS[@]}"
 for p in "${PIDS[@]}"; do wait "$p" || note "a build failed (pid $p): see build-*.log"; done
 note "builds done ($(el) s): default $(stat -c %s build/sm_90a/libflash_kernel.so 2>/dev/null) bytes$(for l in "${LIBS[@]}"; do printf ', %s %s' "${l%%=*}" "$(stat -c %s "${l#*=}" 2>/dev/null)"; done)"
 
