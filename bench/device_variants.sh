@@ -16,7 +16,7 @@
 #      head-dim shapes (FK_SHAPES), bf16
 # Under $OUT: summary.txt, bench.json and logs.tgz; the short table prints last.
 #   OUT=/tmp/v FK_VARIANTS="nostages:-DFK_WGMMA_STAGES_D128=2" bash bench/device_variants.sh
-#   BUDGET_S (default 300) bounds the run
+#   BUDGET_S (default 300) bounds the run; FK_REPEATS (default 10) timed calls per method and shape
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/variants_out}
@@ -90,7 +90,7 @@ ARGS=(); for s in $SHAPES; do ARGS+=(--shape "$s"); done
 for l in "${LIBS[@]}"; do ARGS+=(--lib "${l%%=*}${FK_VARIANT_DIMS:+@$FK_VARIANT_DIMS}=${l#*=}"); done  # e.g. FK_VARIANT_DIMS=32,64,128
 t=$(( $(left) - 10 )); [ "$t" -gt 240 ] && t=240
 timeout -k 5 "$t" python3 bench/kernel_bench.py "${ARGS[@]}" --dtype bf16 --torch-methods sdpa_cudnn \
-    --repeats 10 --warmup 2 --rotate 2 --json "$OUT/bench.json" > "$LOG/bench.txt" 2>&1
+    --repeats "${FK_REPEATS:-10}" --warmup 2 --rotate 2 --json "$OUT/bench.json" > "$LOG/bench.txt" 2>&1
 note "bench rc=$? ($(el) s)"
 
 cp "$SUMMARY" "$LOG/" && tar czf "$OUT/logs.tgz" -C "$(dirname "$LOG")" "$(basename "$LOG")"

@@ -75,6 +75,11 @@ FK_DEVICE void tma_load_4d(uint32_t dst, const CUtensorMap *map, uint32_t bar, i
         "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
         ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
 }
+// The same box into L2 only (no shared memory, no barrier): a later load of it reads L2.
+FK_DEVICE void tma_prefetch_4d(const CUtensorMap *map, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
 // Clusters of two along the query tiles (FK_WGMMA_CLUSTER_KV): each CTA's producer loads half of
 // every K/V tile and multicasts it into both CTAs' shared memory (the same offset, completing on
 // the same barrier offset in each), so the pair reads K and V from L2 once.
@@ -182,13 +187,55 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 
     if (wg == 0) {  // ---------------- producer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCl > 1 ? T::kClusterProducerRegs : T::kProducerRegs));
+        // Item `item`'s Q (the it-th of this block), each consumer's half once that consumer has
+        // released its previous one. A half wholly past nq is not loaded (its rows are computed on
+        // stale data and never stored): a plain arrive. Prefetch: the next item's halves into L2.
+        auto load_q = [&](int it, int64_t item) {
+            const int64_t bh = item / ptiles;
+            const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+            const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
+            for (int c = 0; c < T::kConsumers; ++c) {
+                if (it > 0) mbar_wait(q_empty + 8 * c, (it - 1) & 1);
+                const int r0 = q0 + c * QR;
+                if (r0 >= p.nq) {
+                    mbar_arrive(q_full + 8 * c);
+                    continue;
+                }
+                mbar_expect_tx(q_full + 8 * c, cbn * QR * kRowBytes);
+#pragma unroll
+                for (int cb = 0; cb < CB; ++cb)
+                    if (cb < cbn)
+                        tma_load_4d(sq + cb * BM * kRowBytes + c * QR * kRowBytes, &tq, q_full + 8 * c, cb * 64,
+                                    pick(md.q, 1, r0, h, b), pick(md.q, 2, r0, h, b), pick(md.q, 3, r0, h, b));
+            }
+            if constexpr (T::kQPrefetch) {
+                const int64_t nx = item + step;
+                if (nx < last) {
+                    const int64_t nbh = nx / ptiles;
+                    const int nb = static_cast<int>(nbh / p.heads), nh = static_cast<int>(nbh % p.heads);
+                    const int nq0 = (static_cast<int>(nx % ptiles) * kCl + int(rank)) * BM;
+                    for (int c = 0; c < T::kConsumers; ++c) {
+                        const int r0 = nq0 + c * QR;
+                        if (r0 >= p.nq) break;
+#pragma unroll
+                        for (int cb = 0; cb < CB; ++cb)
+                            if (cb < cbn)
+                                tma_prefetch_4d(&tq, cb * 64, pick(md.q, 1, r0, nh, nb), pick(md.q, 2, r0, nh, nb),
+                                                pick(md.q, 3, r0, nh, nb));
+                    }
+                }
+            }
+        };
+        if (T::kQThread && warp == 1 && lane == 0) {  // Q alone, apart from the K/V ring
+            int it = 0;
+            for (int64_t item = first; item < last; item += step, ++it) load_q(it, item);
+        }
         if (warp == 0 && lane == 0) {
             int g = 0;  // K/V tiles issued so far: the ring runs on across items
             int it = 0;
             for (int64_t item = first; item < last; item += step, ++it) {
                 const int64_t bh = item / ptiles;
                 const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-                const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
                 for (int j = 0; j < ntiles; ++j, ++g) {
                     const int st = g % S;
                     if (g >= S) mbar_wait(empty + 8 * st, ((g / S) - 1) & 1);
@@ -216,24 +263,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     if (T::kSplitKV && g >= S) mbar_wait(v_empty + 8 * st, ((g / S) - 1) & 1);
                     mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
                     load_tile(sv, &tv, v_full + 8 * st, md.v);
-                    if (j != 0) continue;
                     // Q after the item's first K/V tile, which may go ahead while a consumer still
-                    // reads its half of the previous item's Q. A half wholly past nq is not loaded
-                    // (its rows are computed on stale data and never stored): a plain arrive.
-                    for (int c = 0; c < T::kConsumers; ++c) {
-                        if (it > 0) mbar_wait(q_empty + 8 * c, (it - 1) & 1);
-                        const int r0 = q0 + c * QR;
-                        if (r0 >= p.nq) {
-                            mbar_arrive(q_full + 8 * c);
-                            continue;
-                        }
-                        mbar_expect_tx(q_full + 8 * c, cbn * QR * kRowBytes);
-#pragma unroll
-                        for (int cb = 0; cb < CB; ++cb)
-                            if (cb < cbn)
-                            tma_load_4d(sq + cb * BM * kRowBytes + c * QR * kRowBytes, &tq, q_full + 8 * c, cb * 64,
-                                        pick(md.q, 1, r0, h, b), pick(md.q, 2, r0, h, b), pick(md.q, 3, r0, h, b));
-                    }
+                    // reads its half of the previous item's Q (unless Q has a thread of its own)
+                    if (!T::kQThread && j == 0) load_q(it, item);
                 }
             }
         }
@@ -258,6 +290,14 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     float o[D / 2];           // O accumulators, same layout over the head dim
     uint32_t pf[BN / 16][4];  // P as wgmma's register A operand, one k16 step per pair of n8 tiles
     float m0, m1, l0, l1;     // running row maxima (base 2, scaled) and partial sums of rows r, r+8
+    // Q in registers (T::kQRegs): this warp's 16 rows of the consumer's half as wgmma A fragments,
+    // one k16 step each (the layout of pf)
+    uint32_t qf[T::kQRegs ? D / 16 : 1][4];
+    // Late stores (T::kLateStore): the finished item's O as 16-bit pairs (rows r, r+8 of n8 tile t:
+    // ob[2t], ob[2t + 1]), where they go, and whether they are still to be stored
+    uint32_t ob[T::kLateStore ? D / 4 : 1];
+    uint16_t *ob_p0 = nullptr, *ob_p1 = nullptr;
+    bool ob_r0 = false, ob_r1 = false, ob_pending = false;
     auto issue_s = [&](int st) {  // S = Q K(st)^T over D / 16 k-steps; both operands K-major
         const uint32_t kb = sk + st * T::kKVBytes;
 #pragma unroll
@@ -267,7 +307,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             const uint32_t off = (ks % 4) * 32;  // k16 step inside a 128-byte row
             const uint64_t da = smem_desc(sq_wg + (ks / 4) * BM * kRowBytes + off, 16, 1024);
             const uint64_t db = smem_desc(kb + (ks / 4) * BN * kRowBytes + off, 16, 1024);
-            if constexpr (BN == 128) Ops<E>::ss_n128(s, da, db, ks > 0);
+            if constexpr (T::kQRegs) Ops<E>::rsk_n128(s, qf[ks], db, ks > 0);
+            else if constexpr (BN == 128) Ops<E>::ss_n128(s, da, db, ks > 0);
             else if constexpr (BN == 112) Ops<E>::ss_n112(s, da, db, ks > 0);
             else if constexpr (BN == 96) Ops<E>::ss_n96(s, da, db, ks > 0);
             else if constexpr (BN == 80) Ops<E>::ss_n80(s, da, db, ks > 0);
@@ -389,6 +430,39 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(q_empty + 8 * c);
     };
+    // Q in registers: lane l gives the address of row l % 8 of 8 x 8 matrix l / 8 (rows + 8 for
+    // matrices 1 and 3, columns + 8 for 2 and 3), so ldmatrix.x4 returns the A fragment; the
+    // 128-byte swizzle moves 16-byte chunk k of row r to k ^ (r % 8).
+    auto load_q_regs = [&] {
+        if constexpr (T::kQRegs) {
+            const int row = 16 * warp + lane % 8 + ((lane / 8) & 1) * 8;
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ++ks) {
+                if (ks >= kMinSteps && ks >= ksteps) break;
+                const int chunk = (ks % 4) * 2 + lane / 16;
+                const uint32_t addr = sq_wg + (ks / 4) * BM * kRowBytes + row * kRowBytes + ((chunk ^ (row % 8)) * 16);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(qf[ks][0]), "=r"(qf[ks][1]), "=r"(qf[ks][2]), "=r"(qf[ks][3])
+                             : "r"(addr) : "memory");
+            }
+            // the copy engine overwrites the buffer next (async proxy after these generic reads)
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            release_q();
+        }
+    };
+    auto release_q_last = [&] { if constexpr (!T::kQRegs) release_q(); };  // after the item's last S
+    auto store_o = [&] {  // the late stores of the previous item's O
+        if constexpr (T::kLateStore) {
+            const int col = 2 * (lane % 4);
+#pragma unroll
+            for (int t = 0; t < D / 8; ++t) {
+                if (t * 8 >= dh) break;  // padding columns
+                if (ob_r0) *reinterpret_cast<uint32_t *>(ob_p0 + t * 8 + col) = ob[2 * t];
+                if (ob_r1) *reinterpret_cast<uint32_t *>(ob_p1 + t * 8 + col) = ob[2 * t + 1];
+            }
+            ob_pending = false;
+        }
+    };
 
     // With ping-pong the consumers take turns (named barriers my_bar / other_bar) without a break
     // between items: both run the same number of turns per item (ntiles + 1), so the alternation
@@ -401,6 +475,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
         m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
         mbar_wait(q_full + 8 * c, it & 1);
+        load_q_regs();
 
         // Tile 0: S(0) alone.
         {
@@ -412,10 +487,12 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             issue_s(st);
             wg_commit();
             their_turn();
+            if constexpr (T::kLateStore)
+                if (ob_pending) store_o();  // the previous item's O, beside this S
             wg_wait<0>();
             fence_regs(s);
             release_k(st);
-            if (ntiles == 1) release_q();
+            if (ntiles == 1) release_q_last();
             float a0, a1;
             probs(0, a0, a1);
             finish(a0, a1);
@@ -443,7 +520,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             wg_wait<1>();
             fence_regs(s);
             release_k(st);
-            if (j == ntiles - 1) release_q();
+            if (j == ntiles - 1) release_q_last();
             probs(j, a0, a1);
             wg_wait<0>();
             fence_regs(o);
@@ -457,7 +534,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             fence_regs(s);
             fence_regs(o);
             release_k(st);
-            if (j == ntiles - 1) release_q();
+            if (j == ntiles - 1) release_q_last();
             probs(j, a0, a1);
 #endif
             release_v(pst);
@@ -492,6 +569,19 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
         const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
         const int col = 2 * (lane % 4);
+        if constexpr (T::kLateStore) {
+#pragma unroll
+            for (int t = 0; t < D / 8; ++t) {
+                ob[2 * t] = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
+                ob[2 * t + 1] = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
+            }
+            ob_p0 = out + r0 * p.os[2];
+            ob_p1 = out + r1 * p.os[2];
+            ob_r0 = r0 < p.nq;
+            ob_r1 = r1 < p.nq;
+            ob_pending = true;
+            continue;
+        }
 #pragma unroll
         for (int t = 0; t < D / 8; ++t) {
             if (t * 8 >= dh) break;  // padding columns
@@ -501,6 +591,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
         }
     }
+    if constexpr (T::kLateStore)
+        if (ob_pending) store_o();  // the block's last item
     if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
     if constexpr (kCl > 1) cluster_sync();
 #else
