@@ -495,16 +495,10 @@ struct MmaTile {
 // Short Nk (text cross-attention: 4 K/V tiles per item at Nk 512) makes each work item's start a
 // large share of its time: the item's Q comes from device memory (each item's own rows) and was
 // requested only once the consumer's last S = Q K^T of the previous item was done.
-// Q loads from their own producer thread (warp 1 of the producer warpgroup), so that a half of Q is
-// requested as soon as its buffer is free, not after the item's first K/V tile (which waits for a
-// ring slot) (1), or by the K/V thread after that tile (0).
-#ifndef FK_WGMMA_Q_THREAD
-#define FK_WGMMA_Q_THREAD 0
-#endif
 // When an item's Q is loaded, the next item's Q is prefetched into L2 (cp.async.bulk.prefetch.tensor),
 // so that its real load reads L2 rather than device memory (1).
 #ifndef FK_WGMMA_Q_PREFETCH
-#define FK_WGMMA_Q_PREFETCH 1
+#define FK_WGMMA_Q_PREFETCH 0
 #endif
 // Q in registers (buckets 64 and 128, BN 128): each consumer copies its half of Q from shared memory
 // into wgmma A fragments (ldmatrix; 4 registers a k16 step: 32 a thread at D 128) at the item's start
@@ -522,6 +516,11 @@ struct MmaTile {
 #ifndef FK_WGMMA_LATE_STORE
 #define FK_WGMMA_LATE_STORE 1
 #endif
+// Chained items with Q in registers (buckets 64 and 128 where Q is held in registers): a consumer
+// issues an item's last P V in the same turn as the next item's first S = Q K^T (1).
+#ifndef FK_WGMMA_CHAIN
+#define FK_WGMMA_CHAIN 1
+#endif
 template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups
@@ -538,7 +537,7 @@ struct WgmmaTile {
     static constexpr bool kEarlyRescale = kWide && FK_WGMMA_WIDE_EARLY_RESCALE;
     static constexpr bool kQRegs = BN == 128 && (D == 64 ? FK_WGMMA_Q_REGS_D64 != 0 : D == 128 ? FK_WGMMA_Q_REGS_D128 != 0 : false);
     static constexpr bool kLateStore = !kWide && FK_WGMMA_LATE_STORE != 0;
-    static constexpr bool kQThread = FK_WGMMA_Q_THREAD != 0;
+    static constexpr bool kChain = FK_WGMMA_CHAIN != 0 && kQRegs && kPingPong && !kWide;
     static constexpr bool kQPrefetch = FK_WGMMA_Q_PREFETCH != 0;
     static constexpr int kMinDim = bucket_floor(kWgmmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kThreads = 128 * (1 + kConsumers);

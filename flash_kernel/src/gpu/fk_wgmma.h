@@ -226,10 +226,6 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 }
             }
         };
-        if (T::kQThread && warp == 1 && lane == 0) {  // Q alone, apart from the K/V ring
-            int it = 0;
-            for (int64_t item = first; item < last; item += step, ++it) load_q(it, item);
-        }
         if (warp == 0 && lane == 0) {
             int g = 0;  // K/V tiles issued so far: the ring runs on across items
             int it = 0;
@@ -264,8 +260,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     mbar_expect_tx(v_full + 8 * st, cbn * BN * kRowBytes);
                     load_tile(sv, &tv, v_full + 8 * st, md.v);
                     // Q after the item's first K/V tile, which may go ahead while a consumer still
-                    // reads its half of the previous item's Q (unless Q has a thread of its own)
-                    if (!T::kQThread && j == 0) load_q(it, item);
+                    // reads its half of the previous item's Q
+                    if (j == 0) load_q(it, item);
                 }
             }
         }
@@ -464,10 +460,120 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         }
     };
 
+    // The item's O (all its P V done) divided by the row sums sl0, sl1 (this thread's partials) and
+    // stored, or, with late stores, packed for store_o() beside the next GEMM.
+    auto end_item = [&](int64_t item, float sl0, float sl1) {
+        sl0 += fk_shfl_xor(sl0, 1);
+        sl0 += fk_shfl_xor(sl0, 2);
+        sl1 += fk_shfl_xor(sl1, 1);
+        sl1 += fk_shfl_xor(sl1, 2);
+        const float i0 = 1.0f / sl0, i1 = 1.0f / sl1;
+        const int64_t bh = item / ptiles;
+        const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+        const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
+        uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
+        const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
+        if constexpr (T::kLateStore) {
+#pragma unroll
+            for (int t = 0; t < D / 8; ++t) {
+                ob[2 * t] = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
+                ob[2 * t + 1] = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
+            }
+            ob_p0 = out + r0 * p.os[2];
+            ob_p1 = out + r1 * p.os[2];
+            ob_r0 = r0 < p.nq;
+            ob_r1 = r1 < p.nq;
+            ob_pending = true;
+        } else {
+            const int col = 2 * (lane % 4);
+#pragma unroll
+            for (int t = 0; t < D / 8; ++t) {
+                if (t * 8 >= dh) break;  // padding columns
+                if (r0 < p.nq)
+                    *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
+                if (r1 < p.nq)
+                    *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
+            }
+        }
+    };
+
     // With ping-pong the consumers take turns (named barriers my_bar / other_bar) without a break
     // between items: both run the same number of turns per item (ntiles + 1), so the alternation
     // carries over.
     if (T::kPingPong && c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
+    if constexpr (T::kChain) {
+        // Chained items (Q in registers): the block's K/V tiles are one sequence across its items.
+        // Each turn issues S(g) with P(g-1) V(g-1), also where tile g is the next item's first: the
+        // finished item's O is then divided, packed and stored (late) while the other consumer's
+        // GEMMs run, and the next item's Q was copied into registers once S(g-1) was done. An item
+        // of n tiles costs n turns, not n + 1; the single Q buffer keeps the ring 3 deep.
+        int g = 0, pst = 0, it = 0;
+        int64_t prev = -1;  // the item whose last P V is pending (its P in pf), or -1
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+        m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+        for (int64_t item = first; item < last; item += step, ++it) {
+            for (int j = 0; j < ntiles; ++j, ++g) {
+                const int st = g % S;
+                if (j == 0) {  // the previous item's last S is done: its Q registers are free
+                    mbar_wait(q_full + 8 * c, it & 1);
+                    load_q_regs();
+                }
+                mbar_wait(k_full + 8 * st, (g / S) & 1);
+                if (g > 0) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+                my_turn();
+                fence_regs(s);
+                fence_regs(o);
+                wg_fence();
+                issue_s(st);
+                wg_commit();
+                if (g > 0) {
+                    issue_pv(pst);
+                    wg_commit();
+                }
+                their_turn();
+                if constexpr (T::kLateStore)
+                    if (ob_pending) store_o();  // the item finished in the last turn, beside these GEMMs
+                float a0, a1, sl0 = l0, sl1 = l1;
+                if (j == 0) {  // the new item's softmax state; the finished one's sums stay in sl0, sl1
+                    m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+                }
+                if (g > 0) wg_wait<1>();
+                else wg_wait<0>();
+                fence_regs(s);
+                release_k(st);
+                probs(j, a0, a1);
+                if (g > 0) {
+                    wg_wait<0>();
+                    fence_regs(o);
+                    release_v(pst);
+                    if (j == 0) {  // P V of the finished item's last tile is done
+                        end_item(prev, sl0, sl1);
+#pragma unroll
+                        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+                    }
+                }
+                finish(a0, a1);
+                pst = st;
+            }
+            prev = item;
+        }
+        if (prev >= 0) {  // the last item's last P V
+            mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+            my_turn();
+            fence_regs(o);
+            wg_fence();
+            issue_pv(pst);
+            wg_commit();
+            their_turn();
+            if constexpr (T::kLateStore)
+                if (ob_pending) store_o();
+            wg_wait<0>();
+            fence_regs(o);
+            release_v(pst);
+            end_item(prev, l0, l1);
+        }
+    } else {
     int g0 = 0;  // ring position of the item's first K/V tile
     int it = 0;
     for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
@@ -558,38 +664,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             release_v(pst);
         }
 
-        l0 += fk_shfl_xor(l0, 1);
-        l0 += fk_shfl_xor(l0, 2);
-        l1 += fk_shfl_xor(l1, 1);
-        l1 += fk_shfl_xor(l1, 2);
-        const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-        const int64_t bh = item / ptiles;
-        const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-        const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
-        uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
-        const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
-        const int col = 2 * (lane % 4);
-        if constexpr (T::kLateStore) {
-#pragma unroll
-            for (int t = 0; t < D / 8; ++t) {
-                ob[2 * t] = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
-                ob[2 * t + 1] = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
-            }
-            ob_p0 = out + r0 * p.os[2];
-            ob_p1 = out + r1 * p.os[2];
-            ob_r0 = r0 < p.nq;
-            ob_r1 = r1 < p.nq;
-            ob_pending = true;
-            continue;
-        }
-#pragma unroll
-        for (int t = 0; t < D / 8; ++t) {
-            if (t * 8 >= dh) break;  // padding columns
-            if (r0 < p.nq)
-                *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
-            if (r1 < p.nq)
-                *reinterpret_cast<uint32_t *>(out + r1 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
-        }
+        end_item(item, l0, l1);
+    }
     }
     if constexpr (T::kLateStore)
         if (ob_pending) store_o();  // the block's last item
