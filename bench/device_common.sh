@@ -3,6 +3,7 @@
 #   left          seconds of BUDGET_S left
 #   note LINE     the line on the screen and in $SUMMARY ($OUT/summary.txt unless set; emptied here)
 #   record_env FILE [CMD...]   GPU, driver, max SM clock, nvcc, torch/CUDA/cuDNN/GPU count, commit
+#                 (none where the folder is not a checkout's top)
 #                 (and what CMD prints) into FILE, and one "env:" line through note
 #   build_variants SECONDS SPEC...   one nvcc per "LABEL:-DFLAGS ..." (LABEL may end in @head,dims),
 #                 in the background, sm_90a as `sovereign-audit build` makes it; appends LABEL=PATH
@@ -19,7 +20,10 @@ record_env() {
     { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
       nvcc --version | tail -1
       python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version(), "gpus", torch.cuda.device_count())'
-      git log -1 --format='commit %H' 2>/dev/null || true
+      # the commit only where this is a checkout's top: an archive copied inside another checkout
+      # (the device runs' .device/<name>/repo) would report the outer one's
+      if [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$(pwd -P)" ]; then git log -1 --format='commit %H'
+      else echo "commit: none (not a git checkout's top)"; fi
       [ $# -gt 0 ] && "$@"; } > "$file" 2>&1
     note "env: $(tr '\n' ';' < "$file")"
 }

@@ -24,4 +24,15 @@ def test_operand_counts_match_shapes():
         assert len(regs) == n // 2, f"m64n{n}k16 names {len(regs)} accumulators, wants {n // 2}"
         assert [r.strip() for r in regs] == [f"%{i}" for i in range(n // 2)]
         found += 1
-    assert found == 18  # {bf16, f16} x (ss {n64, n80, n96, n112, n128} + rs {n64, n128, n192, n256})
+    # {bf16, f16} x (ss {n64, n80, n96, n112, n128} + rs {n64, n128, n192, n256} + rsk {n128})
+    assert found == 20
+
+
+def test_register_a_wrappers_transpose_only_v():
+    """P V reads V N-major (transpose bit 1); S = Q K^T with Q in registers reads K K-major (0)."""
+    text = HEADER.read_text()
+    for name, bit in (("rs", "1"), ("rsk", "0")):
+        bodies = re.findall(rf"void {name}_n\d+\(.*?\n(.*?)\n    }}", text, re.S)
+        assert len(bodies) == (8 if name == "rs" else 2)
+        for body in bodies:
+            assert re.search(rf"\}}, %\d+, p, 1, 1, {bit};", body), body[:200]

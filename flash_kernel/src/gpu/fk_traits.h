@@ -492,34 +492,30 @@ struct MmaTile {
 #ifndef FK_WGMMA_CLUSTER_KV_MULTICAST
 #define FK_WGMMA_CLUSTER_KV_MULTICAST 1
 #endif
-// Short Nk (text cross-attention: 4 K/V tiles per item at Nk 512) makes each work item's start a
-// large share of its time: the item's Q comes from device memory (each item's own rows) and was
-// requested only once the consumer's last S = Q K^T of the previous item was done.
-// When an item's Q is loaded, the next item's Q is prefetched into L2 (cp.async.bulk.prefetch.tensor),
-// so that its real load reads L2 rather than device memory (1).
-#ifndef FK_WGMMA_Q_PREFETCH
-#define FK_WGMMA_Q_PREFETCH 0
-#endif
-// Q in registers (buckets 64 and 128, BN 128): each consumer copies its half of Q from shared memory
-// into wgmma A fragments (ldmatrix; 4 registers a k16 step: 32 a thread at D 128) at the item's start
-// and releases the buffer at once, so the next item's Q loads during the whole item; S = Q K^T is
-// then a register-A wgmma.
+// Short Nk (text cross-attention, Nk 512: 4 K/V tiles per 128-row work item): an item's start and
+// end are a large share of its time. Two changes at buckets 64 and 128, on together: measured on
+// the H200 (docs/perf.md "Short Nk: Q in registers and late O stores"), bf16, in two runs, 1.04x
+// the kernel without them at 1,12,32760,512,128 and 2,40,32760,512,128 (1.02-1.05x / 0.93x
+// SDPA-cuDNN, against 0.98-1.01x / 0.89-0.90x) and 1.00-1.03x at 2k x 8, 8k, Flux-class, long
+// self-attention and head dim 64. Each alone measured 0.95-0.98x at Nk 512 (ptxas schedules the
+// consumer loop differently), so they go together. An L2 prefetch of the next item's Q and Q loads
+// from a producer thread of their own measured level (Q's latency is not what costs at Nk 512).
+// Q in registers (BN 128): each consumer copies its half of Q from shared memory into wgmma A
+// fragments (ldmatrix; 4 registers a k16 step, 32 a thread at D 128) at the item's start and
+// releases the buffer at once, so the producer loads the next item's Q as soon as it reaches it
+// (after that item's first K/V tile) instead of after this item's last S; S = Q K^T is a
+// register-A wgmma.
 #ifndef FK_WGMMA_Q_REGS_D64
 #define FK_WGMMA_Q_REGS_D64 1
 #endif
 #ifndef FK_WGMMA_Q_REGS_D128
 #define FK_WGMMA_Q_REGS_D128 1
 #endif
-// Late stores (buckets 64 and 128): an item's O is packed to 16 bits after its last P V and stored
-// once the next item's first S = Q K^T is issued, so the stores run beside that GEMM instead of
-// before it (1); or stored before the next item starts (0).
+// Late stores: an item's O is packed to 16 bits after its last P V and stored once the next item's
+// first S = Q K^T is issued, so the stores run beside that GEMM instead of before it (1); or stored
+// before the next item starts (0).
 #ifndef FK_WGMMA_LATE_STORE
 #define FK_WGMMA_LATE_STORE 1
-#endif
-// Chained items with Q in registers (buckets 64 and 128 where Q is held in registers): a consumer
-// issues an item's last P V in the same turn as the next item's first S = Q K^T (1).
-#ifndef FK_WGMMA_CHAIN
-#define FK_WGMMA_CHAIN 1
 #endif
 template <int D>
 struct WgmmaTile {
@@ -537,8 +533,6 @@ struct WgmmaTile {
     static constexpr bool kEarlyRescale = kWide && FK_WGMMA_WIDE_EARLY_RESCALE;
     static constexpr bool kQRegs = BN == 128 && (D == 64 ? FK_WGMMA_Q_REGS_D64 != 0 : D == 128 ? FK_WGMMA_Q_REGS_D128 != 0 : false);
     static constexpr bool kLateStore = !kWide && FK_WGMMA_LATE_STORE != 0;
-    static constexpr bool kChain = FK_WGMMA_CHAIN != 0 && kQRegs && kPingPong && !kWide;
-    static constexpr bool kQPrefetch = FK_WGMMA_Q_PREFETCH != 0;
     static constexpr int kMinDim = bucket_floor(kWgmmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kColBlock = 64;                 // elements per 128-byte swizzled row

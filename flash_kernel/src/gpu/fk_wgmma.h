@@ -8,10 +8,13 @@
 //    have one each, so that K(j+2) loads as soon as S(j) is done).
 //  - persistent grid (FK_WGMMA_PERSISTENT): one block per SM loops over work items (a query tile
 //    of one (batch, head)); the ring runs on across items and a consumer's half of Q is reloaded
-//    once its last S of the item is done, so the next item's loads overlap this one's end.
+//    once it is in registers (buckets 64, 128) or its last S of the item is done, so the next
+//    item's loads overlap this one.
 //  - warpgroups 1 and 2 are consumers of 64 query rows each (setmaxnreg.inc): S = Q K^T with wgmma
-//    from shared memory, the online softmax in registers (base 2, log2 e folded into the scale), then
-//    O += P V with P straight from the S accumulators as the register A operand of wgmma.
+//    (buckets 64 and 128: Q copied into registers at the item's start and its buffer released at
+//    once; 192 and 256: Q from shared memory), the online softmax in registers (base 2, log2 e
+//    folded into the scale), then O += P V with P straight from the S accumulators as the register
+//    A operand of wgmma. Buckets 64 and 128 store an item's O once the next item's first S is issued.
 //  - ping-pong (buckets 64, 128, 192): the two consumers take turns to issue their GEMMs (two named
 //    barriers), so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy.
 //    Each step issues P(j-1) V(j-1) together with S(j) = Q K(j)^T, so one S register set suffices.
@@ -74,11 +77,6 @@ FK_DEVICE void tma_load_4d(uint32_t dst, const CUtensorMap *map, uint32_t bar, i
     asm volatile(
         "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
         ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
-}
-// The same box into L2 only (no shared memory, no barrier): a later load of it reads L2.
-FK_DEVICE void tma_prefetch_4d(const CUtensorMap *map, int c0, int c1, int c2, int c3) {
-    asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n"
-                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 // Clusters of two along the query tiles (FK_WGMMA_CLUSTER_KV): each CTA's producer loads half of
 // every K/V tile and multicasts it into both CTAs' shared memory (the same offset, completing on
@@ -189,7 +187,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kCl > 1 ? T::kClusterProducerRegs : T::kProducerRegs));
         // Item `item`'s Q (the it-th of this block), each consumer's half once that consumer has
         // released its previous one. A half wholly past nq is not loaded (its rows are computed on
-        // stale data and never stored): a plain arrive. Prefetch: the next item's halves into L2.
+        // stale data and never stored): a plain arrive.
         auto load_q = [&](int it, int64_t item) {
             const int64_t bh = item / ptiles;
             const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
@@ -207,23 +205,6 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     if (cb < cbn)
                         tma_load_4d(sq + cb * BM * kRowBytes + c * QR * kRowBytes, &tq, q_full + 8 * c, cb * 64,
                                     pick(md.q, 1, r0, h, b), pick(md.q, 2, r0, h, b), pick(md.q, 3, r0, h, b));
-            }
-            if constexpr (T::kQPrefetch) {
-                const int64_t nx = item + step;
-                if (nx < last) {
-                    const int64_t nbh = nx / ptiles;
-                    const int nb = static_cast<int>(nbh / p.heads), nh = static_cast<int>(nbh % p.heads);
-                    const int nq0 = (static_cast<int>(nx % ptiles) * kCl + int(rank)) * BM;
-                    for (int c = 0; c < T::kConsumers; ++c) {
-                        const int r0 = nq0 + c * QR;
-                        if (r0 >= p.nq) break;
-#pragma unroll
-                        for (int cb = 0; cb < CB; ++cb)
-                            if (cb < cbn)
-                                tma_prefetch_4d(&tq, cb * 64, pick(md.q, 1, r0, nh, nb), pick(md.q, 2, r0, nh, nb),
-                                                pick(md.q, 3, r0, nh, nb));
-                    }
-                }
             }
         };
         if (warp == 0 && lane == 0) {
@@ -501,79 +482,6 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // between items: both run the same number of turns per item (ntiles + 1), so the alternation
     // carries over.
     if (T::kPingPong && c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
-    if constexpr (T::kChain) {
-        // Chained items (Q in registers): the block's K/V tiles are one sequence across its items.
-        // Each turn issues S(g) with P(g-1) V(g-1), also where tile g is the next item's first: the
-        // finished item's O is then divided, packed and stored (late) while the other consumer's
-        // GEMMs run, and the next item's Q was copied into registers once S(g-1) was done. An item
-        // of n tiles costs n turns, not n + 1; the single Q buffer keeps the ring 3 deep.
-        int g = 0, pst = 0, it = 0;
-        int64_t prev = -1;  // the item whose last P V is pending (its P in pf), or -1
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-        m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-        for (int64_t item = first; item < last; item += step, ++it) {
-            for (int j = 0; j < ntiles; ++j, ++g) {
-                const int st = g % S;
-                if (j == 0) {  // the previous item's last S is done: its Q registers are free
-                    mbar_wait(q_full + 8 * c, it & 1);
-                    load_q_regs();
-                }
-                mbar_wait(k_full + 8 * st, (g / S) & 1);
-                if (g > 0) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
-                my_turn();
-                fence_regs(s);
-                fence_regs(o);
-                wg_fence();
-                issue_s(st);
-                wg_commit();
-                if (g > 0) {
-                    issue_pv(pst);
-                    wg_commit();
-                }
-                their_turn();
-                if constexpr (T::kLateStore)
-                    if (ob_pending) store_o();  // the item finished in the last turn, beside these GEMMs
-                float a0, a1, sl0 = l0, sl1 = l1;
-                if (j == 0) {  // the new item's softmax state; the finished one's sums stay in sl0, sl1
-                    m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-                }
-                if (g > 0) wg_wait<1>();
-                else wg_wait<0>();
-                fence_regs(s);
-                release_k(st);
-                probs(j, a0, a1);
-                if (g > 0) {
-                    wg_wait<0>();
-                    fence_regs(o);
-                    release_v(pst);
-                    if (j == 0) {  // P V of the finished item's last tile is done
-                        end_item(prev, sl0, sl1);
-#pragma unroll
-                        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-                    }
-                }
-                finish(a0, a1);
-                pst = st;
-            }
-            prev = item;
-        }
-        if (prev >= 0) {  // the last item's last P V
-            mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
-            my_turn();
-            fence_regs(o);
-            wg_fence();
-            issue_pv(pst);
-            wg_commit();
-            their_turn();
-            if constexpr (T::kLateStore)
-                if (ob_pending) store_o();
-            wg_wait<0>();
-            fence_regs(o);
-            release_v(pst);
-            end_item(prev, l0, l1);
-        }
-    } else {
     int g0 = 0;  // ring position of the item's first K/V tile
     int it = 0;
     for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
@@ -665,7 +573,6 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         }
 
         end_item(item, l0, l1);
-    }
     }
     if constexpr (T::kLateStore)
         if (ob_pending) store_o();  // the block's last item
