@@ -254,3 +254,20 @@ def test_prepare_without_device_code_leaves_only_the_kernel_regexes():
             got, want = host.rule_for_kernel(name, ship), ready.rule_for_kernel(name, ship)
             assert (got and got.id) == (want and want.id), name
     assert ready.rule_for_kernel("sm80_xmma_gemm_f16f16_cudnn") is not None  # the names above do reach rules
+
+
+def test_name_lists_in_every_renamed_form_and_the_first_listing_rule_owns_a_name(tmp_path):
+    """A symbol list's names are matched as written and as a renaming build spells them
+    (prefix, suffix, both), C++ names never renamed; a name two rules list is the earlier one's."""
+    (tmp_path / "a.names").write_text("dgemm_\n_ZN3fkv1fEv\nshared_name\n")
+    (tmp_path / "b.names").write_text("shared_name\nzgemm_\n")
+    path = write(tmp_path, 'symbol-prefixes = ["scipy_", "x_"]\nsymbol-suffixes = ["64_"]\n'
+                           '[[rules]]\nid = "a.a"\nreason = "r"\nsymbol-lists = ["a.names"]\n'
+                           '[[rules]]\nid = "b.b"\nreason = "r"\nsymbol-lists = ["b.names"]\n')
+    pol = load_policy(path)
+    forms = {pre + n + suf for n in ("dgemm_", "shared_name") for pre in ("", "scipy_", "x_") for suf in ("", "64_")}
+    assert pol.rule("a.a").match_names == frozenset(forms | {"_ZN3fkv1fEv"})
+    assert pol.rule_for_symbol("x_dgemm_64_").id == "a.a"
+    assert pol.rule_for_symbol("scipy_shared_name").id == "a.a"  # listed by both: the first rule's
+    assert pol.rule_for_symbol("scipy_zgemm_64_").id == "b.b"
+    assert pol.rule_for_symbol("scipy__ZN3fkv1fEv") is None

@@ -39,3 +39,37 @@ def test_the_strings_found_are_those_the_pattern_selects_one_by_one(strings):
     assert len(starts) == len(ends) and len(final) >= len(starts)
     assert list(zip(starts.tolist(), ends.tolist())) == _plain(table)
     assert bool(np.all(final[:len(starts)]))  # a whole-name pattern without lookarounds: settled
+
+
+@pytest.mark.parametrize("source", [
+    PATTERN.pattern,
+    rb"^(?:ab|a(?P<x>c+))$",  # groups, named ones too
+    rb"(?i)^cublas",  # inline flags: compiled the same, its tree not kept
+    rb"[",  # invalid: re.compile's own error
+])
+def test_a_pattern_compiled_with_its_tree_kept_is_re_compile_s_pattern(source):
+    """compile_scannable builds the pattern from its own parse (kept for the scan plan): equal to
+    re.compile's (same source, flags and compiled code), and the plan made from the kept tree is
+    the plan made from parsing the source again."""
+    import re
+
+    from audit.elf import textscan
+    from audit.elf.regex_tree import compile_scannable, parsed_tree
+
+    try:
+        want = re.compile(source)
+    except re.error:
+        with pytest.raises(re.error):
+            compile_scannable(source)
+        return
+    got = compile_scannable(source)
+    assert got == want and got.groupindex == want.groupindex and got.groups == want.groups
+    if got.flags == 0:
+        kept = textscan._plan(got)  # takes the kept tree
+        assert parsed_tree(got) is None  # once
+    else:
+        assert parsed_tree(got) is None  # never kept: the inline flags change the parse
+        kept = textscan._plan(got)
+    fresh = textscan._plan(re.compile(source))  # parses the source
+    assert (kept.kind, kept.final, kept.nul_safe) == (fresh.kind, fresh.final, fresh.nul_safe)
+    assert kept.scanner == fresh.scanner

@@ -26,6 +26,8 @@ from itertools import chain
 
 import numpy as np
 
+from audit.elf.regex_tree import parsed_tree
+
 try:  # Python 3.11+
     import re._compiler as _sre_compile
     import re._constants as _sre_constants
@@ -220,7 +222,7 @@ def _plan(pattern: re.Pattern[bytes]) -> ScanPlan:
     if pattern.flags & (re.MULTILINE | re.LOCALE) or not isinstance(pattern.pattern, bytes):
         return ScanPlan("names", None, False)
     try:
-        tree = _sre_parse.parse(pattern.pattern, pattern.flags)
+        tree = parsed_tree(pattern) or _sre_parse.parse(pattern.pattern, pattern.flags)
         info: dict = {}
         tree = _rewrite(tree, info)
         final = not info.get("lookaround")

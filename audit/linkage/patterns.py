@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import re
 
+from audit.elf.regex_tree import compile_scannable
+
 _ANY = r"[^\x00\n]"  # a name's character: never the separator of a joined string table
 NEVER = re.compile(rb"(?!)")
 
@@ -93,7 +95,7 @@ def combined_bytes_regex(patterns: list[str]) -> re.Pattern[bytes]:
             node.setdefault(None, []).append(glob_to_regex(rest) if rest else "")
     if not trie:
         return NEVER
-    return re.compile(("^" + _emit(trie) + "$").encode("ascii"))
+    return compile_scannable(("^" + _emit(trie) + "$").encode("ascii"))
 
 
 def covering_globs(names) -> list[str]:

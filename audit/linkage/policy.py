@@ -15,7 +15,8 @@ import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
-from itertools import filterfalse
+from itertools import filterfalse, repeat
+from operator import methodcaller
 from pathlib import Path
 
 import tomllib
@@ -96,7 +97,7 @@ class Rule:
 
     def compile(self, prefixes: tuple[str, ...] = (), suffixes: tuple[str, ...] = ()) -> None:
         self.match_symbols = affixed(self.symbols, prefixes, suffixes)
-        self.match_names = frozenset(affixed(tuple(sorted(self.names)), prefixes, suffixes))
+        self.match_names = affixed_names(self.names, prefixes, suffixes)
         recipes = {k: functools.partial(compile_globs, getattr(self, k))
                    for k in ("sonames", "strings", "kernels", "shared_kernels")}
         recipes["symbols"] = functools.partial(compile_globs, self.match_symbols)
@@ -171,6 +172,18 @@ def affixed(patterns: tuple[str, ...], prefixes: tuple[str, ...], suffixes: tupl
     return tuple(dict.fromkeys(out))
 
 
+def affixed_names(names: frozenset[str], prefixes: tuple[str, ...], suffixes: tuple[str, ...]) -> frozenset[str]:
+    """frozenset(affixed(names)) for exact names (no `*` in them), made a whole list at a time:
+    the shipped BLAS/LAPACK lists hold ~5k names, each in four forms."""
+    out = set(names)
+    plain = list(filterfalse(methodcaller("startswith", "_Z"), names))
+    for pre in ("",) + tuple(prefixes):
+        for suf in ("",) + tuple(suffixes):
+            if pre or suf:
+                out.update(map(str.__add__, map(pre.__add__, plain), repeat(suf, len(plain))))
+    return frozenset(out)
+
+
 @dataclass
 class PolicyException:
     file: str  # glob over the reported path; without '/', over the file name
@@ -228,9 +241,8 @@ class Policy:
         self._by_id = {r.id: r for r in self.all_rules()}
         # Exact names: the first rule (policy order) that lists each one.
         self._name_owner: dict[str, int] = {}
-        for i, r in enumerate(self.rules):
-            for n in r.match_names:
-                self._name_owner.setdefault(n, i)
+        for i in reversed(range(len(self.rules))):  # an earlier rule's entry overwrites a later one's
+            self._name_owner.update(dict.fromkeys(self.rules[i].match_names, i))
         self._prefixes_made: list | None = None
         self._prefix_tuples_made: list | None = None
         return self
