@@ -26,6 +26,7 @@ instruction can forward are decoded one by one.
 from __future__ import annotations
 
 import bisect
+import re
 import struct
 from itertools import compress
 
@@ -37,6 +38,7 @@ from audit.elf.parse import (SHF_ALLOC, SHF_EXECINSTR, SHF_WRITE, SHN_LORESERVE,
 from audit.elf.symbols import SymbolTable, names_at
 
 EM_X86_64, EM_AARCH64 = 62, 183
+_DLSYM_NAMES = re.compile(rb"dlv?sym\x00")
 ET_EXEC, ET_DYN = 2, 3
 SHT_RELA = 4
 _STT_CODE = {0, 2, 10}  # NOTYPE (hand-written assembly), FUNC, GNU_IFUNC
@@ -102,8 +104,10 @@ def _forwarders(img: ElfImage, dynsym: SymbolTable | None, picks: list[tuple[np.
     hit[list(fwd)] = True
     hit |= lazy
     per_name = hit[where]
-    # a name defined more than once counts as a forwarder only if every definition is one
-    plain = set(compress(names, (~per_name).tolist()))
+    # a name defined more than once counts as a forwarder only if every definition is one (only
+    # the few names with a forwarding definition are ever looked up: the set holds just those)
+    hits = set(compress(names, per_name.tolist()))
+    plain = set(filter(hits.__contains__, compress(names, (~per_name).tolist())))
     found: dict[str, Forward] = {}
     for i in np.flatnonzero(per_name).tolist():
         name, u = names[i], int(where[i])
@@ -394,12 +398,8 @@ class _Context:
         if table is None or not len(table.syms):
             return self._dlsym_plt
         buf, base, size = self.img.buf, table.str_off, table.str_size
-        names = set()  # string-table offsets whose name is dlsym or dlvsym (tails may be shared)
-        for want in (b"dlsym\0", b"dlvsym\0"):
-            i = buf.find(want, base, base + size)
-            while i >= 0:
-                names.add(i - base)
-                i = buf.find(want, i + 1, base + size)
+        # string-table offsets whose name is dlsym or dlvsym (tails may be shared): one pass
+        names = {m.start() - base for m in _DLSYM_NAMES.finditer(buf, base, base + size)}
         index = np.flatnonzero(_isin(table.syms["st_name"], list(names))) if names else []
         if self._relocs is None:
             self._load_relocs()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from itertools import compress, filterfalse
+from itertools import compress, filterfalse, repeat
 from operator import attrgetter, not_
 
 from audit.elf.model import ElfInfo, Forward, SymbolColumns
@@ -147,7 +147,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
             tables = ", ".join(t for t, members in sorted(in_table.items()) if not members.isdisjoint(names))
             # .symtab spells versioned imports "name@VERSION": one name, not two
             every = sorted({n.split("@", 1)[0] or n if "@" in n else n for n in names}) \
-                if "@" in "\0".join(names) else sorted(names)
+                if any(map(str.__contains__, names, repeat("@"))) else sorted(names)
             if via is None:
                 files = sources.get(rid, [])
                 detail = (f"{len(files)} source-file name(s) in .symtab match too (STT_FILE, not counted): "
