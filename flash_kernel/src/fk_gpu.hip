@@ -296,23 +296,30 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
             return fk::ran(FK_OK, "wgmma");
         }
     }
-    auto kernel = padded ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1>
-                         : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist, 1>;
-    static std::atomic<uint64_t> opted[2];  // per kernel (exact, padded): devices opted in
-    if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[padded], "flash (wgmma)")) return st;
+    // a narrow kernel (bucket 64 at head dims 32 and 40..48: GEMMs over 32 or 48 columns), the padded
+    // one, or the exact one
+    const bool narrow = Tile::kNarrowKD < D && p.d <= Tile::kNarrowKD;
+    const bool narrow2 = !narrow && Tile::kNarrowKD2 < D && p.d <= Tile::kNarrowKD2;
+    const int which = narrow ? 2 : narrow2 ? 3 : padded ? 1 : 0;
+    auto kernel = narrow    ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1, Tile::kNarrowKD>
+                  : narrow2 ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1, Tile::kNarrowKD2>
+                  : padded  ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1>
+                            : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist, 1>;
+    static std::atomic<uint64_t> opted[4];  // per kernel (exact, padded, narrow, narrow2): devices opted in
+    if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[which], "flash (wgmma)")) return st;
     if constexpr (kPersist) {  // one block per SM (fewer if there are fewer items), each looping over items
         const int64_t items = qtiles * bh_total;
         q.bh0 = 0;
         const unsigned blocks = static_cast<unsigned>(items < sms ? items : sms);
         kernel<<<blocks, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md, items);
-        if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[padded]);
+        if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[which]);
     } else {
         for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
             q.bh0 = bh0;
             const int64_t n = bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY;
             dim3 grid(static_cast<unsigned>(qtiles), static_cast<unsigned>(n), 1);
             kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md, 0);
-            if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[padded]);
+            if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[which]);
         }
     }
     return fk::ran(FK_OK, "wgmma");

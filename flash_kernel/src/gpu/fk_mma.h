@@ -71,9 +71,14 @@ FK_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
 #endif
 }
 // 16-byte global->shared copy; src_bytes 0 zero-fills (ragged tiles) without reading global.
+// FK_MMA_CP_L2_PREFETCH (fk_traits.h): the copy asks L2 to fetch the whole 128-byte line it falls in.
 FK_DEVICE void cp_async16(uint32_t saddr, const void *g, int src_bytes) {
 #if defined(FK_MMA_DEVICE_OK) && defined(__CUDA_ARCH__)
+#if FK_MMA_CP_L2_PREFETCH
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(src_bytes) : "memory");
+#else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(g), "r"(src_bytes) : "memory");
+#endif
 #endif
 }
 FK_DEVICE void cp_async_commit() {
@@ -191,9 +196,11 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
     constexpr bool kQInRegs = Tile::kQInRegs;
     static_assert(KD % 16 == 0 && KD <= D && (KD == D || kPad), "mma path: narrow kernels are padded");
     constexpr int KS = KD / 16;  // k-steps of Q K^T
+    // k-steps whose Q fragments stay in registers (all of them with kQInRegs; the rest re-read from shared memory)
+    constexpr int QRS = kQInRegs ? KS : (Tile::kQRegSteps < KS ? Tile::kQRegSteps : KS);
     constexpr int NS = BN / 8;   // n8 tiles of S
     constexpr int DT = KD / 8;   // n8 tiles of O
-    constexpr bool kSkip = kPad && KD == D && FK_MMA_PAD_SKIP;  // run-time loop bounds
+    constexpr bool kSkip = kPad && KD == D && Tile::kPadSkip;  // run-time loop bounds
     constexpr bool kShift = Tile::kShiftPV;
     constexpr int kStages = Tile::kStages;  // 2: K and V double-buffered (plain order)
     constexpr bool kEarlyK = Tile::kEarlyK && kStages == 1;
@@ -238,10 +245,10 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
     // Q fragments (A operand, row-major): matrices (rows 0-7|8-15) x (cols k0|k0+8). This warp's
     // m16 tiles are rows warp*16*MT + mt*16.
     const int qrow = warp * 16 * MT + (lane % 8) + 8 * ((lane / 8) % 2);
-    uint32_t qf[kQInRegs ? KS : 1][MT][4];
-    if (kQInRegs) {
+    uint32_t qf[QRS > 0 ? QRS : 1][MT][4];
+    if (QRS > 0) {
 #pragma unroll
-        for (int ks = 0; ks < (kQInRegs ? KS : 1); ++ks)
+        for (int ks = 0; ks < QRS; ++ks)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
                 if (ks < ksteps) ldmatrix_x4(qf[ks][mt], sq + swz2<D>(qrow + mt * 16, 2 * ks, lane / 16));
@@ -272,9 +279,9 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
             uint32_t qt[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                if (kQInRegs) {
+                if (ks < QRS) {
 #pragma unroll
-                    for (int x = 0; x < 4; ++x) qt[mt][x] = qf[kQInRegs ? ks : 0][mt][x];
+                    for (int x = 0; x < 4; ++x) qt[mt][x] = qf[ks < QRS ? ks : 0][mt][x];
                 } else {
                     ldmatrix_x4(qt[mt], sq + swz2<D>(qrow + mt * 16, 2 * ks, lane / 16));
                 }

@@ -37,8 +37,11 @@ constexpr int kVectorBytes = 16;  // global loads of the flash paths are 16 byte
 // never stored. The tensor-core kernels skip the k16 steps of Q K^T that hold only padding (and
 // the n8 tiles / n64 column blocks of P V past d), so there a bucket costs shared memory and
 // registers, and tensor-core work only up to the next multiple of 16 (of 64 for wgmma's P V in
-// the wide buckets); they are compiled twice per bucket, for d == D with no such test and for d < D
-// (mma.sync bucket 96 a third time, for d <= 80 with 80 columns fixed: MmaTile::kNarrowKD).
+// the wide buckets); they are compiled twice per bucket, for d == D with no such test and for d < D.
+// Narrow kernels run fewer columns fixed at compile time, with no run-time test (MmaTile::kNarrowKD,
+// WgmmaTile::kNarrowKD/kNarrowKD2): mma.sync bucket 96 at d <= 80 (80 columns) and bucket 256 at
+// d <= 224 (224), wgmma bucket 64 at d 32 (32) and 40..48 (48; both off). mma.sync bucket 256's
+// padded kernel (232..248) runs every step over the padding instead of testing (FK_MMA_PAD_SKIP_D256).
 // The generic kernel computes over all D columns (FMA work on the padding). A few buckets keep
 // the binary small: no instantiation per head dim.
 template <int N>
@@ -154,6 +157,13 @@ struct GenericTile {
 #ifndef FK_MMA_Q_REGS_D256
 #define FK_MMA_Q_REGS_D256 0
 #endif
+// Bucket 256 with Q re-read from shared memory: the first FK_MMA_Q_STEPS_D256 k16 steps of Q held in
+// registers all the same (4 registers a step), the rest re-read each K/V tile. Measured on the H200
+// at head dim 256 (docs/perf.md "Head dim 32 on the wgmma path, head dims 200..248"): 4 steps 0.92x
+// SDPA-flash (no spill), 8 steps 0.92x (56 B spill), against 0.99x with none: off.
+#ifndef FK_MMA_Q_STEPS_D256
+#define FK_MMA_Q_STEPS_D256 0
+#endif
 // Blocks per SM asked of ptxas (__launch_bounds__' second argument): 0 asks nothing (ptxas uses up
 // to 255 registers; two 128-thread blocks fit an SM; CUDA 13.0 spills 12 B at D 64 BN 128 when asked
 // for 1); 3 caps the registers at 168 so that three blocks fit.
@@ -206,7 +216,10 @@ struct GenericTile {
 // Buckets 160 (136..160), 192 (168..192) and 256 (200..256): 4 warps of one m16 tile (BM 64), BN 64
 // (40 / 48 / 64 KiB of K and V). Measured against FlashAttention-2's sm_80 shape for 192 and 256,
 // 8 warps of one m16 tile (BM 128; BN 64 at 160/192, BN 32 at 256 within 99 KiB): 1.15x against
-// 1.05x SDPA-flash at 160, 0.98x against 0.86x at 192, 0.93-0.95x against 0.80x at 256.
+// 1.05x SDPA-flash at 160, 0.98x against 0.86x at 192, 0.93-0.95x against 0.80x at 256. At 256,
+// BN 80 in the sm_90 compilation (112 KiB, still two blocks an SM; 16 B spill) measured 0.91x
+// against 0.98x (FK_MMA_SM90_BN_D256=80; docs/perf.md "Head dim 32 on the wgmma path, head dims
+// 200..248").
 #ifndef FK_MMA_WARPS_D160
 #define FK_MMA_WARPS_D160 4
 #endif
@@ -238,14 +251,47 @@ struct GenericTile {
 #define FK_MMA_SHIFT_PV_D160 0
 #endif
 // A head dim below its bucket's D skips the k16 steps of Q K^T and the n8 tile pairs of P V that
-// hold only padding (1), at the price of run-time loop bounds in those kernels, or runs them all (0).
+// hold only padding (1), at the price of run-time loop bounds in those kernels, or runs them all over
+// the zero-filled columns (0). Per bucket: FK_MMA_PAD_SKIP_D<bucket> (default FK_MMA_PAD_SKIP).
+// The run-time bounds cost more than the padding saves wherever measured (docs/perf.md "Head dim 32
+// on the wgmma path, head dims 200..248"): all steps ran 1.08x SDPA-flash at head dim 240 against
+// 0.72x skipping, 1.10x at 120 against 0.81x, 0.97x at 184 against 0.64x. Off at bucket 256 (head
+// dims 232..248); the other buckets keep the skip until their other head dims are timed too
+// (40..56, 88, 104, 112, 136..152, 168, 176).
 #ifndef FK_MMA_PAD_SKIP
 #define FK_MMA_PAD_SKIP 1
 #endif
+#ifndef FK_MMA_PAD_SKIP_D32
+#define FK_MMA_PAD_SKIP_D32 FK_MMA_PAD_SKIP
+#endif
+#ifndef FK_MMA_PAD_SKIP_D64
+#define FK_MMA_PAD_SKIP_D64 FK_MMA_PAD_SKIP
+#endif
+#ifndef FK_MMA_PAD_SKIP_D96
+#define FK_MMA_PAD_SKIP_D96 FK_MMA_PAD_SKIP
+#endif
+#ifndef FK_MMA_PAD_SKIP_D128
+#define FK_MMA_PAD_SKIP_D128 FK_MMA_PAD_SKIP
+#endif
+#ifndef FK_MMA_PAD_SKIP_D160
+#define FK_MMA_PAD_SKIP_D160 FK_MMA_PAD_SKIP
+#endif
+#ifndef FK_MMA_PAD_SKIP_D192
+#define FK_MMA_PAD_SKIP_D192 FK_MMA_PAD_SKIP
+#endif
+#ifndef FK_MMA_PAD_SKIP_D256
+#define FK_MMA_PAD_SKIP_D256 0
+#endif
 // Bucket 96's head dims 72 and 80 run a kernel whose MMAs cover 80 columns, fixed at compile time
 // (FK_MMA_NARROW_D96=96: the padded 96 kernel, which skips the padding k16 steps at run time).
+// Bucket 256's head dims 200..224 likewise on 224 columns (FK_MMA_NARROW_D256=256: on the padded
+// 256 kernel): measured on the H200, 1.20x SDPA-flash at 200 and 1.25-1.26x at 224, against 1.07x
+// and 1.11x on the padded kernel running all steps and 0.77x / 0.78x on it skipping them.
 #ifndef FK_MMA_NARROW_D96
 #define FK_MMA_NARROW_D96 80
+#endif
+#ifndef FK_MMA_NARROW_D256
+#define FK_MMA_NARROW_D256 224
 #endif
 // Blocks per SM asked of ptxas in the new buckets (0: nothing asked, as at D 64 and 128 above).
 #ifndef FK_MMA_MIN_BLOCKS_D32
@@ -270,6 +316,11 @@ struct GenericTile {
 #define FK_MMA_SHIFT_PV_D256 0
 #endif
 
+// cp.async copies with the L2 prefetch-size hint of 128 bytes (1; the CUTLASS copies FlashAttention-2
+// uses carry it) or without (0): level at head dim 256 on the H200 (0.99x SDPA-flash both): off.
+#ifndef FK_MMA_CP_L2_PREFETCH
+#define FK_MMA_CP_L2_PREFETCH 0
+#endif
 // K/V tiles in shared memory (1 or 2, plain order only): 2 double-buffers K and V, so that tile
 // j+1 loads during all of step j (one barrier a step instead of two).
 #ifndef FK_MMA_STAGES_D32
@@ -383,9 +434,11 @@ struct MmaTile {
     static constexpr bool kQInRegs =
         FK_MMA_Q_IN_REGS && BN <= 64 &&
         (MT * D <= FK_MMA_Q_REGS_MAX || FK_MMA_KNOB(Q_REGS) != 0);
+    static constexpr int kQRegSteps = D == 256 ? FK_MMA_Q_STEPS_D256 : 0;  // with !kQInRegs (fk_mma.h)
     static constexpr bool kShiftPV = FK_MMA_KNOB(SHIFT_PV) != 0;
     static constexpr int kMinDim = bucket_floor(kMmaBuckets, D);  // the smallest head dim of the bucket
-    static constexpr int kNarrowKD = D == 96 ? FK_MMA_NARROW_D96 : D;  // < D: a narrow kernel (fk_mma.h)
+    static constexpr int kNarrowKD = D == 96 ? FK_MMA_NARROW_D96 : D == 256 ? FK_MMA_NARROW_D256 : D;  // < D: a narrow kernel (fk_mma.h)
+    static constexpr bool kPadSkip = FK_MMA_KNOB(PAD_SKIP) != 0;  // run-time bounds in the padded kernel (fk_mma.h)
     static constexpr int kChunks = D / 8;             // 16-byte chunks per row
     static constexpr int kSmemBytes = (BM + (kShiftPV ? 3 : 2 * kStages) * BN) * D * 2;
     static_assert(D == 32 || D == 64 || D == 96 || D == 128 || D == 160 || D == 192 || D == 256,
@@ -492,6 +545,25 @@ struct MmaTile {
 #ifndef FK_WGMMA_CLUSTER_KV_MULTICAST
 #define FK_WGMMA_CLUSTER_KV_MULTICAST 1
 #endif
+// Bucket 64's head dim 32 runs a kernel whose GEMMs cover 32 columns, fixed at compile time: Q K^T
+// in two k16 steps, P V as one n32 wgmma per k16 step (half of the n64 over the padded block), O in
+// 16 fp32 registers a thread (FK_WGMMA_NARROW_D64=32; 64: the padded 64 kernel, P V over all 64 columns).
+// Head dims 40 and 48 likewise on 48 columns (three k16 steps, n48) with FK_WGMMA_NARROW48_D64=1.
+// Measured on the H200 (docs/perf.md "Head dim 32 on the wgmma path, head dims 200..248"), x
+// SDPA-cuDNN, bf16 / fp16:
+// 1.11-1.14x / 1.14x at 32 against 1.00-1.02x / 1.02x on the padded kernel; 1.00x / 1.00x at 40
+// against 0.94x / 0.93x; 1.06x / 1.00x at 48 against 0.99x / 0.93x. The narrow kernels wait on no
+// run-time bound, so ptxas adds no warpgroup.arrive fences around their wgmmas. They keep Q in
+// shared memory and store O at once (neither of the two changes below). Off here: those runs
+// measured them on the kernel before the two changes below, and on top of them they compile to
+// other PTX that has not run on a GPU; one GPU run (tests, sanitizers, timing: docs/perf.md) with
+// FK_WGMMA_NARROW_D64=32 FK_WGMMA_NARROW48_D64=1 decides.
+#ifndef FK_WGMMA_NARROW_D64
+#define FK_WGMMA_NARROW_D64 64
+#endif
+#ifndef FK_WGMMA_NARROW48_D64
+#define FK_WGMMA_NARROW48_D64 0
+#endif
 // Short Nk (text cross-attention, Nk 512: 4 K/V tiles per 128-row work item): an item's start and
 // end are a large share of its time. Two changes at buckets 64 and 128, on together: measured on
 // the H200 (docs/perf.md "Short Nk: Q in registers and late O stores"), bf16, in two runs, 1.04x
@@ -534,6 +606,8 @@ struct WgmmaTile {
     static constexpr bool kQRegs = BN == 128 && (D == 64 ? FK_WGMMA_Q_REGS_D64 != 0 : D == 128 ? FK_WGMMA_Q_REGS_D128 != 0 : false);
     static constexpr bool kLateStore = !kWide && FK_WGMMA_LATE_STORE != 0;
     static constexpr int kMinDim = bucket_floor(kWgmmaBuckets, D);  // the smallest head dim of the bucket
+    static constexpr int kNarrowKD = D == 64 ? FK_WGMMA_NARROW_D64 : D;  // < D: a narrow kernel (fk_wgmma.h)
+    static constexpr int kNarrowKD2 = D == 64 && FK_WGMMA_NARROW48_D64 ? 48 : D;  // a second, for kNarrowKD < d <= 48
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kColBlock = 64;                 // elements per 128-byte swizzled row
     static constexpr int kColBlocks = D / kColBlock;
@@ -550,6 +624,8 @@ struct WgmmaTile {
     static_assert(D == 64 || D == 128 || D == 192 || D == 256, "wgmma path: buckets 64, 128, 192 and 256");
     static_assert(BN % 16 == 0 && BN >= 64 && BN <= 128, "wgmma path: S tiles of n64, n80, n96, n112 or n128");
     static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");
+    static_assert((kNarrowKD == D || (D == 64 && kNarrowKD == 32)) && (kNarrowKD2 == D || (D == 64 && kNarrowKD2 == 48)),
+                  "wgmma path: narrow kernels are bucket 64's n32 and n48");
 };
 
 // ---- naive (pre-flash) path ----

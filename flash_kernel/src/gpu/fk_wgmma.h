@@ -25,7 +25,9 @@
 // are not stored. Head dims below the bucket D: the tensor maps' dimension 0 is the real head dim d,
 // so TMA zero-fills columns d..D-1 of a column block it loads; column blocks wholly past d are
 // neither loaded nor read; Q K^T stops after the k16 steps that hold data, P V (wide buckets: one
-// n192 or n256 wgmma) after the column blocks that do; columns past d are not stored.
+// n192 or n256 wgmma) after the column blocks that do; columns past d are not stored. Head dim 32
+// in bucket 64 can run a narrow kernel (FK_WGMMA_NARROW_D64, off): two k16 steps of Q K^T and an
+// n32 P V, fixed at compile time (head dims 40 and 48 another: three k16 steps and an n48 P V).
 #ifndef FK_WGMMA_H
 #define FK_WGMMA_H
 
@@ -132,7 +134,11 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 // tiles of one (batch, head), tile 2 (i % pairs) + rank on the CTA of that rank (a last odd tile's
 // partner computes on no rows and stores nothing), and K/V tiles are multicast (tma_load_4d_mc):
 // a slot is refilled once the consumers of both CTAs have released it.
-template <class E, int D, bool kPad, bool kPersist, int kCl>
+// KD < D (padded only; bucket 64's KD 32 and 48, WgmmaTile::kNarrowKD and kNarrowKD2): head dims up
+// to KD; Q K^T runs KD / 16 k16 steps and P V one nKD wgmma per k16 step, and O holds KD columns,
+// all fixed at compile time. These kernels read Q from shared memory and store O at once (no
+// T::kQRegs, no T::kLateStore): the form measured.
+template <class E, int D, bool kPad, bool kPersist, int kCl, int KD = D>
 __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md, int64_t items) {
@@ -141,6 +147,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks, QR = T::kQRows;
     constexpr int kRowBytes = 128;  // one swizzled row of a column block
     static_assert(kCl == 1 || (kCl == 2 && kPersist && BN % 2 == 0), "clusters of two: persistent grid");
+    constexpr bool kNarrow = KD < D;
+    static_assert(!kNarrow || (kPad && D == 64 && (KD == 32 || KD == 48)),
+                  "wgmma path: narrow kernels are bucket 64's n32 and n48");
+    constexpr bool kQRegs = T::kQRegs && !kNarrow, kLateStore = T::kLateStore && !kNarrow;
     constexpr int kMc = kCl > 1 && FK_WGMMA_CLUSTER_KV_MULTICAST ? kCl : 1;  // CTAs sharing each K/V tile
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -264,27 +274,27 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // later ones test the head dim.
     constexpr int kMinSteps = (T::kMinDim + 15) / 16, kMinBlocks = (T::kMinDim + 63) / 64;
     float s[BN / 2];          // S accumulators: n8 tile t holds rows r, r+8 x cols 8t + 2(lane%4) + {0,1}
-    float o[D / 2];           // O accumulators, same layout over the head dim
+    float o[KD / 2];          // O accumulators, same layout over the head dim (the narrow kernel: KD columns)
     uint32_t pf[BN / 16][4];  // P as wgmma's register A operand, one k16 step per pair of n8 tiles
     float m0, m1, l0, l1;     // running row maxima (base 2, scaled) and partial sums of rows r, r+8
-    // Q in registers (T::kQRegs): this warp's 16 rows of the consumer's half as wgmma A fragments,
+    // Q in registers (kQRegs): this warp's 16 rows of the consumer's half as wgmma A fragments,
     // one k16 step each (the layout of pf)
-    uint32_t qf[T::kQRegs ? D / 16 : 1][4];
-    // Late stores (T::kLateStore): the finished item's O as 16-bit pairs (rows r, r+8 of n8 tile t:
+    uint32_t qf[kQRegs ? D / 16 : 1][4];
+    // Late stores (kLateStore): the finished item's O as 16-bit pairs (rows r, r+8 of n8 tile t:
     // ob[2t], ob[2t + 1]), where they go, and whether they are still to be stored
-    uint32_t ob[T::kLateStore ? D / 4 : 1];
+    uint32_t ob[kLateStore ? KD / 4 : 1];
     uint16_t *ob_p0 = nullptr, *ob_p1 = nullptr;
     bool ob_r0 = false, ob_r1 = false, ob_pending = false;
-    auto issue_s = [&](int st) {  // S = Q K(st)^T over D / 16 k-steps; both operands K-major
+    auto issue_s = [&](int st) {  // S = Q K(st)^T over KD / 16 k-steps; both operands K-major
         const uint32_t kb = sk + st * T::kKVBytes;
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
+        for (int ks = 0; ks < KD / 16; ++ks) {
             // past the head dim Q and K hold zeros (or, in blocks never loaded, nothing): stop
-            if (ks >= kMinSteps && ks >= ksteps) break;
+            if (!kNarrow && ks >= kMinSteps && ks >= ksteps) break;
             const uint32_t off = (ks % 4) * 32;  // k16 step inside a 128-byte row
             const uint64_t da = smem_desc(sq_wg + (ks / 4) * BM * kRowBytes + off, 16, 1024);
             const uint64_t db = smem_desc(kb + (ks / 4) * BN * kRowBytes + off, 16, 1024);
-            if constexpr (T::kQRegs) Ops<E>::rsk_n128(s, qf[ks], db, ks > 0);
+            if constexpr (kQRegs) Ops<E>::rsk_n128(s, qf[ks], db, ks > 0);
             else if constexpr (BN == 128) Ops<E>::ss_n128(s, da, db, ks > 0);
             else if constexpr (BN == 112) Ops<E>::ss_n112(s, da, db, ks > 0);
             else if constexpr (BN == 96) Ops<E>::ss_n96(s, da, db, ks > 0);
@@ -297,7 +307,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             const uint64_t db = smem_desc(vb + kk * 16 * kRowBytes, BN * kRowBytes, 8 * kRowBytes);
-            if constexpr (D == 128) {
+            if constexpr (kNarrow) {  // columns 0..KD-1 of the column block: the start of each 128-byte row
+                if constexpr (KD == 32) Ops<E>::rs_n32(o, pf[kk], db);
+                else Ops<E>::rs_n48(o, pf[kk], db);
+            } else if constexpr (D == 128) {
                 Ops<E>::rs_n128(o, pf[kk], db);
             } else if constexpr (D == 64) {
                 Ops<E>::rs_n64(o, pf[kk], db);
@@ -363,7 +376,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     };
     auto rescale = [&](float a0, float a1) {
 #pragma unroll
-        for (int t = 0; t < D / 8; ++t) {
+        for (int t = 0; t < KD / 8; ++t) {
             o[4 * t] *= a0;
             o[4 * t + 1] *= a0;
             o[4 * t + 2] *= a1;
@@ -411,7 +424,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // matrices 1 and 3, columns + 8 for 2 and 3), so ldmatrix.x4 returns the A fragment; the
     // 128-byte swizzle moves 16-byte chunk k of row r to k ^ (r % 8).
     auto load_q_regs = [&] {
-        if constexpr (T::kQRegs) {
+        if constexpr (kQRegs) {
             const int row = 16 * warp + lane % 8 + ((lane / 8) & 1) * 8;
 #pragma unroll
             for (int ks = 0; ks < D / 16; ++ks) {
@@ -427,12 +440,12 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             release_q();
         }
     };
-    auto release_q_last = [&] { if constexpr (!T::kQRegs) release_q(); };  // after the item's last S
+    auto release_q_last = [&] { if constexpr (!kQRegs) release_q(); };  // after the item's last S
     auto store_o = [&] {  // the late stores of the previous item's O
-        if constexpr (T::kLateStore) {
+        if constexpr (kLateStore) {
             const int col = 2 * (lane % 4);
 #pragma unroll
-            for (int t = 0; t < D / 8; ++t) {
+            for (int t = 0; t < KD / 8; ++t) {
                 if (t * 8 >= dh) break;  // padding columns
                 if (ob_r0) *reinterpret_cast<uint32_t *>(ob_p0 + t * 8 + col) = ob[2 * t];
                 if (ob_r1) *reinterpret_cast<uint32_t *>(ob_p1 + t * 8 + col) = ob[2 * t + 1];
@@ -454,9 +467,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
         uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
         const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
-        if constexpr (T::kLateStore) {
+        if constexpr (kLateStore) {
 #pragma unroll
-            for (int t = 0; t < D / 8; ++t) {
+            for (int t = 0; t < KD / 8; ++t) {
                 ob[2 * t] = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
                 ob[2 * t + 1] = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
             }
@@ -468,7 +481,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         } else {
             const int col = 2 * (lane % 4);
 #pragma unroll
-            for (int t = 0; t < D / 8; ++t) {
+            for (int t = 0; t < KD / 8; ++t) {
                 if (t * 8 >= dh) break;  // padding columns
                 if (r0 < p.nq)
                     *reinterpret_cast<uint32_t *>(out + r0 * p.os[2] + t * 8 + col) = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
@@ -486,7 +499,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     int it = 0;
     for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+        for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
         m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
         mbar_wait(q_full + 8 * c, it & 1);
         load_q_regs();
@@ -501,7 +514,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             issue_s(st);
             wg_commit();
             their_turn();
-            if constexpr (T::kLateStore)
+            if constexpr (kLateStore)
                 if (ob_pending) store_o();  // the previous item's O, beside this S
             wg_wait<0>();
             fence_regs(s);
@@ -574,7 +587,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 
         end_item(item, l0, l1);
     }
-    if constexpr (T::kLateStore)
+    if constexpr (kLateStore)
         if (ob_pending) store_o();  // the block's last item
     if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
     if constexpr (kCl > 1) cluster_sync();
