@@ -11,8 +11,7 @@
 #      and 200..256 (sm_90), and of each library in SANITIZE_VARIANTS at its head dims
 #   3. the public call, WG_LIBS and SDPA-cuDNN timed call by call at WG_SHAPES; the sm_90 library,
 #      MMA_LIBS and SDPA-flash at MMA_SHAPES (bench/kernel_bench.py), DTYPES
-# Under $OUT: summary.txt, bench-*.json and logs.tgz; the short tables print last. FK_COMMIT names
-# the commit of a carried copy of the tree (record_env, bench/device_common.sh).
+# Under $OUT: summary.txt, bench-*.json and logs.tgz; the short tables print last.
 #   OUT=/tmp/d WG_LIBS="base@32,64" MMA_LIBS="l2@256" bash bench/device_dims.sh
 set -u
 cd "$(dirname "$0")/.."
