@@ -253,13 +253,13 @@ struct GenericTile {
 // A head dim below its bucket's D skips the k16 steps of Q K^T and the n8 tile pairs of P V that
 // hold only padding (1), at the price of run-time loop bounds in those kernels, or runs them all over
 // the zero-filled columns (0). Per bucket: FK_MMA_PAD_SKIP_D<bucket> (default FK_MMA_PAD_SKIP).
-// The run-time bounds cost more than the padding saves wherever measured (docs/perf.md "Head dim 32
-// on the wgmma path, head dims 200..248"): all steps ran 1.08x SDPA-flash at head dim 240 against
-// 0.72x skipping, 1.10x at 120 against 0.81x, 0.97x at 184 against 0.64x. Off at bucket 256 (head
-// dims 232..248); the other buckets keep the skip until their other head dims are timed too
-// (40..56, 88, 104, 112, 136..152, 168, 176).
+// The run-time bounds cost more than the padding saves at every padded head dim measured on the
+// H200 (docs/perf.md "Head dim 32 on the wgmma path, head dims 200..248" and the run after it), x
+// SDPA-flash, all steps against skipping: 1.30x / 1.07x at 40 and 48, 1.28x / 0.92x at 56, 1.00x /
+// 0.77x at 88, 1.11-1.15x / 0.81-0.93x at 104..120, 0.98-1.12x / 0.75-0.88x at 136..152,
+// 0.97-1.05x / 0.64-0.70x at 168..184, 1.08x / 0.72x at 240. Off (all steps) at every bucket.
 #ifndef FK_MMA_PAD_SKIP
-#define FK_MMA_PAD_SKIP 1
+#define FK_MMA_PAD_SKIP 0
 #endif
 #ifndef FK_MMA_PAD_SKIP_D32
 #define FK_MMA_PAD_SKIP_D32 FK_MMA_PAD_SKIP
@@ -280,7 +280,7 @@ struct GenericTile {
 #define FK_MMA_PAD_SKIP_D192 FK_MMA_PAD_SKIP
 #endif
 #ifndef FK_MMA_PAD_SKIP_D256
-#define FK_MMA_PAD_SKIP_D256 0
+#define FK_MMA_PAD_SKIP_D256 FK_MMA_PAD_SKIP
 #endif
 // Bucket 96's head dims 72 and 80 run a kernel whose MMAs cover 80 columns, fixed at compile time
 // (FK_MMA_NARROW_D96=96: the padded 96 kernel, which skips the padding k16 steps at run time).
@@ -549,20 +549,17 @@ struct MmaTile {
 // in two k16 steps, P V as one n32 wgmma per k16 step (half of the n64 over the padded block), O in
 // 16 fp32 registers a thread (FK_WGMMA_NARROW_D64=32; 64: the padded 64 kernel, P V over all 64 columns).
 // Head dims 40 and 48 likewise on 48 columns (three k16 steps, n48) with FK_WGMMA_NARROW48_D64=1.
-// Measured on the H200 (docs/perf.md "Head dim 32 on the wgmma path, head dims 200..248"), x
-// SDPA-cuDNN, bf16 / fp16:
-// 1.11-1.14x / 1.14x at 32 against 1.00-1.02x / 1.02x on the padded kernel; 1.00x / 1.00x at 40
-// against 0.94x / 0.93x; 1.06x / 1.00x at 48 against 0.99x / 0.93x. The narrow kernels wait on no
-// run-time bound, so ptxas adds no warpgroup.arrive fences around their wgmmas. They keep Q in
-// shared memory and store O at once (neither of the two changes below). Off here: those runs
-// measured them on the kernel before the two changes below, and on top of them they compile to
-// other PTX that has not run on a GPU; one GPU run (tests, sanitizers, timing: docs/perf.md) with
-// FK_WGMMA_NARROW_D64=32 FK_WGMMA_NARROW48_D64=1 decides.
+// The narrow kernels wait on no run-time bound, so ptxas adds no warpgroup.arrive fences around
+// their wgmmas. They keep Q in shared memory and store O at once (neither of the two changes below).
+// Measured on the H200 on top of those changes (docs/perf.md "Narrow kernels and all steps on the
+// sources with Q in registers"), bf16, x SDPA-cuDNN: 1.19x at 32 against 1.00x on the padded
+// kernel; 0.99x at 40 and 48 against 0.97x / 0.96x (earlier, before those changes: 1.11-1.14x at
+// 32, 1.00-1.06x at 40/48).
 #ifndef FK_WGMMA_NARROW_D64
-#define FK_WGMMA_NARROW_D64 64
+#define FK_WGMMA_NARROW_D64 32
 #endif
 #ifndef FK_WGMMA_NARROW48_D64
-#define FK_WGMMA_NARROW48_D64 0
+#define FK_WGMMA_NARROW48_D64 1
 #endif
 // Short Nk (text cross-attention, Nk 512: 4 K/V tiles per 128-row work item): an item's start and
 // end are a large share of its time. Two changes at buckets 64 and 128, on together: measured on
