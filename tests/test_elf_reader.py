@@ -210,3 +210,69 @@ def test_forked_prescan_and_hash_give_the_same_result(host_libs, pattern):
     assert got["forks"] == 2 and got["same"] and got["sha"]  # the hash child and the prescan child
     assert got["prefetched"] and got["same_prefetched"]
     assert got["forks_after"] == 4 and not got["left"]  # the read took the prefetched hash
+
+
+def test_a_cpu_counts_as_free_when_half_of_one_stayed_idle():
+    """audit.elf.idle from two /proc/stat samples (idle ticks over all CPUs, all ticks, CPUs):
+    this process keeps one CPU busy, so a second one free means about half the ticks idle."""
+    from audit.elf.idle import has_spare
+
+    start = (1000, 5000, 2)
+    assert has_spare(start, (1000 + 18, 5000 + 40, 2))  # the other CPU idle 18 of 20 ticks
+    assert has_spare(start, (1000 + 10, 5000 + 40, 2))  # half of it: just enough
+    assert not has_spare(start, (1000 + 3, 5000 + 40, 2))  # both CPUs busy
+    assert not has_spare(start, (1000 + 40, 5000 + 40, 1))  # one CPU: it is this process's
+    assert has_spare(start, (1000 + 60, 5000 + 80, 4))  # 3 of 4 CPUs idle
+    assert has_spare(start, (1000, 5000 + 4, 2))  # too short to tell: as without a measure
+    assert has_spare(start, (900, 5000 + 40, 2))  # counters gone back (another namespace?): no conclusion
+
+
+def test_the_cpus_idle_time_is_read_where_the_system_has_it():
+    from audit.elf import idle
+
+    got = idle._sample()
+    if not os.path.exists("/proc/stat"):
+        assert got is None
+        return
+    busy_idle, total, cpus = got
+    assert cpus >= 1 and 0 <= busy_idle <= total
+
+
+_BUSY_READ = r"""
+import json, os, re, sys
+from audit.elf import idle, prescan
+from audit.elf.reader import read_elf
+
+path, rx = sys.argv[1], re.compile(sys.argv[2].encode("latin-1"))
+plain = read_elf(path, rx, sha256=False).to_dict()
+forks = []
+real_fork = os.fork
+os.fork = lambda: forks.append(1) or real_fork()
+prescan.MIN_ENTRIES = 1
+out = {}
+# (idle ticks over the CPUs, all ticks, CPUs) at the mark and when the helper would be forked
+samples = {"busy": [(1000, 5000, 2), (1002, 5040, 2)], "free": [(1000, 5000, 2), (1020, 5040, 2)]}
+for name, seq in samples.items():
+    feed = iter(seq)
+    idle._sample = lambda: next(feed)
+    idle.mark()  # as `check` does when it starts
+    before = len(forks)
+    got = read_elf(path, rx, sha256=False).to_dict()
+    out[name] = {"forks": len(forks) - before, "same": got == plain}
+print(json.dumps(out))
+"""
+
+
+def test_no_helper_is_forked_when_every_cpu_is_busy(host_libs):
+    """With the CPUs taken since the command started (audit.elf.idle), the large table is selected
+    in this process, with the same result; with one free, the helper is forked as before. Run in
+    a fresh interpreter: the fork is only taken in a single-threaded process."""
+    import json
+    import sys
+
+    cp = subprocess.run([sys.executable, "-c", _BUSY_READ, str(host_libs["main"]), WHOLE.decode("latin-1")],
+                        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": _REPO}, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    got = json.loads(cp.stdout)
+    assert got["busy"] == {"forks": 0, "same": True}, got
+    assert got["free"] == {"forks": 1, "same": True}, got

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from audit.elf import idle
 from audit.elf.parse import decode
 from audit.elf.symbols import SymbolTable, names_raw, select, split_names
 
@@ -139,12 +140,12 @@ def _send(fd: int, value) -> None:
 
 
 def candidate(tables: list[SymbolTable], pattern) -> SymbolTable | None:
-    """The table worth selecting in a child (the largest, if large enough and a fork can be
-    taken now), or None."""
+    """The table worth selecting in a child (the largest, if large enough, a fork can be taken
+    now and a CPU is free for it: audit.elf.idle), or None."""
     if pattern is None or not tables or not hasattr(os, "fork") or threading.active_count() > 1:
         return None
     table = max(tables, key=len)
-    return table if len(table) >= MIN_ENTRIES else None
+    return table if len(table) >= MIN_ENTRIES and idle.spare() else None
 
 
 def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable | None = None,
