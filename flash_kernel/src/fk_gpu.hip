@@ -297,15 +297,17 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
         }
     }
     // a narrow kernel (bucket 64 at head dims 32 and 40..48: GEMMs over 32 or 48 columns), the padded
-    // one, or the exact one
+    // one, the exact one with its items chained (buckets 64 and 128 at short Nk), or the exact one
     const bool narrow = Tile::kNarrowKD < D && p.d <= Tile::kNarrowKD;
     const bool narrow2 = !narrow && Tile::kNarrowKD2 < D && p.d <= Tile::kNarrowKD2;
-    const int which = narrow ? 2 : narrow2 ? 3 : padded ? 1 : 0;
+    const bool chain = Tile::kChain && !padded && p.nk <= FK_WGMMA_CHAIN_MAX_NK;
+    const int which = narrow ? 2 : narrow2 ? 3 : padded ? 1 : chain ? 4 : 0;
     auto kernel = narrow    ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1, Tile::kNarrowKD>
                   : narrow2 ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1, Tile::kNarrowKD2>
                   : padded  ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1>
+                  : chain   ? fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist, 1, D, Tile::kChain>
                             : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist, 1>;
-    static std::atomic<uint64_t> opted[4];  // per kernel (exact, padded, narrow, narrow2): devices opted in
+    static std::atomic<uint64_t> opted[5];  // per kernel (exact, padded, narrow, narrow2, chained): devices opted in
     if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[which], "flash (wgmma)")) return st;
     if constexpr (kPersist) {  // one block per SM (fewer if there are fewer items), each looping over items
         const int64_t items = qtiles * bh_total;

@@ -586,6 +586,21 @@ struct MmaTile {
 #ifndef FK_WGMMA_LATE_STORE
 #define FK_WGMMA_LATE_STORE 1
 #endif
+// Chained items (buckets 64 and 128 with Q in registers, ping-pong; exact head dims): a kernel whose
+// consumers run the block's K/V tiles as one sequence across work items, issuing an item's last
+// P V in the same turn as the next item's first S = Q K^T, so an item of n tiles costs n turns,
+// not n + 1; the finished item's O is divided and stored in that turn once both GEMMs are done.
+// Measured on the H200 (docs/perf.md "Short Nk: chained items with Q in registers"), bf16: 1.02x
+// the unchained kernel at Nk 512 (text cross-attention, 4 K/V tiles an item), 0.95-0.99x at Nk
+// 2048 and beyond (its inner loop is the unchained kernel's, yet ptxas's code for the kernel runs
+// slower there), so the host takes it for calls with Nk up to FK_WGMMA_CHAIN_MAX_NK. The padded
+// kernels stay unchained (chained, ptxas spills them). FK_WGMMA_CHAIN=0 builds no chained kernel.
+#ifndef FK_WGMMA_CHAIN
+#define FK_WGMMA_CHAIN 1
+#endif
+#ifndef FK_WGMMA_CHAIN_MAX_NK
+#define FK_WGMMA_CHAIN_MAX_NK 512
+#endif
 template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups
@@ -601,7 +616,8 @@ struct WgmmaTile {
     static constexpr bool kSplitKV = kWide && FK_WGMMA_WIDE_SPLIT_KV;
     static constexpr bool kEarlyRescale = kWide && FK_WGMMA_WIDE_EARLY_RESCALE;
     static constexpr bool kQRegs = BN == 128 && (D == 64 ? FK_WGMMA_Q_REGS_D64 != 0 : D == 128 ? FK_WGMMA_Q_REGS_D128 != 0 : false);
-    static constexpr bool kLateStore = !kWide && FK_WGMMA_LATE_STORE != 0;
+    static constexpr bool kChain = FK_WGMMA_CHAIN != 0 && kQRegs && kPingPong && !kWide;
+    static constexpr bool kLateStore = !kWide && FK_WGMMA_LATE_STORE != 0;  // unchained kernels
     static constexpr int kMinDim = bucket_floor(kWgmmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kNarrowKD = D == 64 ? FK_WGMMA_NARROW_D64 : D;  // < D: a narrow kernel (fk_wgmma.h)
     static constexpr int kNarrowKD2 = D == 64 && FK_WGMMA_NARROW48_D64 ? 48 : D;  // a second, for kNarrowKD < d <= 48

@@ -14,7 +14,9 @@
 //    (buckets 64 and 128: Q copied into registers at the item's start and its buffer released at
 //    once; 192 and 256: Q from shared memory), the online softmax in registers (base 2, log2 e
 //    folded into the scale), then O += P V with P straight from the S accumulators as the register
-//    A operand of wgmma. Buckets 64 and 128 store an item's O once the next item's first S is issued.
+//    A operand of wgmma. Buckets 64 and 128 chain a block's items at short Nk (exact head dims): an item's last
+//    P V is issued in the same turn as the next item's first S, and its O stored after both; padded
+//    head dims there store an item's O once the next item's first S is issued.
 //  - ping-pong (buckets 64, 128, 192): the two consumers take turns to issue their GEMMs (two named
 //    barriers), so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy.
 //    Each step issues P(j-1) V(j-1) together with S(j) = Q K(j)^T, so one S register set suffices.
@@ -138,7 +140,10 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 // to KD; Q K^T runs KD / 16 k16 steps and P V one nKD wgmma per k16 step, and O holds KD columns,
 // all fixed at compile time. These kernels read Q from shared memory and store O at once (no
 // T::kQRegs, no T::kLateStore): the form measured.
-template <class E, int D, bool kPad, bool kPersist, int kCl, int KD = D>
+// kChain (exact head dims of buckets 64 and 128, WgmmaTile::kChain; the host takes it up to
+// FK_WGMMA_CHAIN_MAX_NK keys): the block's items chained, an item's last P V in the same turn as
+// the next item's first S.
+template <class E, int D, bool kPad, bool kPersist, int kCl, int KD = D, bool kChain = false>
 __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md, int64_t items) {
@@ -150,7 +155,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     constexpr bool kNarrow = KD < D;
     static_assert(!kNarrow || (kPad && D == 64 && (KD == 32 || KD == 48)),
                   "wgmma path: narrow kernels are bucket 64's n32 and n48");
-    constexpr bool kQRegs = T::kQRegs && !kNarrow, kLateStore = T::kLateStore && !kNarrow;
+    static_assert(!kChain || (T::kChain && !kPad && kCl == 1), "wgmma path: chained items are exact-head-dim kernels of buckets 64, 128");
+    constexpr bool kQRegs = T::kQRegs && !kNarrow, kLateStore = T::kLateStore && !kNarrow && !kChain;
     constexpr int kMc = kCl > 1 && FK_WGMMA_CLUSTER_KV_MULTICAST ? kCl : 1;  // CTAs sharing each K/V tile
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -492,100 +498,206 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     };
 
     // With ping-pong the consumers take turns (named barriers my_bar / other_bar) without a break
-    // between items: both run the same number of turns per item (ntiles + 1), so the alternation
-    // carries over.
+    // between items: both run the same number of turns per item (ntiles + 1; chained, ntiles and
+    // one more at the block's end), so the alternation carries over.
     if (T::kPingPong && c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
-    int g0 = 0;  // ring position of the item's first K/V tile
-    int it = 0;
-    for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
+    if constexpr (kChain) {
+        // Chained items: the block's K/V tiles are one sequence across its items. The block's first
+        // turn issues S(0) alone; inside an item each turn issues S(j) with P(j-1) V(j-1) (the loop
+        // of the unchained kernel); between items one turn issues the next item's S(0) with this
+        // item's last P V, and the finished O is divided and stored once both are done, while the
+        // other consumer's GEMMs run; the block's last item ends with its last P V alone. Every
+        // wait is unconditional (a wait chosen at run time makes ptxas serialise every wgmma:
+        // C7514), and the inner loop stays as compact as the unchained kernel's.
+        if (first < last) {
 #pragma unroll
-        for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
-        m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-        mbar_wait(q_full + 8 * c, it & 1);
-        load_q_regs();
-
-        // Tile 0: S(0) alone.
-        {
-            const int st = g0 % S;
-            mbar_wait(k_full + 8 * st, (g0 / S) & 1);
-            my_turn();
-            fence_regs(s);
-            wg_fence();
-            issue_s(st);
-            wg_commit();
-            their_turn();
-            if constexpr (kLateStore)
-                if (ob_pending) store_o();  // the previous item's O, beside this S
-            wg_wait<0>();
-            fence_regs(s);
-            release_k(st);
-            if (ntiles == 1) release_q_last();
-            float a0, a1;
-            probs(0, a0, a1);
-            finish(a0, a1);
+            for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
+            m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+            mbar_wait(q_full + 8 * c, 0);
+            load_q_regs();
+            {
+                mbar_wait(k_full, 0);
+                my_turn();
+                fence_regs(s);
+                wg_fence();
+                issue_s(0);
+                wg_commit();
+                their_turn();
+                wg_wait<0>();
+                fence_regs(s);
+                release_k(0);
+                float a0, a1;
+                probs(0, a0, a1);
+                finish(a0, a1);
+            }
+            int g0 = 0;  // ring position of the item's first K/V tile
+            int it = 0;
+            for (int64_t item = first;; ++it) {
+                for (int j = 1; j < ntiles; ++j) {
+                    const int g = g0 + j;
+                    const int st = g % S, pst = (g - 1) % S;
+                    mbar_wait(k_full + 8 * st, (g / S) & 1);
+                    mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+                    my_turn();
+                    fence_regs(s);
+                    fence_regs(o);
+                    wg_fence();
+                    issue_s(st);
+                    wg_commit();
+                    issue_pv(pst);
+                    wg_commit();
+                    their_turn();
+                    wg_wait<1>();
+                    fence_regs(s);
+                    release_k(st);
+                    float a0, a1;
+                    probs(j, a0, a1);
+                    wg_wait<0>();
+                    fence_regs(o);
+                    release_v(pst);
+                    finish(a0, a1);
+                }
+                const int pst = (g0 + ntiles - 1) % S, pph = ((g0 + ntiles - 1) / S) & 1;  // the last tile
+                if (item + step >= last) {  // the block's last item: its last P V alone
+                    mbar_wait(v_full + 8 * pst, pph);
+                    my_turn();
+                    fence_regs(o);
+                    wg_fence();
+                    issue_pv(pst);
+                    wg_commit();
+                    their_turn();
+                    wg_wait<0>();
+                    fence_regs(o);
+                    release_v(pst);
+                    end_item(item, l0, l1);
+                    break;
+                }
+                // the next item's S(0) with this one's last P V (its last S is done: Q's registers are free)
+                g0 += ntiles;
+                const int st = g0 % S;
+                mbar_wait(q_full + 8 * c, (it + 1) & 1);
+                load_q_regs();
+                mbar_wait(k_full + 8 * st, (g0 / S) & 1);
+                mbar_wait(v_full + 8 * pst, pph);
+                my_turn();
+                fence_regs(s);
+                fence_regs(o);
+                wg_fence();
+                issue_s(st);
+                wg_commit();
+                issue_pv(pst);
+                wg_commit();
+                their_turn();
+                const float sl0 = l0, sl1 = l1;
+                m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+                wg_wait<1>();
+                fence_regs(s);
+                release_k(st);
+                float a0, a1;
+                probs(0, a0, a1);
+                wg_wait<0>();
+                fence_regs(o);
+                release_v(pst);
+                end_item(item, sl0, sl1);
+#pragma unroll
+                for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
+                finish(a0, a1);
+                item += step;
+            }
         }
+    } else {
+        int g0 = 0;  // ring position of the item's first K/V tile
+        int it = 0;
+        for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
+#pragma unroll
+            for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
+            m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+            mbar_wait(q_full + 8 * c, it & 1);
+            load_q_regs();
 
-        for (int j = 1; j < ntiles; ++j) {
-            const int g = g0 + j;
-            const int st = g % S, pst = (g - 1) % S;
-            mbar_wait(k_full + 8 * st, (g / S) & 1);
-            if (!T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
-            my_turn();
-            fence_regs(s);
-            fence_regs(o);
-            wg_fence();
-            issue_s(st);
-            float a0, a1;
+            // Tile 0: S(0) alone.
+            {
+                const int st = g0 % S;
+                mbar_wait(k_full + 8 * st, (g0 / S) & 1);
+                my_turn();
+                fence_regs(s);
+                wg_fence();
+                issue_s(st);
+                wg_commit();
+                their_turn();
+                if constexpr (kLateStore)
+                    if (ob_pending) store_o();  // the previous item's O, beside this S
+                wg_wait<0>();
+                fence_regs(s);
+                release_k(st);
+                if (ntiles == 1) release_q_last();
+                float a0, a1;
+                probs(0, a0, a1);
+                finish(a0, a1);
+            }
+
+            for (int j = 1; j < ntiles; ++j) {
+                const int g = g0 + j;
+                const int st = g % S, pst = (g - 1) % S;
+                mbar_wait(k_full + 8 * st, (g / S) & 1);
+                if (!T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+                my_turn();
+                fence_regs(s);
+                fence_regs(o);
+                wg_fence();
+                issue_s(st);
+                float a0, a1;
 #if FK_WGMMA_OVERLAP
-            // S(j) and P(j-1) V(j-1) in two groups: the exponentials of S(j) run while P V is in flight.
-            wg_commit();
-            if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
-            early_rescale();
-            issue_pv(pst);
-            wg_commit();
-            their_turn();
-            wg_wait<1>();
-            fence_regs(s);
-            release_k(st);
-            if (j == ntiles - 1) release_q_last();
-            probs(j, a0, a1);
-            wg_wait<0>();
-            fence_regs(o);
+                // S(j) and P(j-1) V(j-1) in two groups: the exponentials of S(j) run while P V is in flight.
+                wg_commit();
+                if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+                early_rescale();
+                issue_pv(pst);
+                wg_commit();
+                their_turn();
+                wg_wait<1>();
+                fence_regs(s);
+                release_k(st);
+                if (j == ntiles - 1) release_q_last();
+                probs(j, a0, a1);
+                wg_wait<0>();
+                fence_regs(o);
 #else
-            if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
-            early_rescale();
-            issue_pv(pst);
-            wg_commit();
-            their_turn();
-            wg_wait<0>();
-            fence_regs(s);
-            fence_regs(o);
-            release_k(st);
-            if (j == ntiles - 1) release_q_last();
-            probs(j, a0, a1);
+                if (T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
+                early_rescale();
+                issue_pv(pst);
+                wg_commit();
+                their_turn();
+                wg_wait<0>();
+                fence_regs(s);
+                fence_regs(o);
+                release_k(st);
+                if (j == ntiles - 1) release_q_last();
+                probs(j, a0, a1);
 #endif
-            release_v(pst);
-            finish(a0, a1);
-        }
+                release_v(pst);
+                finish(a0, a1);
+            }
 
-        // Last P V.
-        {
-            const int g = g0 + ntiles - 1;
-            const int pst = g % S;
-            mbar_wait(v_full + 8 * pst, (g / S) & 1);
-            my_turn();
-            fence_regs(o);
-            if constexpr (T::kEarlyRescale) rescale(ra0, ra1);
-            wg_fence();
-            issue_pv(pst);
-            wg_commit();
-            their_turn();
-            wg_wait<0>();
-            fence_regs(o);
-            release_v(pst);
-        }
+            // Last P V.
+            {
+                const int g = g0 + ntiles - 1;
+                const int pst = g % S;
+                mbar_wait(v_full + 8 * pst, (g / S) & 1);
+                my_turn();
+                fence_regs(o);
+                if constexpr (T::kEarlyRescale) rescale(ra0, ra1);
+                wg_fence();
+                issue_pv(pst);
+                wg_commit();
+                their_turn();
+                wg_wait<0>();
+                fence_regs(o);
+                release_v(pst);
+            }
 
-        end_item(item, l0, l1);
+            end_item(item, l0, l1);
+        }
     }
     if constexpr (kLateStore)
         if (ob_pending) store_o();  // the block's last item
