@@ -250,7 +250,7 @@ real_fork = os.fork
 os.fork = lambda: forks.append(1) or real_fork()
 prescan.MIN_ENTRIES = 1
 out = {}
-# (idle ticks over the CPUs, all ticks, CPUs) at the mark and when the helper would be forked
+# (idle ticks over the CPUs, all ticks, CPUs) at the mark and when the child would be forked
 samples = {"busy": [(1000, 5000, 2), (1002, 5040, 2)], "free": [(1000, 5000, 2), (1020, 5040, 2)]}
 for name, seq in samples.items():
     feed = iter(seq)
@@ -263,9 +263,9 @@ print(json.dumps(out))
 """
 
 
-def test_no_helper_is_forked_when_every_cpu_is_busy(host_libs):
+def test_no_child_is_forked_when_every_cpu_is_busy(host_libs):
     """With the CPUs taken since the command started (audit.elf.idle), the large table is selected
-    in this process, with the same result; with one free, the helper is forked as before. Run in
+    in this process, with the same result; with one free, the child is forked as before. Run in
     a fresh interpreter: the fork is only taken in a single-threaded process."""
     import json
     import sys

@@ -1,4 +1,4 @@
-"""Is a CPU free for a helper process? Measured from /proc/stat, not guessed from the load average.
+"""Is a CPU free for a forked child? Measured from /proc/stat, not guessed from the load average.
 
 A large file's biggest symbol table is selected in a forked child (audit.elf.prescan) while this
 process reads the rest: with a second CPU free, the read ends sooner. With every CPU taken by
@@ -6,9 +6,9 @@ other work, the child only shares the CPUs the one process would have had, and w
 costs (the pages both processes copy as they write, a second start) is paid for nothing: more
 CPU and a longer wall time than one process alone (measured in docs/perf.md, "Audit speed").
 
-`mark()` samples the CPUs' idle time when a command starts; `spare()`, at the moment a helper
+`mark()` samples the CPUs' idle time when a command starts; `spare()`, at the moment the child
 would be forked, says whether at least half a CPU stayed idle since (this process keeps one
-busy meanwhile). Without a mark, or without /proc/stat, it says yes: the helper is used as before.
+busy meanwhile). Without a mark, or without /proc/stat, it says yes: the child is used as before.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ up while both sides write); then the child runs the caller's `then` (the reader'
 forwarding-stub decoding, which needs every table's selection) and sends its answer as a second
 message. Anything unusual (no fork, another thread
 already running, a child that fails or dies) leaves the work to be done in process: the result
-is the same either way, only slower.
+is the same either way, only slower. So does a machine with no CPU free for the child
+(audit.elf.idle): there the child would only add its own cost to the same CPU time.
 """
 
 from __future__ import annotations

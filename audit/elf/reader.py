@@ -5,8 +5,9 @@ and symbols of embedded code objects), and parts read once leave the resident se
 (parse.release), so resident memory follows what is being read, not the file's size. Its
 sha256 is computed beside the parse, a chunk at a time (audit.elf.hashing: a forked child for a
 large file, else a thread), and a very large symbol table is selected in a
-forked child too (audit.elf.prescan), which then decodes the forwarding stubs while this process
-builds the symbols (this process reads the data sections' strings while the child selects).
+forked child too when a CPU is free for it (audit.elf.prescan, audit.elf.idle), which then
+decodes the forwarding stubs while this process builds the symbols (this process reads the data
+sections' strings while the child selects).
 Every failure to read or parse raises audit.errors.InputError with a one-line message naming
 the file; nothing else escapes for a malformed input.
 """

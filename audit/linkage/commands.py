@@ -73,7 +73,7 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
       sovereign-audit check dist/ --write-baseline linkage-baseline.json
       sovereign-audit check dist/ --baseline linkage-baseline.json
     """
-    idle.mark()  # whether a CPU stays free meanwhile decides on the reader's helper (audit.elf.idle)
+    idle.mark()  # whether a CPU stays free meanwhile decides on the reader's forked child (audit.elf.idle)
     # A short run that builds many small containers (the policy's regexes, symbol columns, findings)
     # and few reference cycles: the collector runs less often (~7 passes instead of ~120 on
     # libtorch_cpu.so, tens of milliseconds).
