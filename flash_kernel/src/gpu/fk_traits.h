@@ -508,6 +508,15 @@ struct MmaTile {
 #ifndef FK_WGMMA_OVERLAP
 #define FK_WGMMA_OVERLAP 1
 #endif
+// With the overlap: the wait for P(j-1) V(j-1) and the packing of P(j) at the top of the next turn,
+// a block of code of its own (1), or right after the exponentials of S(j) (0). ptxas's scheduler
+// places a wgmma wait early in its block (in its model the wait costs nothing), so in the second
+// form the wait sits before the row maxima and the exponentials run after P V is done; in the first
+// they run while it is in flight (SASS read with nvdisasm). Not in the chained bucket-128 kernel,
+// where the later packing leaves ptxas short of registers and it serialises the wgmmas (C7512).
+#ifndef FK_WGMMA_LATE_PV_WAIT
+#define FK_WGMMA_LATE_PV_WAIT 1
+#endif
 // Bucket 256's P V as one wide wgmma per k16 step (n256, or n192 where head dims 136..192 leave
 // the fourth 64-column block empty) instead of one n64 wgmma per column block (0): the register A
 // operand (P) is sent once instead of four times. Bucket 192 always takes one n192.

@@ -158,6 +158,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     static_assert(!kChain || (T::kChain && !kPad && kCl == 1), "wgmma path: chained items are exact-head-dim kernels of buckets 64, 128");
     constexpr bool kQRegs = T::kQRegs && !kNarrow, kLateStore = T::kLateStore && !kNarrow && !kChain;
     constexpr int kMc = kCl > 1 && FK_WGMMA_CLUSTER_KV_MULTICAST ? kCl : 1;  // CTAs sharing each K/V tile
+    // the late P V wait (fk_traits.h); not in the chained bucket-128 kernel, where ptxas then runs
+    // short of registers and serialises its wgmmas (C7512)
+    constexpr bool kLateWait = FK_WGMMA_OVERLAP && FK_WGMMA_LATE_PV_WAIT && !(kChain && D == 128);
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sk = sq + T::kQBytes;            // stage s: sk + s * kKVBytes
@@ -447,6 +450,28 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         }
     };
     auto release_q_last = [&] { if constexpr (!kQRegs) release_q(); };  // after the item's last S
+    // Late wait (kLateWait): a turn ends with the exponentials of S(j); the wait for P(j-1) V(j-1),
+    // the release of its V and the packing of P(j) (pa0, pa1: its rescale factors) open the next
+    // block of code (the top of the loop, or the code after it), where ptxas's scheduler, which
+    // keeps the wait within its block, cannot move it above the exponentials. `prev`: the V slot
+    // of a P V still to be released, or -1.
+    float pa0 = 1.0f, pa1 = 1.0f;
+    auto settle = [&](int prev) {
+        if constexpr (kLateWait) {
+            wg_wait<0>();
+            fence_regs(o);
+            if (prev >= 0) release_v(prev);
+            finish(pa0, pa1);
+        }
+    };
+    auto done = [&](float a0, float a1) {  // S(j)'s exponentials are in s: pack now, or keep for settle()
+        if constexpr (kLateWait) {
+            pa0 = a0;
+            pa1 = a1;
+        } else {
+            finish(a0, a1);
+        }
+    };
     auto store_o = [&] {  // the late stores of the previous item's O
         if constexpr (kLateStore) {
             const int col = 2 * (lane % 4);
@@ -528,7 +553,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 release_k(0);
                 float a0, a1;
                 probs(0, a0, a1);
-                finish(a0, a1);
+                done(a0, a1);
             }
             int g0 = 0;  // ring position of the item's first K/V tile
             int it = 0;
@@ -536,6 +561,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 for (int j = 1; j < ntiles; ++j) {
                     const int g = g0 + j;
                     const int st = g % S, pst = (g - 1) % S;
+                    settle(j > 1 ? (g - 2) % S : -1);
                     mbar_wait(k_full + 8 * st, (g / S) & 1);
                     mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
                     my_turn();
@@ -552,11 +578,14 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     release_k(st);
                     float a0, a1;
                     probs(j, a0, a1);
-                    wg_wait<0>();
-                    fence_regs(o);
-                    release_v(pst);
-                    finish(a0, a1);
+                    if constexpr (!kLateWait) {
+                        wg_wait<0>();
+                        fence_regs(o);
+                        release_v(pst);
+                    }
+                    done(a0, a1);
                 }
+                settle(ntiles > 1 ? (g0 + ntiles - 2) % S : -1);
                 const int pst = (g0 + ntiles - 1) % S, pph = ((g0 + ntiles - 1) / S) & 1;  // the last tile
                 if (item + step >= last) {  // the block's last item: its last P V alone
                     mbar_wait(v_full + 8 * pst, pph);
@@ -601,7 +630,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 end_item(item, sl0, sl1);
 #pragma unroll
                 for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
-                finish(a0, a1);
+                done(a0, a1);
                 item += step;
             }
         }
@@ -633,12 +662,13 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 if (ntiles == 1) release_q_last();
                 float a0, a1;
                 probs(0, a0, a1);
-                finish(a0, a1);
+                done(a0, a1);
             }
 
             for (int j = 1; j < ntiles; ++j) {
                 const int g = g0 + j;
                 const int st = g % S, pst = (g - 1) % S;
+                settle(j > 1 ? (g - 2) % S : -1);
                 mbar_wait(k_full + 8 * st, (g / S) & 1);
                 if (!T::kSplitKV) mbar_wait(v_full + 8 * pst, ((g - 1) / S) & 1);
                 my_turn();
@@ -660,6 +690,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 release_k(st);
                 if (j == ntiles - 1) release_q_last();
                 probs(j, a0, a1);
+                if constexpr (kLateWait) {
+                    done(a0, a1);
+                    continue;
+                }
                 wg_wait<0>();
                 fence_regs(o);
 #else
@@ -681,6 +715,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 
             // Last P V.
             {
+                settle(ntiles > 1 ? (g0 + ntiles - 2) % S : -1);
                 const int g = g0 + ntiles - 1;
                 const int pst = g % S;
                 mbar_wait(v_full + 8 * pst, (g / S) & 1);
