@@ -514,8 +514,14 @@ struct MmaTile {
 // form the wait sits before the row maxima and the exponentials run after P V is done; in the first
 // they run while it is in flight (SASS read with nvdisasm). Not in the chained bucket-128 kernel,
 // where the later packing leaves ptxas short of registers and it serialises the wgmmas (C7512).
+// Measured on the H200 (docs/perf.md, "Late P V wait"): 1.02x at long self-attention at D 128,
+// 1.01x at D 64, even elsewhere; at D 256 0.96x, so the wide buckets (192, 256) keep the early
+// wait (FK_WGMMA_LATE_PV_WAIT_WIDE 0; bucket 192 not measured with it).
 #ifndef FK_WGMMA_LATE_PV_WAIT
 #define FK_WGMMA_LATE_PV_WAIT 1
+#endif
+#ifndef FK_WGMMA_LATE_PV_WAIT_WIDE
+#define FK_WGMMA_LATE_PV_WAIT_WIDE 0
 #endif
 // Bucket 256's P V as one wide wgmma per k16 step (n256, or n192 where head dims 136..192 leave
 // the fourth 64-column block empty) instead of one n64 wgmma per column block (0): the register A

@@ -158,9 +158,11 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     static_assert(!kChain || (T::kChain && !kPad && kCl == 1), "wgmma path: chained items are exact-head-dim kernels of buckets 64, 128");
     constexpr bool kQRegs = T::kQRegs && !kNarrow, kLateStore = T::kLateStore && !kNarrow && !kChain;
     constexpr int kMc = kCl > 1 && FK_WGMMA_CLUSTER_KV_MULTICAST ? kCl : 1;  // CTAs sharing each K/V tile
-    // the late P V wait (fk_traits.h); not in the chained bucket-128 kernel, where ptxas then runs
-    // short of registers and serialises its wgmmas (C7512)
-    constexpr bool kLateWait = FK_WGMMA_OVERLAP && FK_WGMMA_LATE_PV_WAIT && !(kChain && D == 128);
+    // the late P V wait (fk_traits.h): buckets 64 and 128 and, by their own switch, the wide ones;
+    // not in the chained bucket-128 kernel, where ptxas then runs short of registers and
+    // serialises its wgmmas (C7512)
+    constexpr bool kLateWait = FK_WGMMA_OVERLAP && (D <= 128 ? FK_WGMMA_LATE_PV_WAIT : FK_WGMMA_LATE_PV_WAIT_WIDE) &&
+                               !(kChain && D == 128);
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sk = sq + T::kQBytes;            // stage s: sk + s * kKVBytes
