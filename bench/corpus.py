@@ -286,9 +286,21 @@ names it (onnxruntime's dlopen of its CUDA provider). TP: expected and reported 
 mechanism; FN: expected, not reported; FP: reported, not expected ("wrong mechanism" when the
 file does hold that component, by another mechanism). Known misses and known wrong findings are
 marked in the expectations file and listed below with the reason. The machine was shared with
-other jobs while timing; time and peak RSS are those of the whole `check` process.
+other jobs while timing; time is the wall clock of one `check` process per wheel, peak RSS the
+largest of that process and its workers (as wait4 reports it).
 
 """
+
+
+def with_last_run(doc: Path, section: str) -> str:
+    """The document with its "## Last run" section replaced by `section`: what follows it (the
+    history of earlier runs, written by hand) is kept. A new document starts from DOC_HEAD."""
+    old = doc.read_text() if doc.exists() else ""
+    start = old.find("## Last run\n")
+    if start < 0:
+        return DOC_HEAD + section
+    end = old.find("\n## ", start + 1)
+    return old[:start] + section + ("" if end < 0 else old[end:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(audits, rows, command)
     print(text)
     if args.write:
-        args.write.write_text(DOC_HEAD + "## Last run\n\n" + text)
+        args.write.write_text(with_last_run(args.write, "## Last run\n\n" + text))
     bad = unexplained(audits, rows)
     for line in bad:
         print(f"unexplained: {line}", file=sys.stderr)

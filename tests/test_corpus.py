@@ -97,3 +97,12 @@ def test_scoring_counts_misses_and_unexpected_findings(audits):
     assert [(r.member.split("/")[-1].split(".")[0], r.component) for r in fn] == [("_pocketfft_umath", "nvidia.cudnn")]
     table = "\n".join(corpus.component_table(rows))
     assert "| blas.openblas | needed | 0 | 0 | 3 |" in table and "| nvidia.cudnn | needed | 0 | 1 | 0 |" in table
+
+
+def test_writing_the_last_run_keeps_the_history_after_it(tmp_path):
+    doc = tmp_path / "corpus.md"
+    doc.write_text("# Head\n\nintro\n\n## Last run\n\nold tables\n\n## Since the first runs\n\nhistory\n")
+    out = corpus.with_last_run(doc, "## Last run\n\nnew tables\n")
+    assert out == "# Head\n\nintro\n\n## Last run\n\nnew tables\n\n## Since the first runs\n\nhistory\n"
+    fresh = corpus.with_last_run(tmp_path / "absent.md", "## Last run\n\nnew tables\n")
+    assert fresh.startswith(corpus.DOC_HEAD) and fresh.endswith("## Last run\n\nnew tables\n")
