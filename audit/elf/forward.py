@@ -32,6 +32,7 @@ from itertools import compress
 
 import numpy as np
 
+from audit.elf.membership import isin
 from audit.elf.model import Forward
 from audit.elf.parse import (SHF_ALLOC, SHF_EXECINSTR, SHF_WRITE, SHN_LORESERVE, SHN_UNDEF, SHT_NOBITS, ElfImage,
                              release)
@@ -134,17 +135,6 @@ def _unique(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     where = np.empty(len(values), dtype=np.intp)
     where[order] = np.cumsum(new) - 1
     return ordered[new], order[new], where
-
-
-def _isin(values: np.ndarray, wanted) -> np.ndarray:
-    """np.isin(values, wanted) by binary search in `wanted` sorted: np.isin sorts a long
-    `wanted` through np.unique, which imports numpy.ma (~7 ms)."""
-    want = np.sort(np.asarray(wanted, dtype=values.dtype))
-    if not len(want):
-        return np.zeros(values.shape, dtype=bool)
-    k = np.searchsorted(want, values)
-    np.minimum(k, len(want) - 1, out=k)
-    return want[k] == values
 
 
 class _Context:
@@ -290,7 +280,7 @@ class _Context:
                 pos = np.flatnonzero(blob[:-4] == 0xE8)
                 row = _row(start, pos)
                 target = value[row] + pos - start[row] + 5 + _disp32(blob, pos + 1)
-                mask[row[_isin(target, list(entries))]] = True
+                mask[row[isin(target, list(entries))]] = True
         else:  # br Xn somewhere in the body (the slot is checked when decoding)
             w = blob.view("<u4") & 0xFFFFFC1F
             pos = np.flatnonzero(w == 0xD61F0000) * 4
@@ -400,11 +390,11 @@ class _Context:
         buf, base, size = self.img.buf, table.str_off, table.str_size
         # string-table offsets whose name is dlsym or dlvsym (tails may be shared): one pass
         names = {m.start() - base for m in _DLSYM_NAMES.finditer(buf, base, base + size)}
-        index = np.flatnonzero(_isin(table.syms["st_name"], list(names))) if names else []
+        index = np.flatnonzero(isin(table.syms["st_name"], list(names))) if names else []
         if self._relocs is None:
             self._load_relocs()
         offs, syms = self._relocs
-        slots = offs[_isin(syms, np.asarray(index, dtype=np.uint64))].astype(np.int64)
+        slots = offs[isin(syms, np.asarray(index, dtype=np.uint64))].astype(np.int64)
         if not len(slots):
             return self._dlsym_plt
         for sec in self.secs:
@@ -419,7 +409,7 @@ class _Context:
                 k = np.flatnonzero((rows[:, at] == 0xFF) & (rows[:, at + 1] == 0x25))
                 disp = np.ascontiguousarray(rows[k, at + 2:at + 6]).view("<i4")[:, 0].astype(np.int64)
                 slot = entry[k] + at + 6 + disp
-                self._dlsym_plt.update(entry[k][_isin(slot, slots)].tolist())
+                self._dlsym_plt.update(entry[k][isin(slot, slots)].tolist())
         return self._dlsym_plt
 
     def data(self, addr: int, size: int) -> bytes | None:

@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 
+from audit.elf.membership import in_sorted
 from audit.elf.model import StringHit
 from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode, release
 
@@ -114,9 +115,7 @@ def identifier_strings(img: ElfImage, prefixes: tuple[bytes, ...], warnings: lis
             starts = starts[starts <= min(_CHUNK, n - 3)]
             starts = starts[heads[a[starts]]]  # most strings fail on their first byte already
             key = (a[starts].astype(np.uint32) << 16) | (a[starts + 1].astype(np.uint32) << 8) | a[starts + 2]
-            # membership by binary search in the sorted keys (np.isin would sort both sides)
-            at_key = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
-            for st in starts[keys[at_key] == key].tolist():
+            for st in starts[in_sorted(key, keys)].tolist():  # the keys are sorted once, above
                 at = lo + st
                 end = buf.find(b"\0", at, min(at + 129, sec.offset + sec.size))
                 word = bytes(buf[at:end]) if end > 0 else b""
