@@ -253,7 +253,7 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
     if (kPersist && sms == 0) return kNotTaken;  // the runtime cannot say how many SMs: mma_sync
     const int64_t qtiles = (p.nq + Tile::BM - 1) / Tile::BM;
     const bool cl = kClusterKV<D> && p.nk <= FK_WGMMA_CLUSTER_KV_MAX_NK && qtiles >= 2;
-    CUtensorMap tq, tk, tv;
+    CUtensorMap tq, tk, tv, to;
     fk::wgmma::MapsDims md{};
     // dimension 0 of each map is the real head dim: TMA zero-fills the bucket's padding columns;
     // Q is loaded in halves, one per consumer warpgroup; clusters load K and V in halves too
@@ -288,7 +288,7 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
             cfg.stream = s;
             cfg.attrs = at;
             cfg.numAttrs = 1;
-            const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, tq, tk, tv, q, md, items);
+            const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, tq, tk, tv, tq, q, md, items);
             if (e != cudaSuccess) (void)cudaGetLastError();
             int32_t st = e == cudaSuccess ? check_launch("flash (wgmma)")
                                           : fk::fail(FK_ERR_LAUNCH, "flash (wgmma) launch failed: %s", cudaGetErrorString(e));
@@ -300,7 +300,11 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
     // one, the exact one with its items chained (buckets 64 and 128 at short Nk), or the exact one
     const bool narrow = Tile::kNarrowKD < D && p.d <= Tile::kNarrowKD;
     const bool narrow2 = !narrow && Tile::kNarrowKD2 < D && p.d <= Tile::kNarrowKD2;
-    const bool chain = Tile::kChain && !padded && p.nk <= FK_WGMMA_CHAIN_MAX_NK;
+    bool chain = Tile::kChain && !padded && p.nk <= FK_WGMMA_CHAIN_MAX_NK;
+    to = tq;  // O's map: only the chained kernels' TMA stores read it
+    if (chain && FK_WGMMA_CHAIN_TMA_STORE &&
+        !fk::wgmma::encode_cached(&to, &md.o, dev, dtype, p.o, batch, p.heads, p.nq, p.d, p.os, Tile::kQRows))
+        chain = false;  // TMA cannot address O: the unchained kernel stores it from registers
     const int which = narrow ? 2 : narrow2 ? 3 : padded ? 1 : chain ? 4 : 0;
     auto kernel = narrow    ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1, Tile::kNarrowKD>
                   : narrow2 ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1, Tile::kNarrowKD2>
@@ -313,14 +317,14 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
         const int64_t items = qtiles * bh_total;
         q.bh0 = 0;
         const unsigned blocks = static_cast<unsigned>(items < sms ? items : sms);
-        kernel<<<blocks, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md, items);
+        kernel<<<blocks, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, to, q, md, items);
         if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[which]);
     } else {
         for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
             q.bh0 = bh0;
             const int64_t n = bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY;
             dim3 grid(static_cast<unsigned>(qtiles), static_cast<unsigned>(n), 1);
-            kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, q, md, 0);
+            kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, to, q, md, 0);
             if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[which]);
         }
     }

@@ -616,6 +616,14 @@ struct MmaTile {
 #ifndef FK_WGMMA_CHAIN_MAX_NK
 #define FK_WGMMA_CHAIN_MAX_NK 512
 #endif
+// Chained kernels: an item's O written to shared memory (the consumer's half of the Q buffer, free
+// once Q is in registers) and stored with TMA (1), or stored from registers (0), whose 4-byte
+// stores, 16 bytes a row per instruction, cost 15 % of the kernel's time at Nk 512. Measured on the
+// H200 (docs/perf.md "Short Nk: O through shared memory with TMA stores"), bf16: 1.14x the register
+// stores at 2,40,32760,512,128 and 1,12,32760,512,128.
+#ifndef FK_WGMMA_CHAIN_TMA_STORE
+#define FK_WGMMA_CHAIN_TMA_STORE 1
+#endif
 template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups

@@ -15,8 +15,9 @@
 //    once; 192 and 256: Q from shared memory), the online softmax in registers (base 2, log2 e
 //    folded into the scale), then O += P V with P straight from the S accumulators as the register
 //    A operand of wgmma. Buckets 64 and 128 chain a block's items at short Nk (exact head dims): an item's last
-//    P V is issued in the same turn as the next item's first S, and its O stored after both; padded
-//    head dims there store an item's O once the next item's first S is issued.
+//    P V is issued in the same turn as the next item's first S, and after both its O is written into
+//    the consumer's half of the Q buffer (the next Q is in registers by then) and stored with TMA;
+//    padded head dims there store an item's O from registers once the next item's first S is issued.
 //  - ping-pong (buckets 64, 128, 192): the two consumers take turns to issue their GEMMs (two named
 //    barriers), so one warpgroup's softmax runs while the other's GEMMs keep the tensor cores busy.
 //    Each step issues P(j-1) V(j-1) together with S(j) = Q K(j)^T, so one S register set suffices.
@@ -55,7 +56,7 @@ struct MapDims {
     int8_t n, h, b;
 };
 struct MapsDims {
-    MapDims q, k, v;
+    MapDims q, k, v, o;
 };
 
 #if defined(FK_WGMMA_DEVICE_OK)
@@ -101,6 +102,15 @@ FK_DEVICE void mbar_arrive_peer(uint32_t bar, uint32_t peer) {
     asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n"
                  ::"r"(bar), "r"(peer) : "memory");
 }
+// O's rows from shared memory to global memory (rows past the map's extent are not written); the
+// copy joins this thread's bulk group
+FK_DEVICE void tma_store_4d(const CUtensorMap *map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n"
+                 ::"l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src) : "memory");
+}
+FK_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+FK_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+FK_DEVICE void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 FK_DEVICE void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 FK_DEVICE void named_arrive(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory"); }
 FK_DEVICE void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -146,7 +156,8 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 template <class E, int D, bool kPad, bool kPersist, int kCl, int KD = D, bool kChain = false>
 __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                       const __grid_constant__ CUtensorMap tv, FlashParams p, MapsDims md, int64_t items) {
+                       const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to, FlashParams p,
+                       MapsDims md, int64_t items) {
 #if defined(FK_WGMMA_DEVICE_OK)
     using T = WgmmaTile<D>;
     constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks, QR = T::kQRows;
@@ -157,6 +168,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                   "wgmma path: narrow kernels are bucket 64's n32 and n48");
     static_assert(!kChain || (T::kChain && !kPad && kCl == 1), "wgmma path: chained items are exact-head-dim kernels of buckets 64, 128");
     constexpr bool kQRegs = T::kQRegs && !kNarrow, kLateStore = T::kLateStore && !kNarrow && !kChain;
+    // chained: an item's O leaves through the consumer's half of the Q buffer (Q is in registers by
+    // then) with TMA stores, the buffer given back to the producer a turn later
+    constexpr bool kTmaStore = kChain && FK_WGMMA_CHAIN_TMA_STORE;
     constexpr int kMc = kCl > 1 && FK_WGMMA_CLUSTER_KV_MULTICAST ? kCl : 1;  // CTAs sharing each K/V tile
     // the late P V wait (fk_traits.h): buckets 64 and 128 and, by their own switch, the wide ones;
     // not in the chained bucket-128 kernel, where ptxas then runs short of registers and
@@ -434,7 +448,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // Q in registers: lane l gives the address of row l % 8 of 8 x 8 matrix l / 8 (rows + 8 for
     // matrices 1 and 3, columns + 8 for 2 and 3), so ldmatrix.x4 returns the A fragment; the
     // 128-byte swizzle moves 16-byte chunk k of row r to k ^ (r % 8).
-    auto load_q_regs = [&] {
+    auto load_q_regs = [&](bool give_back = true) {
         if constexpr (kQRegs) {
             const int row = 16 * warp + lane % 8 + ((lane / 8) & 1) * 8;
 #pragma unroll
@@ -448,7 +462,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             }
             // the copy engine overwrites the buffer next (async proxy after these generic reads)
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            release_q();
+            if (give_back) release_q();
         }
     };
     auto release_q_last = [&] { if constexpr (!kQRegs) release_q(); };  // after the item's last S
@@ -524,6 +538,52 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         }
     };
 
+    // kTmaStore: the item's O divided, packed and written into this consumer's half of the Q buffer
+    // (the 128-byte swizzle TMA reads), then stored by one thread with TMA; release_o() gives the
+    // buffer back once the copy engine has read it.
+    bool o_held = false;
+    auto end_item_tma = [&](int64_t item, float sl0, float sl1) {
+        if constexpr (kTmaStore) {
+            sl0 += fk_shfl_xor(sl0, 1);
+            sl0 += fk_shfl_xor(sl0, 2);
+            sl1 += fk_shfl_xor(sl1, 1);
+            sl1 += fk_shfl_xor(sl1, 2);
+            const float i0 = 1.0f / sl0, i1 = 1.0f / sl1;
+            const int ra = 16 * warp + lane / 4;  // rows ra, ra + 8 of the half: the same swizzle phase
+            const uint32_t row_a = sq_wg + ra * kRowBytes + (lane % 4) * 4, sw = ra % 8;
+#pragma unroll
+            for (int t = 0; t < KD / 8; ++t) {
+                const uint32_t at = row_a + (t / 8) * BM * kRowBytes + (((t % 8) ^ sw) * 16);
+                const uint32_t va = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
+                const uint32_t vb = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(va) : "memory");
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at + 8 * kRowBytes), "r"(vb) : "memory");
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the copy engine reads next
+            named_sync(3 + c, 128);                                          // this consumer's four warps
+            if (warp == 0 && lane == 0) {
+                const int64_t bh = item / ptiles;
+                const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+                const int r0 = static_cast<int>(item % ptiles) * BM + 64 * c;
+                if (r0 < p.nq) {  // rows past nq are clipped by the map; a half wholly past it: nothing
+#pragma unroll
+                    for (int cb = 0; cb < CB; ++cb)
+                        tma_store_4d(&to, sq_wg + cb * BM * kRowBytes, cb * 64, pick(md.o, 1, r0, h, b),
+                                     pick(md.o, 2, r0, h, b), pick(md.o, 3, r0, h, b));
+                }
+                bulk_commit();
+            }
+            o_held = true;
+        }
+    };
+    auto release_o = [&] {  // the buffer read by the copy engine: the producer may load the next Q
+        if constexpr (kTmaStore) {
+            if (warp == 0 && lane == 0) bulk_wait_read();
+            release_q();
+            o_held = false;
+        }
+    };
+
     // With ping-pong the consumers take turns (named barriers my_bar / other_bar) without a break
     // between items: both run the same number of turns per item (ntiles + 1; chained, ntiles and
     // one more at the block's end), so the alternation carries over.
@@ -575,6 +635,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     issue_pv(pst);
                     wg_commit();
                     their_turn();
+                    if constexpr (kTmaStore)
+                        if (j == 1 && o_held) release_o();  // the previous item's O has been read
                     wg_wait<1>();
                     fence_regs(s);
                     release_k(st);
@@ -607,7 +669,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 g0 += ntiles;
                 const int st = g0 % S;
                 mbar_wait(q_full + 8 * c, (it + 1) & 1);
-                load_q_regs();
+                load_q_regs(!kTmaStore);  // kTmaStore: the buffer holds this item's O next
                 mbar_wait(k_full + 8 * st, (g0 / S) & 1);
                 mbar_wait(v_full + 8 * pst, pph);
                 my_turn();
@@ -629,7 +691,12 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 wg_wait<0>();
                 fence_regs(o);
                 release_v(pst);
-                end_item(item, sl0, sl1);
+                if constexpr (kTmaStore) {
+                    end_item_tma(item, sl0, sl1);
+                    if (ntiles == 1) release_o();  // no later turn in this item to do it
+                } else {
+                    end_item(item, sl0, sl1);
+                }
 #pragma unroll
                 for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
                 done(a0, a1);
@@ -738,6 +805,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     }
     if constexpr (kLateStore)
         if (ob_pending) store_o();  // the block's last item
+    if constexpr (kTmaStore)
+        if (warp == 0 && lane == 0) bulk_wait();  // every O stored before the block ends
     if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
     if constexpr (kCl > 1) cluster_sync();
 #else
@@ -825,7 +894,7 @@ struct CachedMap {
     bool used;
 };
 
-constexpr int kMapCacheSize = 8;  // q, k and v of a self- and a cross-attention call, and spare
+constexpr int kMapCacheSize = 12;  // q, k, v (and o, chained) of a self- and a cross-attention call, and spare
 
 inline bool encode_cached(CUtensorMap *map, MapDims *dims, int dev, int32_t dtype, const void *ptr, int64_t batch,
                           int64_t heads, int64_t n, int64_t d, const int64_t (&strides)[3], int rows) {
