@@ -117,7 +117,7 @@ template <int D> FK_DEVICE uint32_t swz2(int r, int c0, int b) {
 template <int D> FK_DEVICE uint32_t swz(int r, int c) { return swz2<D>(r, c, 0); }
 
 // The cp.async copies of one BM|BN x D tile. TC threads span a row (the largest power of 2 that
-// divides its C = D / 8 chunks); each thread keeps the chunk columns c, c + TC, ... (CPT of them,
+// divides its C = D / 8 chunks, at most TCMAX: MmaTile::kCopyRowThreads); each thread keeps the chunk columns c, c + TC, ... (CPT of them,
 // c = tid % TC) of rows tid / TC + i * RP (RP = NT / TC): per copy one 64-bit pointer step and one
 // cp.async; the bound test only on a ragged tile (where RP > ROWS, threads past the tile's rows copy
 // nothing). Where RP is a multiple of 8 the swizzle of a
@@ -127,10 +127,11 @@ template <int D> FK_DEVICE uint32_t swz(int r, int c) { return swz2<D>(r, c, 0);
 // instructions a copy, ~400 per tile: 16-20 % slower, docs/perf.md "Fast loader".)
 // Masked rows, and chunk columns past the head dim d (the bucket's padding), zero-fill from row 0,
 // chunk 0 of the head: never a read past the tensor.
-template <int D, int ROWS, int NT, bool kPad>
+template <int D, int ROWS, int NT, bool kPad, int TCMAX = 32>
 struct TileCopy {
     static constexpr int C = D / 8;
-    static constexpr int TC = (C & -C) < NT ? (C & -C) : NT;
+    static constexpr int TC0 = (C & -C) < NT ? (C & -C) : NT;
+    static constexpr int TC = TC0 < TCMAX ? TC0 : TCMAX;
     static constexpr int CPT = C / TC, RP = NT / TC;
     static constexpr bool kIdle = RP > ROWS;  // more rows of threads than the tile has: the rest sit out
     static constexpr int IT = kIdle ? 1 : ROWS / RP;
@@ -204,6 +205,7 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
     constexpr bool kShift = Tile::kShiftPV;
     constexpr int kStages = Tile::kStages;  // 2: K and V double-buffered (plain order)
     constexpr bool kEarlyK = Tile::kEarlyK && kStages == 1;
+    constexpr bool kLdsmBases = Tile::kLdsmBases && (D / 8) % 8 == 0;  // chunk groups of 8 (see swz2)
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sq = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
     // kShift: V(j) in sv + (j & 1) * BN * D * 2; kStages 2: K(j) and V(j) in sk / sv + (j & 1) * BN * D * 2
@@ -217,8 +219,8 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
     const uint16_t *v = static_cast<const uint16_t *>(p.v) + b * p.vs[0] + h * p.vs[1];
     uint16_t *o = static_cast<uint16_t *>(p.o) + b * p.os[0] + h * p.os[1];
 
-    using CopyQ = TileCopy<D, BM, NT, kPad>;
-    using CopyKV = TileCopy<D, BN, NT, kPad>;
+    using CopyQ = TileCopy<D, BM, NT, kPad, Tile::kCopyRowThreads>;
+    using CopyKV = TileCopy<D, BN, NT, kPad, Tile::kCopyRowThreads>;
     static_assert(CopyQ::kOk && CopyKV::kOk, "tile copy: needs the rows of one pass (threads / TC) to divide BM and BN");
     const int dh = kPad ? p.d : D;       // the head dim: columns dh..D-1 are zero padding
     // k16 steps of Q K^T, and pairs of n8 tiles of O, that hold data (all of them without FK_MMA_PAD_SKIP)
@@ -273,6 +275,16 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
             for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
         // K fragments (B operand, "col" = K row-major): (rows n0|n0+8) x (cols k0|k0+8).
         const int rr = (lane % 8) + 8 * (lane / 16), cc = (lane / 8) % 2;
+        // kLdsmBases: the swizzled offset of k-step ks is that of ks % 4 plus 128 * (ks / 4) bytes
+        // (a row's chunk groups of 8 are swizzled alike), so four bases a operand serve every step
+        // with immediate offsets; else ptxas recomputes the XOR on each step.
+        uint32_t qb[4], kb[4];
+        if (kLdsmBases)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                qb[r] = sq + swz2<D>(qrow, 2 * r, lane / 16);
+                kb[r] = skb + swz2<D>(rr, 2 * r, cc);
+            }
 #pragma unroll
         for (int ks = 0; ks < KS; ++ks) {
             if (ks >= ksteps) break;  // padding columns: zero in Q and K, nothing to add
@@ -282,6 +294,8 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
                 if (ks < QRS) {
 #pragma unroll
                     for (int x = 0; x < 4; ++x) qt[mt][x] = qf[ks < QRS ? ks : 0][mt][x];
+                } else if (kLdsmBases) {
+                    ldmatrix_x4(qt[mt], qb[ks % 4] + (ks / 4) * 128 + mt * 16 * D * 2);
                 } else {
                     ldmatrix_x4(qt[mt], sq + swz2<D>(qrow + mt * 16, 2 * ks, lane / 16));
                 }
@@ -289,7 +303,10 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
 #pragma unroll
             for (int np = 0; np < NS / 2; ++np) {
                 uint32_t kf[4];
-                ldmatrix_x4(kf, skb + swz2<D>(np * 16 + rr, 2 * ks, cc));
+                if (kLdsmBases)
+                    ldmatrix_x4(kf, kb[ks % 4] + (ks / 4) * 128 + np * 16 * D * 2);
+                else
+                    ldmatrix_x4(kf, skb + swz2<D>(np * 16 + rr, 2 * ks, cc));
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     Ptx<E>::mma(s[mt][2 * np], qt[mt], kf[0], kf[1]);

@@ -370,6 +370,20 @@ struct GenericTile {
 #ifndef FK_MMA_EARLY_K_D256
 #define FK_MMA_EARLY_K_D256 1
 #endif
+// Threads that span one row in the cp.async copies of the Q, K and V tiles (fk_mma.h TileCopy), at
+// most: 32 (no cap) copies bucket 256's 32-chunk rows with 32 threads, so a thread's rows are 4
+// apart and the swizzle of its chunk is recomputed on every row (~8 SASS instructions a copy, ~130
+// per K or V tile); 16 or 8 put a thread's rows 8 or 16 apart (one swizzle offset per chunk column,
+// an immediate per row; FlashAttention-2 copies its 256-wide rows with 8 threads). Every other bucket
+// already has rows 8 or more apart.
+#ifndef FK_MMA_COPY_ROW_THREADS_D256
+#define FK_MMA_COPY_ROW_THREADS_D256 32
+#endif
+// Q K^T's ldmatrix addresses from four precomputed bases a operand (Q and K) plus immediates (1),
+// or the swizzle XOR recomputed on each of the 16 k16 steps (0: ~5 SASS instructions a step).
+#ifndef FK_MMA_LDSM_BASES_D256
+#define FK_MMA_LDSM_BASES_D256 0
+#endif
 // Per-architecture tiles. The sm_80 cubin also runs on cc 8.6/8.9, where a block gets at most 99
 // KiB of shared memory; the sm_90 cubins run on cc 9.0 only (227 KiB). Buckets 96 and 256 may take
 // another tile in the sm_90 compilation (FK_MMA_SM90_<knob>_D<bucket>; default: the sm_80 tile).
@@ -436,6 +450,8 @@ struct MmaTile {
         (MT * D <= FK_MMA_Q_REGS_MAX || FK_MMA_KNOB(Q_REGS) != 0);
     static constexpr int kQRegSteps = D == 256 ? FK_MMA_Q_STEPS_D256 : 0;  // with !kQInRegs (fk_mma.h)
     static constexpr bool kShiftPV = FK_MMA_KNOB(SHIFT_PV) != 0;
+    static constexpr int kCopyRowThreads = D == 256 ? FK_MMA_COPY_ROW_THREADS_D256 : 32;  // TileCopy's TCMAX (fk_mma.h)
+    static constexpr bool kLdsmBases = D == 256 && FK_MMA_LDSM_BASES_D256 != 0;  // fk_mma.h, Q K^T
     static constexpr int kMinDim = bucket_floor(kMmaBuckets, D);  // the smallest head dim of the bucket
     static constexpr int kNarrowKD = D == 96 ? FK_MMA_NARROW_D96 : D == 256 ? FK_MMA_NARROW_D256 : D;  // < D: a narrow kernel (fk_mma.h)
     static constexpr bool kPadSkip = FK_MMA_KNOB(PAD_SKIP) != 0;  // run-time bounds in the padded kernel (fk_mma.h)
