@@ -371,18 +371,21 @@ struct GenericTile {
 #define FK_MMA_EARLY_K_D256 1
 #endif
 // Threads that span one row in the cp.async copies of the Q, K and V tiles (fk_mma.h TileCopy), at
-// most: 32 (no cap) copies bucket 256's 32-chunk rows with 32 threads, so a thread's rows are 4
-// apart and the swizzle of its chunk is recomputed on every row (~8 SASS instructions a copy, ~130
-// per K or V tile); 16 or 8 put a thread's rows 8 or 16 apart (one swizzle offset per chunk column,
-// an immediate per row; FlashAttention-2 copies its 256-wide rows with 8 threads). Every other bucket
-// already has rows 8 or more apart.
+// most. 32 (no cap) copies bucket 256's 32-chunk rows with 32 threads, so a thread's rows are 4
+// apart and ptxas recomputes the swizzle of its chunk on every row (~130 SASS instructions a K or
+// V tile); 16 puts them 8 apart (one swizzle offset per chunk column, an immediate per row: ~55).
+// Every other bucket already has rows 8 or more apart. Measured on the H200 (docs/perf.md "mma.sync
+// bucket 256: copy and ldmatrix addressing"), x the kernel with 32, paired by call: 16 1.02x at
+// head dim 256, 1.06x at 240, 1.01x at 224; 8 (16 rows apart, as FlashAttention-2 copies 256-wide
+// rows) level at 256 and 0.97-0.99x at 224/240.
 #ifndef FK_MMA_COPY_ROW_THREADS_D256
-#define FK_MMA_COPY_ROW_THREADS_D256 32
+#define FK_MMA_COPY_ROW_THREADS_D256 16
 #endif
-// Q K^T's ldmatrix addresses from four precomputed bases a operand (Q and K) plus immediates (1),
+// Q K^T's ldmatrix addresses from four precomputed bases an operand (Q and K) plus immediates (1),
 // or the swizzle XOR recomputed on each of the 16 k16 steps (0: ~5 SASS instructions a step).
+// Measured with the copies above at 32 (same section): 1.01x at 256, 1.04x at 240, 1.02-1.03x at 224.
 #ifndef FK_MMA_LDSM_BASES_D256
-#define FK_MMA_LDSM_BASES_D256 0
+#define FK_MMA_LDSM_BASES_D256 1
 #endif
 // Per-architecture tiles. The sm_80 cubin also runs on cc 8.6/8.9, where a block gets at most 99
 // KiB of shared memory; the sm_90 cubins run on cc 9.0 only (227 KiB). Buckets 96 and 256 may take
