@@ -374,16 +374,18 @@ struct GenericTile {
 // most. 32 (no cap) copies bucket 256's 32-chunk rows with 32 threads, so a thread's rows are 4
 // apart and ptxas recomputes the swizzle of its chunk on every row (~130 SASS instructions a K or
 // V tile); 16 puts them 8 apart (one swizzle offset per chunk column, an immediate per row: ~55).
-// Every other bucket already has rows 8 or more apart. Measured on the H200 (docs/perf.md "mma.sync
-// bucket 256: copy and ldmatrix addressing"), x the kernel with 32, paired by call: 16 1.02x at
-// head dim 256, 1.06x at 240, 1.01x at 224; 8 (16 rows apart, as FlashAttention-2 copies 256-wide
-// rows) level at 256 and 0.97-0.99x at 224/240.
+// Every other bucket already has rows 8 or more apart.
+// Q K^T's ldmatrix addresses from four precomputed bases an operand (Q and K) plus immediates (1),
+// or the swizzle XOR recomputed on each of the 16 k16 steps (0: ~5 SASS instructions a step).
+// Measured on the H200 (docs/perf.md "mma.sync bucket 256: copy and ldmatrix addressing"), x the
+// kernel with 32 and 0, paired call by call, bf16 / fp16: both on 1.04x / 1.05x at head dim 256
+// (1.03x SDPA-flash, against 0.98-0.99x), 1.07x at 240, 1.03-1.04x at 200 and 224; 16 alone 1.02x
+// at 256, 1.06x at 240, 0.99x at 200; the bases alone 1.01x at 256, 1.02-1.04x at 200..240; 8
+// threads a row (rows 16 apart, as FlashAttention-2 copies 256-wide rows) level at 256, 0.97-0.99x
+// at 224/240.
 #ifndef FK_MMA_COPY_ROW_THREADS_D256
 #define FK_MMA_COPY_ROW_THREADS_D256 16
 #endif
-// Q K^T's ldmatrix addresses from four precomputed bases an operand (Q and K) plus immediates (1),
-// or the swizzle XOR recomputed on each of the 16 k16 steps (0: ~5 SASS instructions a step).
-// Measured with the copies above at 32 (same section): 1.01x at 256, 1.04x at 240, 1.02-1.03x at 224.
 #ifndef FK_MMA_LDSM_BASES_D256
 #define FK_MMA_LDSM_BASES_D256 1
 #endif
