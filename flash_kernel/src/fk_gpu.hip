@@ -301,10 +301,16 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
     const bool narrow = Tile::kNarrowKD < D && p.d <= Tile::kNarrowKD;
     const bool narrow2 = !narrow && Tile::kNarrowKD2 < D && p.d <= Tile::kNarrowKD2;
     bool chain = Tile::kChain && !padded && p.nk <= FK_WGMMA_CHAIN_MAX_NK;
-    to = tq;  // O's map: only the chained kernels' TMA stores read it
-    if (chain && FK_WGMMA_CHAIN_TMA_STORE &&
-        !fk::wgmma::encode_cached(&to, &md.o, dev, dtype, p.o, batch, p.heads, p.nq, p.d, p.os, Tile::kQRows))
-        chain = false;  // TMA cannot address O: the unchained kernel stores it from registers
+    // O's map, read by the kernels that store O with TMA: the chained ones and, with
+    // FK_WGMMA_TMA_STORE, the unchained exact and padded ones of buckets 64 and 128
+    const bool o_tma_unchained = FK_WGMMA_TMA_STORE && Tile::kQRegs && !Tile::kWide && !narrow && !narrow2;
+    to = tq;
+    if ((chain && FK_WGMMA_CHAIN_TMA_STORE) || o_tma_unchained) {
+        if (!fk::wgmma::encode_cached(&to, &md.o, dev, dtype, p.o, batch, p.heads, p.nq, p.d, p.os, Tile::kQRows)) {
+            if (o_tma_unchained) return kNotTaken;  // TMA cannot address O: the mma.sync path
+            chain = false;  // the unchained kernel stores O from registers
+        }
+    }
     const int which = narrow ? 2 : narrow2 ? 3 : padded ? 1 : chain ? 4 : 0;
     auto kernel = narrow    ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1, Tile::kNarrowKD>
                   : narrow2 ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1, Tile::kNarrowKD2>

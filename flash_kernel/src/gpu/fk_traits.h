@@ -645,6 +645,12 @@ struct MmaTile {
 #ifndef FK_WGMMA_CHAIN_TMA_STORE
 #define FK_WGMMA_CHAIN_TMA_STORE 1
 #endif
+// Unchained kernels of buckets 64 and 128 (late stores, Q in registers): the previous item's O
+// likewise through the Q buffer with TMA stores, in the next item's first turn (1), or from
+// registers (0).
+#ifndef FK_WGMMA_TMA_STORE
+#define FK_WGMMA_TMA_STORE 1
+#endif
 template <int D>
 struct WgmmaTile {
     static constexpr int kConsumers = 2;                 // consumer warpgroups

@@ -171,6 +171,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // chained: an item's O leaves through the consumer's half of the Q buffer (Q is in registers by
     // then) with TMA stores, the buffer given back to the producer a turn later
     constexpr bool kTmaStore = kChain && FK_WGMMA_CHAIN_TMA_STORE;
+    // unchained (late stores, Q in registers): the previous item's O likewise, in the next item's
+    // first turn, instead of from registers
+    constexpr bool kTmaLate = kLateStore && kQRegs && kCl == 1 && FK_WGMMA_TMA_STORE;
+    constexpr bool kOSmem = kTmaStore || kTmaLate;  // O leaves through the Q buffer
     constexpr int kMc = kCl > 1 && FK_WGMMA_CLUSTER_KV_MULTICAST ? kCl : 1;  // CTAs sharing each K/V tile
     // the late P V wait (fk_traits.h): buckets 64 and 128 and, by their own switch, the wide ones;
     // not in the chained bucket-128 kernel, where ptxas then runs short of registers and
@@ -310,6 +314,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     uint32_t ob[kLateStore ? KD / 4 : 1];
     uint16_t *ob_p0 = nullptr, *ob_p1 = nullptr;
     bool ob_r0 = false, ob_r1 = false, ob_pending = false;
+    int64_t ob_item = 0;  // kTmaLate: the work item the packed O belongs to
     auto issue_s = [&](int st) {  // S = Q K(st)^T over KD / 16 k-steps; both operands K-major
         const uint32_t kb = sk + st * T::kKVBytes;
 #pragma unroll
@@ -488,8 +493,49 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             finish(a0, a1);
         }
     };
+    // kOSmem: O written into this consumer's half of the Q buffer (the 128-byte swizzle TMA reads:
+    // rows ra, ra + 8 of a store share a swizzle phase, and the eight rows of a warp's store fall in
+    // eight different 16-byte chunks), then stored by one thread with TMA; release_o() gives the
+    // buffer back once the copy engine has read it.
+    bool o_held = false;
+    auto put_o = [&](int t, uint32_t va, uint32_t vb) {  // n8 tile t of rows ra, ra + 8
+        const int ra = 16 * warp + lane / 4;
+        const uint32_t at = sq_wg + ra * kRowBytes + (lane % 4) * 4 + (t / 8) * BM * kRowBytes + (((t % 8) ^ (ra % 8)) * 16);
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(va) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at + 8 * kRowBytes), "r"(vb) : "memory");
+    };
+    auto send_o = [&](int64_t item) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the copy engine reads next
+        named_sync(3 + c, 128);                                          // this consumer's four warps
+        if (warp == 0 && lane == 0) {
+            const int64_t bh = item / ptiles;
+            const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
+            const int r0 = static_cast<int>(item % ptiles) * BM + 64 * c;
+            if (r0 < p.nq) {  // rows past nq (and columns past the head dim) are clipped by the map
+#pragma unroll
+                for (int cb = 0; cb < CB; ++cb)
+                    if (cb < cbn)
+                        tma_store_4d(&to, sq_wg + cb * BM * kRowBytes, cb * 64, pick(md.o, 1, r0, h, b),
+                                     pick(md.o, 2, r0, h, b), pick(md.o, 3, r0, h, b));
+            }
+            bulk_commit();
+        }
+        o_held = true;
+    };
+    auto release_o = [&] {  // the buffer read by the copy engine: the producer may load the next Q
+        if constexpr (kOSmem) {
+            if (warp == 0 && lane == 0) bulk_wait_read();
+            release_q();
+            o_held = false;
+        }
+    };
     auto store_o = [&] {  // the late stores of the previous item's O
-        if constexpr (kLateStore) {
+        if constexpr (kTmaLate) {
+#pragma unroll
+            for (int t = 0; t < KD / 8; ++t) put_o(t, ob[2 * t], ob[2 * t + 1]);
+            send_o(ob_item);
+            ob_pending = false;
+        } else if constexpr (kLateStore) {
             const int col = 2 * (lane % 4);
 #pragma unroll
             for (int t = 0; t < KD / 8; ++t) {
@@ -520,10 +566,14 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 ob[2 * t] = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
                 ob[2 * t + 1] = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
             }
-            ob_p0 = out + r0 * p.os[2];
-            ob_p1 = out + r1 * p.os[2];
-            ob_r0 = r0 < p.nq;
-            ob_r1 = r1 < p.nq;
+            if constexpr (kTmaLate) {
+                ob_item = item;
+            } else {
+                ob_p0 = out + r0 * p.os[2];
+                ob_p1 = out + r1 * p.os[2];
+                ob_r0 = r0 < p.nq;
+                ob_r1 = r1 < p.nq;
+            }
             ob_pending = true;
         } else {
             const int col = 2 * (lane % 4);
@@ -538,10 +588,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         }
     };
 
-    // kTmaStore: the item's O divided, packed and written into this consumer's half of the Q buffer
-    // (the 128-byte swizzle TMA reads), then stored by one thread with TMA; release_o() gives the
-    // buffer back once the copy engine has read it.
-    bool o_held = false;
+    // kTmaStore (chained): the item's O divided, packed and sent through the Q buffer (put_o, send_o)
     auto end_item_tma = [&](int64_t item, float sl0, float sl1) {
         if constexpr (kTmaStore) {
             sl0 += fk_shfl_xor(sl0, 1);
@@ -549,38 +596,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             sl1 += fk_shfl_xor(sl1, 1);
             sl1 += fk_shfl_xor(sl1, 2);
             const float i0 = 1.0f / sl0, i1 = 1.0f / sl1;
-            const int ra = 16 * warp + lane / 4;  // rows ra, ra + 8 of the half: the same swizzle phase
-            const uint32_t row_a = sq_wg + ra * kRowBytes + (lane % 4) * 4, sw = ra % 8;
 #pragma unroll
-            for (int t = 0; t < KD / 8; ++t) {
-                const uint32_t at = row_a + (t / 8) * BM * kRowBytes + (((t % 8) ^ sw) * 16);
-                const uint32_t va = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
-                const uint32_t vb = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(va) : "memory");
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at + 8 * kRowBytes), "r"(vb) : "memory");
-            }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the copy engine reads next
-            named_sync(3 + c, 128);                                          // this consumer's four warps
-            if (warp == 0 && lane == 0) {
-                const int64_t bh = item / ptiles;
-                const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
-                const int r0 = static_cast<int>(item % ptiles) * BM + 64 * c;
-                if (r0 < p.nq) {  // rows past nq are clipped by the map; a half wholly past it: nothing
-#pragma unroll
-                    for (int cb = 0; cb < CB; ++cb)
-                        tma_store_4d(&to, sq_wg + cb * BM * kRowBytes, cb * 64, pick(md.o, 1, r0, h, b),
-                                     pick(md.o, 2, r0, h, b), pick(md.o, 3, r0, h, b));
-                }
-                bulk_commit();
-            }
-            o_held = true;
-        }
-    };
-    auto release_o = [&] {  // the buffer read by the copy engine: the producer may load the next Q
-        if constexpr (kTmaStore) {
-            if (warp == 0 && lane == 0) bulk_wait_read();
-            release_q();
-            o_held = false;
+            for (int t = 0; t < KD / 8; ++t)
+                put_o(t, mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0), mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1));
+            send_o(item);
         }
     };
 
@@ -711,7 +730,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
             m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
             mbar_wait(q_full + 8 * c, it & 1);
-            load_q_regs();
+            load_q_regs(!(kTmaLate && ob_pending));  // kTmaLate: the buffer holds the previous O next
 
             // Tile 0: S(0) alone.
             {
@@ -724,7 +743,11 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 wg_commit();
                 their_turn();
                 if constexpr (kLateStore)
-                    if (ob_pending) store_o();  // the previous item's O, beside this S
+                    if (ob_pending) {
+                        store_o();  // the previous item's O, beside this S
+                        if constexpr (kTmaLate)
+                            if (ntiles == 1) release_o();  // no later turn in this item to do it
+                    }
                 wg_wait<0>();
                 fence_regs(s);
                 release_k(st);
@@ -754,6 +777,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 issue_pv(pst);
                 wg_commit();
                 their_turn();
+                if constexpr (kTmaLate)
+                    if (j == 1 && o_held) release_o();  // the previous item's O has been read
                 wg_wait<1>();
                 fence_regs(s);
                 release_k(st);
@@ -805,7 +830,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     }
     if constexpr (kLateStore)
         if (ob_pending) store_o();  // the block's last item
-    if constexpr (kTmaStore)
+    if constexpr (kOSmem)
         if (warp == 0 && lane == 0) bulk_wait();  // every O stored before the block ends
     if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
     if constexpr (kCl > 1) cluster_sync();
