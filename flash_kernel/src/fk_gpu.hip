@@ -302,8 +302,8 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
     const bool narrow2 = !narrow && Tile::kNarrowKD2 < D && p.d <= Tile::kNarrowKD2;
     bool chain = Tile::kChain && !padded && p.nk <= FK_WGMMA_CHAIN_MAX_NK;
     // O's map, read by the kernels that store O with TMA: the chained ones and, with
-    // FK_WGMMA_TMA_STORE, the unchained exact and padded ones of buckets 64 and 128
-    const bool o_tma_unchained = FK_WGMMA_TMA_STORE && Tile::kQRegs && !Tile::kWide && !narrow && !narrow2;
+    // FK_WGMMA_TMA_STORE, the unchained exact ones of buckets 64 and 128
+    const bool o_tma_unchained = FK_WGMMA_TMA_STORE && Tile::kQRegs && !Tile::kWide && !padded;
     to = tq;
     if ((chain && FK_WGMMA_CHAIN_TMA_STORE) || o_tma_unchained) {
         if (!fk::wgmma::encode_cached(&to, &md.o, dev, dtype, p.o, batch, p.heads, p.nq, p.d, p.os, Tile::kQRows)) {

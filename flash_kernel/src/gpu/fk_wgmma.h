@@ -171,9 +171,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // chained: an item's O leaves through the consumer's half of the Q buffer (Q is in registers by
     // then) with TMA stores, the buffer given back to the producer a turn later
     constexpr bool kTmaStore = kChain && FK_WGMMA_CHAIN_TMA_STORE;
-    // unchained (late stores, Q in registers): the previous item's O likewise, in the next item's
-    // first turn, instead of from registers
-    constexpr bool kTmaLate = kLateStore && kQRegs && kCl == 1 && FK_WGMMA_TMA_STORE;
+    // unchained exact kernels (late stores, Q in registers): the previous item's O likewise, in the
+    // next item's first turn, instead of from registers
+    constexpr bool kTmaLate = kLateStore && kQRegs && kCl == 1 && !kPad && FK_WGMMA_TMA_STORE;
     constexpr bool kOSmem = kTmaStore || kTmaLate;  // O leaves through the Q buffer
     constexpr int kMc = kCl > 1 && FK_WGMMA_CLUSTER_KV_MULTICAST ? kCl : 1;  // CTAs sharing each K/V tile
     // the late P V wait (fk_traits.h): buckets 64 and 128 and, by their own switch, the wide ones;
@@ -743,11 +743,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 wg_commit();
                 their_turn();
                 if constexpr (kLateStore)
-                    if (ob_pending) {
-                        store_o();  // the previous item's O, beside this S
-                        if constexpr (kTmaLate)
-                            if (ntiles == 1) release_o();  // no later turn in this item to do it
-                    }
+                    if (ob_pending) store_o();  // the previous item's O, beside this S
                 wg_wait<0>();
                 fence_regs(s);
                 release_k(st);
@@ -755,6 +751,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 float a0, a1;
                 probs(0, a0, a1);
                 done(a0, a1);
+                if constexpr (kTmaLate)
+                    if (o_held) release_o();  // the previous item's O has been read (S(0) took longer)
             }
 
             for (int j = 1; j < ntiles; ++j) {
@@ -777,8 +775,6 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 issue_pv(pst);
                 wg_commit();
                 their_turn();
-                if constexpr (kTmaLate)
-                    if (j == 1 && o_held) release_o();  // the previous item's O has been read
                 wg_wait<1>();
                 fence_regs(s);
                 release_k(st);
