@@ -645,9 +645,13 @@ struct MmaTile {
 #ifndef FK_WGMMA_CHAIN_TMA_STORE
 #define FK_WGMMA_CHAIN_TMA_STORE 1
 #endif
-// Unchained kernels of buckets 64 and 128 (late stores, Q in registers): the previous item's O
-// likewise through the Q buffer with TMA stores, in the next item's first turn (1), or from
-// registers (0).
+// Unchained exact kernels of buckets 64 and 128 (late stores, Q in registers): the previous
+// item's O likewise through the Q buffer with TMA stores, in the next item's first turn, the buffer
+// given back once S(0) is done (1), or from registers (0). Measured on the H200 (docs/perf.md
+// "O through shared memory at every Nk"), bf16: 1.10x the register stores at 2,40,16380,1024,128,
+// 1.07x at 8,16,2048,2048,128, 1.02-1.03x at image and long video self-attention. The padded
+// kernels keep the register stores: with TMA stores and the buffer given back inside the loop
+// they ran 0.91-0.98x.
 #ifndef FK_WGMMA_TMA_STORE
 #define FK_WGMMA_TMA_STORE 1
 #endif
