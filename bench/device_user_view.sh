@@ -79,12 +79,13 @@ note "bench fp16 rc=$? ($(el) s)"
 timeout -k 5 90 python3 bench/host_overhead.py --build build >"$OUT/host.txt" 2>&1
 note "host_overhead rc=$? ($(el) s)"
 
-# 3c. The mma.sync path (sm_90 library) at every head dim, against SDPA-flash (what it must beat) and SDPA-cuDNN.
+# 3c. The mma.sync path (sm_90 library) at every head dim, against SDPA-flash (what it must beat) and SDPA-cuDNN;
+#     MMA_REPEATS timed calls each (30: the margins there are a few per cent, 10 leave intervals too wide to tell).
 if [ -n "${MMA_SYNC:-}" ]; then
-    timeout -k 5 90 python3 -m audit bench --device cuda --lib build/sm_90/libflash_kernel.so \
+    timeout -k 5 120 python3 -m audit bench --device cuda --lib build/sm_90/libflash_kernel.so \
         --shape 1,16,16384,32 --shape 1,16,16384,64 --shape 1,16,17550,72 --shape 1,24,16384,80 --shape 1,24,16384,96 \
         --shape 1,24,16384,128 --shape 1,16,16384,160 --shape 1,16,16384,192 --shape 1,12,16384,256 \
-        --backend primary --backend sdpa-flash --backend sdpa-cudnn --repeats 10 --warmup 2 --no-progress \
+        --backend primary --backend sdpa-flash --backend sdpa-cudnn --repeats "${MMA_REPEATS:-30}" --warmup 2 --no-progress \
         --json "$OUT/bench-mma.json" >"$OUT/bench-mma.txt" 2>&1
     note "bench mma.sync rc=$? ($(el) s)"
 fi
