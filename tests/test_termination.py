@@ -113,3 +113,18 @@ def test_workers_do_not_outlive_a_killed_audit(big_wheel, tmp_path):
     rc, _, workers, left = stopped_midway(big_wheel, tmp_path, signal.SIGKILL)
     assert rc == -signal.SIGKILL
     assert workers and not left  # they would wait for work forever
+
+
+def test_a_ctrl_c_at_a_workers_fork_is_dropped_there():
+    """Ctrl-C reaches the whole process group, so also a worker forked an instant before it: that
+    worker must drop it, not run the audit's own handler (a traceback on stderr, a dead worker).
+    Each worker here sends itself SIGINT the moment it is forked, before any of its code runs."""
+    script = (
+        "import os, signal, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from audit.linkage import parallel\n"
+        "os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+        "print(parallel.map_ordered(abs, [-1, -2, -3, -4], jobs=2))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "[1, 2, 3, 4]", "")

@@ -52,7 +52,15 @@ def map_ordered(fn: Callable, items: Sequence, jobs: int, order: Sequence[int] |
     pool = ProcessPoolExecutor(min(jobs, n), mp_context=multiprocessing.get_context("fork"),
                                initializer=_worker_start)
     try:
-        for i, result in zip(idx, pool.map(_run, idx)):
+        # The workers are forked with Ctrl-C and SIGTERM blocked, so that neither reaches one
+        # before _worker_start has set its own handling (a Ctrl-C in that window printed the
+        # worker's traceback); here a signal that came meanwhile is taken once the mask is back.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
+        try:
+            results = pool.map(_run, idx)  # forks every worker (fork: all at the first submit)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for i, result in zip(idx, results):
             out[i] = result
     except BrokenProcessPool:
         raise AuditError("a worker process died (out of memory?); run again with --jobs 1") from None
@@ -72,8 +80,9 @@ def _worker_start() -> None:
     (sent to the whole process group), dies at once on SIGTERM, and is sent SIGTERM by the
     kernel when that process dies without stopping it (killed with SIGKILL, say): an orphaned
     worker would otherwise wait forever for work."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C pending since the fork is dropped
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # blocked by map_ordered over the fork
     try:
         import ctypes
 
@@ -86,4 +95,5 @@ def _worker_start() -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+_HELD = {signal.SIGINT, signal.SIGTERM}  # blocked while the workers are forked
 _parent = os.getpid()  # the process that forks the workers (reset in map_ordered)
