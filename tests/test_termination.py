@@ -6,6 +6,7 @@ does not race the audit)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -128,3 +129,24 @@ def test_a_ctrl_c_at_a_workers_fork_is_dropped_there():
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "[1, 2, 3, 4]", "")
+
+
+def test_a_ctrl_c_at_a_hashing_fork_is_taken_inside_the_child(tmp_path):
+    """The same for the child that hashes a large file beside the audit: the Ctrl-C reaches it
+    inside its own handling (it exits, and the audit hashes the file itself), never before."""
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as fh:  # sparse: large enough for the forked child, cheap to write
+        fh.write(os.urandom(4096))
+        fh.truncate(65 << 20)
+    want = hashlib.sha256(big.read_bytes()).hexdigest()
+    script = (
+        "import os, signal, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from audit.elf import hashing\n"
+        "os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+        f"h = hashing.Hasher({str(big)!r})\n"
+        "h.start()\n"
+        "print(h.result())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout.strip(), r.stderr) == (0, want, "")

@@ -15,6 +15,7 @@ import mmap
 import os
 import threading
 
+from audit import forking
 from audit.elf.parse import release
 
 MIN_FORK_BYTES = 64 << 20  # smaller files hash on a thread: a fork would cost more than it saves
@@ -74,7 +75,7 @@ def _fork(path: str) -> _Child | None:
         return None
     r, w = os.pipe()
     try:
-        pid = os.fork()
+        pid = forking.fork()
     except OSError:
         os.close(r)
         os.close(w)
@@ -82,6 +83,7 @@ def _fork(path: str) -> _Child | None:
     if pid == 0:  # the child: hash, send, exit without running any of the parent's cleanup
         code = 1
         try:
+            forking.release()  # a Ctrl-C since the fork lands here, in this try
             os.close(r)
             digest = hash_file(path)
             if digest:

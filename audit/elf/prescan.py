@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from audit import forking
 from audit.elf import idle
 from audit.elf.parse import decode
 from audit.elf.symbols import SymbolTable, names_raw, select, split_names
@@ -166,7 +167,7 @@ def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable |
     # and the other way, the child's names as raw bytes: no pickling, no pipe to pass them through
     back = mmap.mmap(-1, (2 * table.str_size if names_room is None else names_room) + 8)
     try:
-        pid = os.fork()
+        pid = forking.fork()
     except OSError:
         for fd in (r, w, given_r, given_w):
             os.close(fd)
@@ -174,6 +175,7 @@ def start(img, table: SymbolTable, pattern, keep_imports: bool, then: Callable |
     if pid == 0:  # the child: compute, send, exit without running any of the parent's cleanup
         code = 1
         try:
+            forking.release()  # a Ctrl-C since the fork lands here, in this try
             os.close(r)
             os.close(given_w)
             warnings: list[str] = []

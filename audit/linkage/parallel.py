@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 
+from audit import forking
 from audit.errors import AuditError
 
 _work: tuple[Callable, Sequence] | None = None  # what forked workers run (set before they start)
@@ -52,14 +53,10 @@ def map_ordered(fn: Callable, items: Sequence, jobs: int, order: Sequence[int] |
     pool = ProcessPoolExecutor(min(jobs, n), mp_context=multiprocessing.get_context("fork"),
                                initializer=_worker_start)
     try:
-        # The workers are forked with Ctrl-C and SIGTERM blocked, so that neither reaches one
-        # before _worker_start has set its own handling (a Ctrl-C in that window printed the
-        # worker's traceback); here a signal that came meanwhile is taken once the mask is back.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)
-        try:
+        # the workers are forked with Ctrl-C and SIGTERM held until _worker_start has set their
+        # own handling (audit.forking)
+        with forking.held():
             results = pool.map(_run, idx)  # forks every worker (fork: all at the first submit)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for i, result in zip(idx, results):
             out[i] = result
     except BrokenProcessPool:
@@ -82,7 +79,7 @@ def _worker_start() -> None:
     worker would otherwise wait forever for work."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C pending since the fork is dropped
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)  # blocked by map_ordered over the fork
+    forking.release()  # held by map_ordered over the fork
     try:
         import ctypes
 
@@ -95,5 +92,4 @@ def _worker_start() -> None:
 
 
 _PR_SET_PDEATHSIG = 1
-_HELD = {signal.SIGINT, signal.SIGTERM}  # blocked while the workers are forked
 _parent = os.getpid()  # the process that forks the workers (reset in map_ordered)
