@@ -547,14 +547,27 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         }
     };
 
-    // The item's O (all its P V done) divided by the row sums sl0, sl1 (this thread's partials) and
-    // stored, or, with late stores, packed for store_o() beside the next GEMM.
-    auto end_item = [&](int64_t item, float sl0, float sl1) {
+    // 1 / the row sums of rows r, r + 8, from this thread's partials sl0, sl1 (a quad holds a row)
+    auto inverse_sums = [&](float sl0, float sl1, float &i0, float &i1) {
         sl0 += fk_shfl_xor(sl0, 1);
         sl0 += fk_shfl_xor(sl0, 2);
         sl1 += fk_shfl_xor(sl1, 1);
         sl1 += fk_shfl_xor(sl1, 2);
-        const float i0 = 1.0f / sl0, i1 = 1.0f / sl1;
+        i0 = 1.0f / sl0;
+        i1 = 1.0f / sl1;
+    };
+    // n8 tile t of the finished O, rows r and r + 8 divided by their sums, as 16-bit pairs (the
+    // direct stores below pack inside their row tests, the code as measured)
+    auto packed_o = [&](int t, float i0, float i1, uint32_t &va, uint32_t &vb) {
+        va = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
+        vb = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
+    };
+
+    // The item's O (all its P V done) divided by the row sums sl0, sl1 (this thread's partials) and
+    // stored, or, with late stores, packed for store_o() beside the next GEMM.
+    auto end_item = [&](int64_t item, float sl0, float sl1) {
+        float i0, i1;
+        inverse_sums(sl0, sl1, i0, i1);
         const int64_t bh = item / ptiles;
         const int b = static_cast<int>(bh / p.heads), h = static_cast<int>(bh % p.heads);
         const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
@@ -562,10 +575,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
         if constexpr (kLateStore) {
 #pragma unroll
-            for (int t = 0; t < KD / 8; ++t) {
-                ob[2 * t] = mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0);
-                ob[2 * t + 1] = mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1);
-            }
+            for (int t = 0; t < KD / 8; ++t) packed_o(t, i0, i1, ob[2 * t], ob[2 * t + 1]);
             if constexpr (kTmaLate) {
                 ob_item = item;
             } else {
@@ -591,14 +601,14 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // kTmaStore (chained): the item's O divided, packed and sent through the Q buffer (put_o, send_o)
     auto end_item_tma = [&](int64_t item, float sl0, float sl1) {
         if constexpr (kTmaStore) {
-            sl0 += fk_shfl_xor(sl0, 1);
-            sl0 += fk_shfl_xor(sl0, 2);
-            sl1 += fk_shfl_xor(sl1, 1);
-            sl1 += fk_shfl_xor(sl1, 2);
-            const float i0 = 1.0f / sl0, i1 = 1.0f / sl1;
+            float i0, i1;
+            inverse_sums(sl0, sl1, i0, i1);
 #pragma unroll
-            for (int t = 0; t < KD / 8; ++t)
-                put_o(t, mma::Ptx<E>::pack(o[4 * t] * i0, o[4 * t + 1] * i0), mma::Ptx<E>::pack(o[4 * t + 2] * i1, o[4 * t + 3] * i1));
+            for (int t = 0; t < KD / 8; ++t) {
+                uint32_t va, vb;
+                packed_o(t, i0, i1, va, vb);
+                put_o(t, va, vb);
+            }
             send_o(item);
         }
     };
