@@ -925,7 +925,7 @@ struct CachedMap {
     bool used;
 };
 
-constexpr int kMapCacheSize = 12;  // q, k, v (and o, chained) of a self- and a cross-attention call, and spare
+constexpr int kMapCacheSize = 12;  // q, k, v and o of a self- and a cross-attention call, and spare
 
 inline bool encode_cached(CUtensorMap *map, MapDims *dims, int dev, int32_t dtype, const void *ptr, int64_t batch,
                           int64_t heads, int64_t n, int64_t d, const int64_t (&strides)[3], int rows) {
