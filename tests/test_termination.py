@@ -116,18 +116,24 @@ def test_workers_do_not_outlive_a_killed_audit(big_wheel, tmp_path):
     assert workers and not left  # they would wait for work forever
 
 
-def test_a_ctrl_c_at_a_workers_fork_is_dropped_there():
-    """Ctrl-C reaches the whole process group, so also a worker forked an instant before it: that
-    worker must drop it, not run the audit's own handler (a traceback on stderr, a dead worker).
-    Each worker here sends itself SIGINT the moment it is forked, before any of its code runs."""
+def sigint_at_every_fork(body: str) -> subprocess.CompletedProcess:
+    """Run `body` (Python, the repository importable) in a process where every forked child sends
+    itself SIGINT the moment it is forked, before any of its code runs: a Ctrl-C to the process
+    group that lands just after a fork."""
     script = (
         "import os, signal, sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from audit.linkage import parallel\n"
         "os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))\n"
-        "print(parallel.map_ordered(abs, [-1, -2, -3, -4], jobs=2))\n"
+        + body
     )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+
+def test_a_ctrl_c_at_a_workers_fork_is_dropped_there():
+    """Ctrl-C reaches the whole process group, so also a worker forked an instant before it: that
+    worker must drop it, not run the audit's own handler (a traceback on stderr, a dead worker)."""
+    r = sigint_at_every_fork("from audit.linkage import parallel\n"
+                             "print(parallel.map_ordered(abs, [-1, -2, -3, -4], jobs=2))\n")
     assert (r.returncode, r.stdout.strip(), r.stderr) == (0, "[1, 2, 3, 4]", "")
 
 
@@ -139,14 +145,8 @@ def test_a_ctrl_c_at_a_hashing_fork_is_taken_inside_the_child(tmp_path):
         fh.write(os.urandom(4096))
         fh.truncate(65 << 20)
     want = hashlib.sha256(big.read_bytes()).hexdigest()
-    script = (
-        "import os, signal, sys\n"
-        f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from audit.elf import hashing\n"
-        "os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))\n"
-        f"h = hashing.Hasher({str(big)!r})\n"
-        "h.start()\n"
-        "print(h.result())\n"
-    )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    r = sigint_at_every_fork("from audit.elf import hashing\n"
+                             f"h = hashing.Hasher({str(big)!r})\n"
+                             "h.start()\n"
+                             "print(h.result())\n")
     assert (r.returncode, r.stdout.strip(), r.stderr) == (0, want, "")
