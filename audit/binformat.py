@@ -1,0 +1,107 @@
+"""What kind of binary a file is, from its first bytes: the formats the audit reads (ELF) and
+the native or device-code formats it does not read yet, which must never be skipped as if they
+were data.
+
+    kind = identify(first_bytes, size)   # first_bytes: at least HEAD_BYTES of the file, or all of it
+
+Only consistent headers count: a text file that happens to start with two bytes of a COFF
+machine number is not an object file.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import Enum
+
+HEAD_BYTES = 4096  # enough to see a PE header (e_lfanew is 0x40..0x200 in practice) and any magic
+
+
+class Kind(Enum):
+    """A file's format; the value is how a report names it."""
+
+    ELF = "ELF"
+    PE_EXECUTABLE = "PE/COFF executable (Windows)"
+    PE_DLL = "PE/COFF DLL (Windows)"
+    COFF_OBJECT = "COFF object (Windows)"
+    MACHO = "Mach-O (macOS)"
+    MACHO_FAT = "Mach-O universal binary (macOS)"
+    STATIC_ARCHIVE = "static archive (ar)"
+    CLANG_OFFLOAD_BUNDLE = "clang offload bundle"
+    CLANG_OFFLOAD_BUNDLE_COMPRESSED = "compressed clang offload bundle (CCOB)"
+    NVIDIA_FATBIN = "NVIDIA fatbin"
+    NOT_BINARY = "not a binary"
+
+    @property
+    def binary(self) -> bool:
+        return self is not Kind.NOT_BINARY
+
+
+_MACHO = (b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe", b"\xcf\xfa\xed\xfe")
+# IMAGE_FILE_MACHINE_*: i386, amd64, arm64, arm, armnt, arm64ec, ia64
+_COFF_MACHINES = frozenset((0x14C, 0x8664, 0xAA64, 0x1C0, 0x1C4, 0xA641, 0x200))
+_IMAGE_FILE_DLL = 0x2000
+_MAX_FAT_ARCHS = 20  # as `file`: a Java class file has version >= 45 where a fat header has its count
+
+
+def identify(head: bytes, size: int | None = None) -> Kind:
+    """The kind of a file whose first bytes are `head` (HEAD_BYTES of them, or the whole file)
+    and whose size is `size` (None: len(head))."""
+    size = len(head) if size is None else size
+    if head[:4] == b"\x7fELF":
+        return Kind.ELF
+    if head[:8] in (b"!<arch>\n", b"!<thin>\n"):
+        return Kind.STATIC_ARCHIVE
+    if head[:4] in _MACHO:
+        return Kind.MACHO
+    if head[:4] in (b"\xca\xfe\xba\xbe", b"\xca\xfe\xba\xbf", b"\xbe\xba\xfe\xca") and len(head) >= 8:
+        order = "<" if head[:4] == b"\xbe\xba\xfe\xca" else ">"
+        count = struct.unpack_from(order + "I", head, 4)[0]
+        return Kind.MACHO_FAT if 0 < count < _MAX_FAT_ARCHS else Kind.NOT_BINARY
+    if head[:24] == b"__CLANG_OFFLOAD_BUNDLE__":
+        return Kind.CLANG_OFFLOAD_BUNDLE
+    if head[:4] == b"CCOB" and len(head) >= 8:
+        version, method = struct.unpack_from("<HH", head, 4)
+        if version in (1, 2, 3) and method in (0, 1):  # zlib or zstd
+            return Kind.CLANG_OFFLOAD_BUNDLE_COMPRESSED
+    if head[:4] == b"\x50\xed\x55\xba":  # 0xBA55ED50, little-endian
+        return Kind.NVIDIA_FATBIN
+    if head[:2] == b"MZ":
+        return _pe(head)
+    return _coff_object(head, size)
+
+
+def _pe(head: bytes) -> Kind:
+    if len(head) < 0x40:
+        return Kind.NOT_BINARY
+    at = struct.unpack_from("<I", head, 0x3C)[0]
+    if at < 0x40 or at + 24 > len(head) or head[at:at + 4] != b"PE\0\0":
+        return Kind.NOT_BINARY
+    characteristics = struct.unpack_from("<H", head, at + 22)[0]
+    return Kind.PE_DLL if characteristics & _IMAGE_FILE_DLL else Kind.PE_EXECUTABLE
+
+
+def _coff_object(head: bytes, size: int) -> Kind:
+    """A COFF object file has no magic, only a machine number: every other header field must
+    agree with the file's size before it is believed."""
+    if len(head) < 20:
+        return Kind.NOT_BINARY
+    machine, sections, _stamp, symtab, symbols, optional, _flags = struct.unpack_from("<HHIIIHH", head, 0)
+    if machine not in _COFF_MACHINES or not 0 < sections <= 0xFEFF or optional != 0:
+        return Kind.NOT_BINARY
+    headers_end = 20 + 40 * sections
+    if headers_end > size:
+        return Kind.NOT_BINARY
+    if symbols == 0:
+        if symtab != 0:
+            return Kind.NOT_BINARY
+    elif symtab < headers_end or symtab + 18 * symbols > size:
+        return Kind.NOT_BINARY
+    # each section header seen: its raw data lies inside the file
+    for k in range(sections):
+        at = 20 + 40 * k
+        if at + 40 > len(head):
+            break
+        raw_size, raw_at = struct.unpack_from("<II", head, at + 16)
+        if raw_size and (raw_at < headers_end or raw_at + raw_size > size):
+            return Kind.NOT_BINARY
+    return Kind.COFF_OBJECT
