@@ -11,14 +11,17 @@ import os
 import posixpath
 import shutil
 import tarfile
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
+from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.errors import InputError
 
 _MAX_MEMBERS = 500_000
-ELF_MAGIC = b"\x7fELF"
+_MAX_HOPS = 40  # symlinks followed in one path, as ld.so's kernel allows (ELOOP)
 
 
 def is_conda(path: str) -> bool:
@@ -43,64 +46,210 @@ def _package_tar(path: str) -> Iterator[tarfile.TarFile]:
             yield tf
 
 
-def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> list[tuple[str, str, bool]]:
-    """Write the package's ELF files and symlinks under `dest`; [(member name, written path,
-    whether to audit it: an ELF file's first name)] in archive order. Raises InputError for an
-    unreadable or hostile package, or one whose ELF files unpack to more than `member_bytes`
-    each or `total_bytes` in all (check's archive limits)."""
-    out: list[tuple[str, str, bool]] = []
-    total = 0
-    top = os.path.realpath(dest)
+def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> list[Extracted]:
+    """Write the package's ELF files and the links between them under `dest` (a folder this
+    creates; a private one for the bytes meanwhile is made beside it), in archive order. Raises InputError for an unreadable or hostile package, or one whose ELF files unpack
+    to more than `member_bytes` each or `total_bytes` in all (check's archive limits).
 
-    def place(target: str) -> str:
-        """Create target's folder; refuse one that symlinks lead outside `dest`."""
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        if not (os.path.realpath(os.path.dirname(target)) + os.sep).startswith(top + os.sep):
-            where = os.path.relpath(target, dest)
-            raise InputError(f"{path}: member {where} lies behind a symlink leaving the package")
-        return target
+    Nothing is created under `dest` until the whole package has been read and every member path
+    and symlink has been resolved against the package's own root (never the host's): a chain of
+    symlinks that each look harmless but together lead out of it is refused before a folder
+    exists."""
+    tree = _Tree(path)
+    out: list[Extracted] = []
+    total = 0
+    blobs = tempfile.mkdtemp(prefix=".blobs-", dir=os.path.dirname(os.path.abspath(dest)))
     try:
-        with _package_tar(path) as tf:
-            for n, m in enumerate(tf):
-                if n >= _MAX_MEMBERS:
-                    raise InputError(f"{path}: more than {_MAX_MEMBERS} members")
-                name = _safe(path, m.name)
-                target = os.path.join(dest, *name.split("/"))
-                if m.issym():
-                    _check_link(path, name, m.linkname)
-                    if not m.linkname.startswith("/"):  # an absolute one names the installing host
-                        os.symlink(m.linkname, place(target))
-                        out.append((name, target, False))
-                elif m.islnk():
-                    source = os.path.join(dest, *_safe(path, m.linkname).split("/"))
-                    if os.path.isfile(source) and os.path.realpath(source).startswith(top + os.sep):
-                        os.link(source, place(target))
-                        out.append((name, target, False))  # found by name; its bytes are audited once
-                elif m.isreg():
-                    fh = tf.extractfile(m)
-                    head = fh.read(4)
-                    if head != ELF_MAGIC:
-                        continue
-                    total += m.size
-                    if m.size > member_bytes:
-                        raise InputError(f"{path}: member {name} unpacks to {m.size} bytes, over the "
-                                         f"{member_bytes}-byte limit (--max-member-size)")
-                    if total > total_bytes:
-                        raise InputError(f"{path}: the package's ELF members unpack to more than {total_bytes} "
-                                         f"bytes (--max-archive-size)")
-                    with open(place(target), "xb") as w:
-                        w.write(head)
-                        shutil.copyfileobj(fh, w, 1 << 20)
-                    out.append((name, target, True))
-    except InputError:
-        raise
-    except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-        raise InputError(f"{path}: cannot read conda package: {_line(exc)}") from None
-    except Exception as exc:  # zstandard.ZstdError, bz2's own
-        if type(exc).__module__.startswith("zstandard"):
+        try:
+            with _package_tar(path) as tf:
+                for n, m in enumerate(tf):
+                    if n >= _MAX_MEMBERS:
+                        raise InputError(f"{path}: more than {_MAX_MEMBERS} members")
+                    name = _safe(path, m.name)
+                    if m.issym():
+                        _check_link(path, name, m.linkname)
+                        tree.add(name, _Node("link", target=m.linkname))
+                    elif m.islnk():
+                        tree.hard_link(name, _safe(path, m.linkname))
+                    elif m.isdir():
+                        tree.add(name, _Node("dir"))
+                    elif m.isreg():
+                        fh = tf.extractfile(m)
+                        head = fh.read(HEAD_BYTES)
+                        kind = identify(head, m.size)
+                        if kind is not Kind.ELF:
+                            tree.add(name, _Node("file"))  # replaces what was there; not written
+                            if kind.binary:
+                                out.append(Extracted(name, None, False, f"{kind.value}: format not audited"))
+                            continue
+                        total += m.size
+                        if m.size > member_bytes:
+                            raise InputError(f"{path}: member {name} unpacks to {m.size} bytes, over the "
+                                             f"{member_bytes}-byte limit (--max-member-size)")
+                        if total > total_bytes:
+                            raise InputError(f"{path}: the package's ELF members unpack to more than "
+                                             f"{total_bytes} bytes (--max-archive-size)")
+                        blob = os.path.join(blobs, str(n))
+                        with open(blob, "xb") as w:
+                            w.write(head)
+                            shutil.copyfileobj(fh, w, 1 << 20)
+                        tree.add(name, _Node("file", blob=blob))
+                    else:  # a device or FIFO: never created
+                        tree.add(name, _Node("file"))
+        except InputError:
+            raise
+        except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
             raise InputError(f"{path}: cannot read conda package: {_line(exc)}") from None
-        raise
+        except Exception as exc:  # zstandard.ZstdError, bz2's own
+            if type(exc).__module__.startswith("zstandard"):
+                raise InputError(f"{path}: cannot read conda package: {_line(exc)}") from None
+            raise
+        tree.check_links()
+        try:
+            os.mkdir(dest)
+            out += tree.write(dest)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot unpack conda package: {_line(exc)}") from None
+    finally:
+        shutil.rmtree(blobs, ignore_errors=True)
     return out
+
+
+@dataclass(frozen=True)
+class Extracted:
+    name: str  # the member's name in the package
+    written: str | None  # where it was written (None: not written)
+    audited: bool  # an ELF file's first name (its other names are found by name only)
+    error: str | None = None  # why it is an error (a binary whose format is not audited)
+
+
+@dataclass
+class _Node:
+    kind: str  # "dir" | "file" | "link"
+    target: str | None = None  # of a link
+    blob: str | None = None  # of an ELF file: where its bytes wait (a hard link shares them); others are not written
+
+
+class _Tree:
+    """The package as it would be installed, held in memory: paths relative to the package root,
+    every folder part free of symlinks (a member under a symlinked folder is placed where the link
+    leads, as extraction would place it, but only after the link is resolved here)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.nodes: dict[str, _Node] = {"": _Node("dir")}
+        self.children: dict[str, set[str]] = {"": set()}  # of each folder: what to drop when it is replaced
+
+    def resolve(self, rel: str, what: str, follow_last: bool = True, hops: int = 0) -> str | None:
+        """`rel` with its symlinks followed inside the package: the path with no symlink in it,
+        or None where it reaches nothing (as ld.so would find nothing). Raises InputError where a
+        step leaves the package."""
+        parts = [p for p in rel.split("/") if p not in ("", ".")]
+        here: list[str] = []
+        for k, part in enumerate(parts):
+            if part == "..":
+                if not here:
+                    raise InputError(f"{self.path}: {what} passes through a symlink leaving the package")
+                here.pop()
+                continue
+            cur = "/".join(here + [part])
+            node = self.nodes.get(cur)
+            last = k == len(parts) - 1
+            if node is None:
+                if not last:
+                    return None
+                here.append(part)
+            elif node.kind == "link" and (follow_last or not last):
+                if hops >= _MAX_HOPS or node.target.startswith("/"):  # a loop; an absolute one is not written
+                    return None
+                rest = "/".join(parts[k + 1:])
+                inner = posixpath.join("/".join(here), node.target, rest) if rest else \
+                    posixpath.join("/".join(here), node.target)
+                return self.resolve(inner, what, follow_last, hops + 1)
+            elif node.kind != "dir" and not last:
+                return None
+            else:
+                here.append(part)
+        return "/".join(here)
+
+    def _parent(self, name: str) -> str:
+        """Where the member's folder is, created in the tree as extraction would; refused when
+        reaching it leaves the package or passes through a file."""
+        parts = name.split("/")
+        here = ""
+        for part in parts[:-1]:
+            cur = f"{here}/{part}" if here else part
+            node = self.nodes.get(cur)
+            if node is None:
+                self._put(cur, _Node("dir"))
+            elif node.kind == "link":
+                real = self.resolve(cur, f"member {name}")
+                if real is None or self.nodes.get(real) is None or self.nodes[real].kind != "dir":
+                    raise InputError(f"{self.path}: member {name} lies behind a symlink that leads to no folder "
+                                     "of the package")
+                cur = real
+            elif node.kind != "dir":
+                raise InputError(f"{self.path}: member {name} lies under {cur}, which is a file")
+            here = cur
+        return here
+
+    def add(self, name: str, node: _Node) -> None:
+        where = self._parent(name)
+        full = f"{where}/{name.rsplit('/', 1)[-1]}" if where else name
+        old = self.nodes.get(full)
+        if old is not None and old.kind == "dir" and node.kind == "dir":
+            return
+        if old is not None:  # a later member replaces an earlier one (and a folder's contents)
+            self._drop(full)
+        self._put(full, node)
+
+    def _put(self, key: str, node: _Node) -> None:
+        self.nodes[key] = node
+        self.children[key.rpartition("/")[0]].add(key)
+        if node.kind == "dir":
+            self.children[key] = set()
+
+    def _drop(self, key: str) -> None:
+        for child in self.children.pop(key, ()):
+            self._drop(child)
+        del self.nodes[key]
+        self.children[key.rpartition("/")[0]].discard(key)
+
+    def hard_link(self, name: str, source: str) -> None:
+        real = self.resolve(source, f"hard link {name}", follow_last=False)
+        node = self.nodes.get(real) if real is not None else None
+        if node is not None and node.kind == "file" and node.blob is not None:
+            self.add(name, _Node("file", blob=node.blob))  # the same bytes
+        elif node is not None and node.kind == "file":
+            self.add(name, _Node("file"))
+
+    def check_links(self) -> None:
+        """Every symlink of the final tree, followed to its end, stays inside the package."""
+        for key, node in self.nodes.items():
+            if node.kind == "link" and not node.target.startswith("/"):
+                self.resolve(key, f"symlink {key} -> {node.target!r}")
+
+    def write(self, dest: str) -> list[Extracted]:
+        """Lay the tree out under `dest`: folders, then ELF files, then symlinks (none of which
+        leads out). A path here never passes through a symlink, so nothing is created elsewhere."""
+        out: list[Extracted] = []
+        for key in sorted(k for k, n in self.nodes.items() if n.kind == "dir" and k):
+            os.mkdir(os.path.join(dest, *key.split("/")))
+        placed: dict[str, str] = {}
+        for key, node in self.nodes.items():
+            target = os.path.join(dest, *key.split("/"))
+            if node.kind == "file" and node.blob is not None:
+                if node.blob in placed:
+                    os.link(placed[node.blob], target)
+                    out.append(Extracted(key, target, False))  # found by name; its bytes are audited once
+                else:
+                    os.rename(node.blob, target)
+                    placed[node.blob] = target
+                    out.append(Extracted(key, target, True))
+            elif node.kind == "link" and not node.target.startswith("/"):  # an absolute one names the host
+                os.symlink(node.target, target)
+                out.append(Extracted(key, target, False))
+        return out
 
 
 def _safe(path: str, name: str) -> str:

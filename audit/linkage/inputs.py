@@ -335,21 +335,24 @@ class Inputs:
             return
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-conda-")
         self.tmpdirs.append(tmp)
-        for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
+        root = os.path.join(tmp.name, "pkg")  # the package's files; its bytes wait beside it while it is read
+        for folder in dict.fromkeys((root, os.path.realpath(root))):
             self.labels.append((folder, report))
         try:
-            extracted = extract_conda(host, tmp.name, self.limits.member_bytes, self.limits.total_bytes)
+            extracted = extract_conda(host, root, self.limits.member_bytes, self.limits.total_bytes)
         except InputError as exc:
             yield Input(report, None, True, exc.message)
             return
-        members = MemberSet(report, (Member(dest, f"{report}{WHEEL_SEP}{name}") for name, dest, _ in extracted))
+        members = MemberSet(report, (Member(x.written, f"{report}{WHEEL_SEP}{x.name}")
+                                     for x in extracted if x.written))
         prefix = self.conda_prefix
         scope = Scope(fallback=[("conda-prefix", os.path.join(prefix, "lib"))]) if prefix else None
-        for name, dest, audited in extracted:
-            if not audited:
-                continue
-            self.seen.add(self._real(dest))
-            yield Input(f"{report}{WHEEL_SEP}{name}", dest, True, members=members, scope=scope)
+        for x in extracted:
+            if x.error:
+                yield Input(f"{report}{WHEEL_SEP}{x.name}", None, True, x.error)
+            elif x.audited:
+                self.seen.add(self._real(x.written))
+                yield Input(f"{report}{WHEEL_SEP}{x.name}", x.written, True, members=members, scope=scope)
 
     def relabel(self, text: str | None) -> str | None:
         """`text` with every path inside a wheel's (or conda package's) extraction folder written

@@ -1,0 +1,155 @@
+"""The inputs of `check` as a release gate: a folder, wheel, conda package or container image is
+read without reading or writing anything outside it, every binary in it is either audited or
+makes the run an error (never skipped as data), and hostile sizes and shapes stay bounded.
+
+Every case runs the CLI in a subprocess (exit code, one `error:` line, no traceback) on inputs
+built here with real compilers and Python's zipfile/tarfile.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import require_tool
+from linkage_fixtures import cc_shared, run
+
+from audit.errors import EXIT_INPUT, EXIT_OK
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The CLI under an audit hook: any open() of a path holding CANARY is reported on stderr.
+_HOOKED = """
+import os, sys
+canary = os.environ["CANARY"]
+def hook(event, args):
+    if event == "open" and args and canary in str(args[0]):
+        os.write(2, f"CANARY OPENED {args[0]}\\n".encode())
+sys.addaudithook(hook)
+from audit.cli import main
+main(sys.argv[1:])
+"""
+
+
+def cli(*args, tmpdir: Path | None = None, canary: str | None = None, user: bool = False,
+        timeout: int = 120) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
+    cmd = [sys.executable, "-m", "audit", *map(str, args)]
+    if canary is not None:
+        env["CANARY"] = canary
+        cmd = [sys.executable, "-c", _HOOKED, *map(str, args)]
+    if user:  # as nobody: root reads a chmod 000 folder anyway
+        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", f"PYTHONPATH={REPO}", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    return [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip().startswith("error:")]
+
+
+def assert_input_error(proc: subprocess.CompletedProcess, *expect: str, count: int = 1) -> None:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == EXIT_INPUT, proc.stdout + proc.stderr
+    errors = error_lines(proc)
+    assert len(errors) == count, proc.stdout + proc.stderr
+    for want in expect:
+        assert any(want in e for e in errors), (want, errors)
+
+
+def tree_of(top: Path) -> set[str]:
+    return {str(p.relative_to(top)) for p in top.rglob("*")}
+
+
+# ---------------------------------------------------------------- fixtures built with real tools
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    require_tool("gcc")
+    d = tmp_path_factory.mktemp("gate-inputs")
+    p = {"clean": cc_shared(d / "libclean.so", "int clean(void){return 0;}\n", "-Wl,-soname,libclean.so")}
+    p["canary"] = cc_shared(d / "host/libcanary.so", "int canary(void){return 0;}\n", "-Wl,-soname,libcanary.so")
+    p["user"] = cc_shared(d / "libuser.so", "extern int canary(void);\nint user(void){return canary();}\n",
+                          f"-L{d / 'host'}", "-lcanary")
+    return p
+
+
+@pytest.fixture(scope="module")
+def dll(tmp_path_factory) -> Path:
+    cc = require_tool("x86_64-w64-mingw32-gcc")
+    d = tmp_path_factory.mktemp("pe")
+    (d / "f.c").write_text("__declspec(dllexport) int f(void){return 1;}\n")
+    run(cc, "-shared", "-o", d / "f.dll", d / "f.c")
+    return d / "f.dll"
+
+
+def _tar(entries, mode: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode, format=tarfile.GNU_FORMAT) as tf:
+        for name, kind, value in entries:
+            ti = tarfile.TarInfo(name)
+            if kind == "file":
+                ti.size, ti.mode = len(value), 0o755
+                tf.addfile(ti, io.BytesIO(value))
+            elif kind == "dir":
+                ti.type, ti.mode = tarfile.DIRTYPE, 0o755
+                tf.addfile(ti)
+            else:
+                ti.type, ti.linkname = (tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE), value
+                tf.addfile(ti)
+    return buf.getvalue()
+
+
+def tar_bz2(out: Path, entries) -> Path:
+    info = [("info/index.json", "file", json.dumps({"name": "demo", "version": "1.0", "build": "0"}).encode())]
+    out.write_bytes(_tar(info + entries, "w:bz2"))
+    return out
+
+
+def climb_to_root(depth: int = 24) -> list:
+    """Symlinks that each stay inside the package when read one at a time, but chained lead up
+    to the host's `/` (`..` there stays at `/`): d/r0 -> .., d/rK -> r(K-1)/.."""
+    links = [("d/r0", "symlink", "..")]
+    links += [(f"d/r{k}", "symlink", f"r{k - 1}/..") for k in range(1, depth)]
+    return links
+
+
+# ---------------------------------------------------------------- never outside the inputs
+
+
+def test_conda_symlink_chain_to_the_host_root_is_refused_and_never_opens_a_host_file(built, tmp_path):
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir(), tmp.mkdir()
+    canary = str(built["canary"])
+    pkg = tar_bz2(work / "demo-1.0-0.tar.bz2", [
+        ("lib/libuser.so", "file", built["user"].read_bytes()),
+        *climb_to_root(),
+        ("lib/libcanary.so", "symlink", "../d/r23" + canary),  # NEEDED by libuser.so
+    ])
+    proc = cli("check", pkg, tmpdir=tmp, canary=canary)
+    assert "CANARY OPENED" not in proc.stderr, proc.stderr
+    assert_input_error(proc, "leaving the package")
+    assert tree_of(work) == {pkg.name} and tree_of(tmp) == set()
+
+
+def test_conda_member_behind_a_symlink_chain_creates_no_folder_outside(built, tmp_path):
+    work, tmp, outside = tmp_path / "work", tmp_path / "tmp", tmp_path / "outside"
+    for d in (work, tmp, outside):
+        d.mkdir()
+    pkg = tar_bz2(work / "demo-1.0-0.tar.bz2", [
+        ("lib/libclean.so", "file", built["clean"].read_bytes()),
+        *climb_to_root(),
+        ("d/r23" + str(outside) + "/made/deeper/evil.so", "file", built["clean"].read_bytes()),
+    ])
+    proc = cli("check", pkg, tmpdir=tmp)
+    assert_input_error(proc, "leaving the package")
+    assert tree_of(outside) == set() and tree_of(work) == {pkg.name} and tree_of(tmp) == set()
