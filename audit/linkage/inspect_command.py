@@ -5,7 +5,8 @@ in them that are not ELF are counted and skipped. Wheels, conda packages and con
 are opened as `check` opens them. A path named on the command line that is not
 an ELF file is an error. Exit 0, or 3 if any input or any embedded device-code entry could not
 be read (the others still print; each error is one line on stderr), or if no ELF file was
-found, as `check` does. All strings from binaries and file names are escaped.
+found, as `check` does. All strings from binaries and file names are escaped, and no line of
+the output starts with `::` (a CI workflow command).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import click
 
 from audit.elf.model import ElfInfo
 from audit.elf.reader import is_elf, read_elf
-from audit.errors import EXIT_INPUT, EXIT_OK, InputError, UsageError
+from audit.errors import EXIT_INPUT, EXIT_OK, InputError, UsageError, no_commands, printable
 
 SCHEMA = "sovereign-audit.inspect/1"
 TEXT_LIMIT = 40  # rows per list in text output; --json has them all
@@ -226,15 +227,11 @@ def _resolver(policy, options):
 
 
 # -- text rendering -------------------------------------------------------------------------
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
-
-
 def esc(text: str | None) -> str:
     """A string from a binary or a file name, safe to print on a terminal or in a log."""
     if text is None:
         return "-"
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                       else f"\\u{ord(m.group()):04x}", text)
+    return printable(text)
 
 
 def _join(items, empty: str = "-") -> str:
@@ -293,16 +290,19 @@ def render_file(info: ElfInfo, vendor: re.Pattern[bytes] | None) -> str:
     return "\n".join(out)
 
 
-def render_tree(node: dict, depth: int = 0, out: list[str] | None = None) -> list[str]:
-    out = [] if out is None else out
-    if depth:
+def render_tree(node: dict) -> list[str]:
+    """One line per node below the root, indented by depth; iterative, as a NEEDED chain may run
+    deeper than Python's recursion limit."""
+    out: list[str] = []
+    stack = [(child, 1) for child in reversed(node.get("children", []))]
+    while stack:
+        node, depth = stack.pop()
         where = f" -> {esc(node['path'])}" if node.get("path") else ""
         how = f" ({esc(node['how'])}{' of ' + esc(node['via']) if node.get('via') else ''})" if node.get("how") else ""
         extra = f" rule {esc(node['rule'])}" if node.get("rule") else ""
         note = f"; {esc(node['note'])}" if node.get("note") else ""
         out.append(f"  {'  ' * depth}{esc(node['name'])}{where}{how} [{node['status']}{extra}{note}]")
-    for child in node.get("children", []):
-        render_tree(child, depth + 1, out)
+        stack += [(child, depth + 1) for child in reversed(node.get("children", []))]
     return out
 
 
@@ -318,7 +318,7 @@ def render_text(result: InspectResult) -> str:
     tail = f"{len(result.files)} ELF file(s) read, {len(result.errors)} unreadable, {result.skipped} non-ELF skipped"
     if result.entry_errors:
         tail += f"; {len(result.entry_errors)} device-code entr{'y' if len(result.entry_errors) == 1 else 'ies'} unreadable"
-    return "\n\n".join(parts + [tail])
+    return no_commands("\n\n".join(parts + [tail]))
 
 
 def _load_policy(path: str | None):
@@ -362,13 +362,16 @@ def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, l
     result = inspect_paths(list(paths), None if no_vendor_symbols else pol.symbol_pattern,
                            None if no_deps else pol, options)
     for path, message in result.errors + result.entry_errors:
-        # InputError messages already name the file; walk errors are given their path here
-        line = message if message.startswith(path) else f"{path}: {message}"
+        # InputError messages already name the file (as one printable line); walk errors are
+        # given their path here
+        named = message.startswith(path) or message.startswith(esc(" ".join(path.split())))
+        line = message if named else f"{path}: {message}"
         click.echo(f"error: {esc(line)}", err=True)
     if result.nothing_found:
         click.echo(f"error: {esc(result.nothing_found)}", err=True)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=1, ensure_ascii=True))
+        # `##[` inside a string as `##\u005b`: the same JSON, and nothing a CI log obeys
+        click.echo(no_commands(json.dumps(result.to_dict(), indent=1, ensure_ascii=True), "\\u003a", "\\u005b"))
     else:
         click.echo(render_text(result))
     ctx.exit(result.exit_code)

@@ -1,23 +1,23 @@
 """JUnit XML rendering: one testcase per (file, rule); files that could not be read are errors.
 
 CI systems show JUnit natively; every string goes through `xml_safe` first, because XML 1.0
-cannot carry most control characters at all (ElementTree would write them and break the file).
+cannot carry most control characters at all (ElementTree would write them and break the file),
+and a newline inside a name would start a line of the log that a runner may obey (`::warning`).
 """
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 
+from audit.errors import no_commands, printable
 from audit.linkage.model import CheckReport
 from audit.linkage.policy import Policy
 
-_BAD_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
 
 def xml_safe(text) -> str:
-    return _BAD_XML.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                        else f"\\u{ord(m.group()):04x}", str(text))
+    """One line of printable text: what XML 1.0 forbids (control characters, lone surrogates from
+    a file name that is not UTF-8) and line breaks are written as \\xNN / \\uNNNN."""
+    return printable(text)
 
 
 def render_junit(report: CheckReport, policy: Policy) -> str:
@@ -49,15 +49,16 @@ def render_junit(report: CheckReport, policy: Policy) -> str:
                 failures += 1
                 fail = ET.SubElement(case, "failure", message=xml_safe(f"{rule.id}: {bad[0].message}"),
                                      type=bad[0].kind)
+                # each line escaped on its own: the newlines between them are the only ones
                 lines = [f"{f.kind}: {f.message}" for f in bad] + [f"why: {rule.reason}"]
                 if rule.use_instead:
                     lines.append(f"use instead: {rule.use_instead}")
-                fail.text = xml_safe("\n".join(lines))
+                fail.text = "\n".join(xml_safe(line) for line in lines)
             elif found:
                 out = ET.SubElement(case, "system-out")
-                out.text = xml_safe("\n".join(
-                    f"{'excepted' if f.excepted else f.severity}: {f.message}" + (f" ({f.excepted})" if f.excepted else "")
-                    for f in found))
+                out.text = "\n".join(xml_safe(
+                    f"{'excepted' if f.excepted else f.severity}: {f.message}" + (f" ({f.excepted})" if f.excepted else ""))
+                    for f in found)
     for el in (suites, suite):
         el.set("tests", str(tests))
         el.set("failures", str(failures))
@@ -65,4 +66,5 @@ def render_junit(report: CheckReport, policy: Policy) -> str:
     suite.set("skipped", "0")
     suite.set("time", f"{report.elapsed_s:.3f}" if report.timing else "0")  # see --timing
     ET.indent(suites)
-    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+    # character references: the same document once parsed, and no line a runner would obey
+    return no_commands(ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n", "&#58;", "&#91;")

@@ -11,6 +11,7 @@ import json
 import os
 from urllib.parse import quote
 
+from audit.errors import no_commands
 from audit.linkage.model import WHEEL_SEP, CheckReport, Finding
 from audit.linkage.policy import Policy
 
@@ -18,13 +19,14 @@ SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schem
 
 
 def artifact_uri(path: str) -> str:
-    """A URI-reference for a reported path (relative stays relative, for code scanning)."""
+    """A URI-reference for a reported path (relative stays relative, for code scanning). A file
+    name that is not UTF-8 keeps its own bytes, percent-encoded."""
     outer, _, inner = path.partition(WHEEL_SEP)
     if os.path.isabs(outer):
-        uri = "file://" + quote(outer)
+        uri = "file://" + quote(outer, errors="surrogateescape")
     else:
-        uri = quote(outer.replace(os.sep, "/"))
-    return uri + (quote(WHEEL_SEP + inner, safe="/!") if inner else "")
+        uri = quote(outer.replace(os.sep, "/"), errors="surrogateescape")
+    return uri + (quote(WHEEL_SEP + inner, safe="/!", errors="surrogateescape") if inner else "")
 
 
 def _level(f: Finding) -> str:
@@ -112,4 +114,5 @@ def render_sarif(report: CheckReport, policy: Policy) -> str:
         "properties": {"policy": report.policy, "summary": report.summary},
     }
     doc = {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
-    return json.dumps(doc, indent=2, ensure_ascii=True) + "\n"
+    # as render_json: exact strings, and `##[` in one written `##\u005b` for the CI log
+    return no_commands(json.dumps(doc, indent=2, ensure_ascii=True) + "\n", "\\u003a", "\\u005b")

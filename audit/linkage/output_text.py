@@ -1,12 +1,14 @@
 """Plain-text rendering of a CheckReport, with the why-chains.
 
 Everything that came from a binary, a file name or a policy is passed through `escape`, so a
-symbol or path cannot move the cursor, clear the screen or fake a PASS line.
+symbol or path cannot move the cursor, clear the screen or fake a PASS line; and no line of the
+whole text starts with `::`, so a name shown first on a line cannot be a CI workflow command.
 """
 
 from __future__ import annotations
 
 # escape: non-printable characters as \xNN / \uNNNN, one line
+from audit.errors import no_commands
 from audit.errors import printable as escape
 from audit.linkage.model import CheckReport, Finding
 
@@ -138,4 +140,4 @@ def render_text(report: CheckReport, verbose: bool = False) -> str:
     lines.append(f"summary: {s['files']} file(s): {s['pass']} pass, {s['fail']} fail, {s['error']} error; "
                  f"{s['findings']} violation(s)" + (f"; skipped {skipped}" if skipped else "") + timing)
     lines.append(f"result: {report.verdict.upper()} (exit {report.exit_code})")
-    return "\n".join(lines) + "\n"
+    return no_commands("\n".join(lines) + "\n")
