@@ -1,0 +1,205 @@
+"""What the PE and Mach-O readers share: mapping a file, bounded C strings, library-name and
+API-name strings in data, code-loading imports, and keeping the symbols judging asks for.
+
+Library names are found from their suffix (".dll", ".dylib", ...), one regex over each data
+region, and the name is read backwards from it (at most 255 bytes): a literal-led search that
+costs linear time on hostile data. PE data is searched for UTF-16LE names too (what
+LoadLibraryW is given). API names for GetProcAddress/dlsym are read by the ELF package's
+vectorised `identifier_strings`, handed the regions as sections.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import mmap
+import os
+import re
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from audit.elf.model import StringHit, SymbolColumns
+from audit.elf.parse import SHF_ALLOC, SHT_PROGBITS, decode, release
+from audit.elf.strings import identifier_strings
+from audit.errors import InputError
+
+MAX_HITS = 10_000  # strings kept per file; more is a warning, never a silent drop
+MAX_NAME = 255
+NAME_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-."
+_NAME_SET = frozenset(NAME_CHARS)
+_WIDE_DLL = re.compile(rb"\.\0[dD]\0[lL]\0[lL]\0")  # ".dll" in UTF-16LE, any case
+
+# Imports through which a binary loads code at run time: the ELF names (as read_elf's
+# CODE_LOADING_RE), the Windows loader (LoadLibrary*/GetProcAddress are dlopen/dlsym) and macOS's
+# older image loaders.
+CODE_LOADING_RE = re.compile(
+    r"^(?:dlopen|dlmopen|dlsym|dlvsym|hipModuleLoad\w*|cuModuleLoad\w*|cuLibraryLoad\w*"
+    r"|hiprtc\w*|nvrtc\w*|LoadLibrary(?:Ex)?[AW]|LoadPackagedLibrary|GetProcAddress"
+    r"|LdrLoadDll|LdrGetProcedureAddress\w*|NSAddImage|NSCreateObjectFileImageFrom\w+)$")
+SYMBOL_LOOKUP = frozenset({"dlsym", "dlvsym", "GetProcAddress", "LdrGetProcedureAddress",
+                           "LdrGetProcedureAddressEx", "LdrGetProcedureAddressForCaller"})
+
+
+@dataclass(frozen=True)
+class Region:
+    """A stretch of the file holding data (not code): a section to search for strings."""
+
+    name: str
+    offset: int
+    size: int
+    # what identifier_strings asks of a section
+    type: int = SHT_PROGBITS
+    flags: int = SHF_ALLOC
+
+
+def open_mapped(path: str, what: str):
+    """(mmap, size) of a regular, non-empty file; InputError otherwise (never blocks on a FIFO)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(f"{path}: symlink loop") from None
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{path}: not a regular file")
+    if st.st_size == 0:
+        raise InputError(f"{path}: empty file (0 bytes), not a {what} file")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st.st_size
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: cannot map file: {exc}") from None
+    finally:
+        os.close(fd)
+
+
+def close_quietly(mm) -> None:
+    try:
+        mm.close()
+    except BufferError:  # a view still refers to it; it is unmapped when collected
+        pass
+
+
+def sha256_of(buf, size: int) -> str:
+    """The digest of the mapped file, 8 MiB at a time, each part let go once hashed."""
+    h = hashlib.sha256()
+    step = 8 << 20
+    for pos in range(0, size, step):
+        end = min(size, pos + step)
+        h.update(memoryview(buf)[pos:end])
+        release(buf, pos, end)
+    return h.hexdigest()
+
+
+def cstring(buf, at: int, limit: int, what: str, max_len: int = 4096) -> str:
+    """The NUL-terminated string at buf[at:], which must end before `limit` and within max_len."""
+    if at < 0 or at >= limit:
+        raise ValueError(f"{what} at {at:#x} lies outside the file")
+    end = buf.find(b"\0", at, min(limit, at + max_len + 1))
+    if end < 0:
+        raise ValueError(f"{what} at {at:#x} is not NUL-terminated within {max_len} bytes")
+    return decode(buf[at:end])
+
+
+def suffix_re(*suffixes: bytes, ignore_case: bool = False) -> re.Pattern[bytes]:
+    """A search for any of `suffixes` (each starting with "."), not followed by a name character."""
+    alts = b"|".join(re.escape(s) for s in suffixes)
+    return re.compile(rb"(?:" + alts + rb")(?![A-Za-z0-9_+\-])", re.IGNORECASE if ignore_case else 0)
+
+
+def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], wide: bool,
+                    skip: set[int], warnings: list[str]) -> list[StringHit]:
+    """Library names (a name ending in one of `suffix`'s suffixes) in the data regions, as
+    single bytes and, where `wide`, ".dll" names in UTF-16LE. `skip`: file offsets of strings already read as
+    imports (the import directory's own DLL names are no load by name)."""
+    hits: list[StringHit] = []
+    wide_re = _WIDE_DLL if wide else None
+    for reg in regions:
+        lo, hi = reg.offset, reg.offset + reg.size
+        for m in suffix.finditer(buf, lo, hi):
+            stem = bytes(buf[max(lo, m.start() - MAX_NAME):m.start()])
+            start = len(stem.rstrip(NAME_CHARS))
+            at = m.start() - (len(stem) - start)
+            if at == m.start() or at in skip:
+                continue
+            if len(hits) >= MAX_HITS:
+                warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
+                return hits
+            hits.append(StringHit(section=reg.name, offset=at, text=decode(buf[at:m.end()])))
+        if wide_re is not None:
+            for m in wide_re.finditer(buf, lo, hi):
+                if m.end() + 1 < hi and buf[m.end() + 1] == 0 and buf[m.end()] in _NAME_SET \
+                        and buf[m.end()] != 0x2E:
+                    continue  # ".dllx": a longer word
+                at = m.start()
+                while at - 2 >= max(lo, m.start() - 2 * MAX_NAME) and buf[at - 1] == 0 and buf[at - 2] in _NAME_SET:
+                    at -= 2
+                # a wide string follows a 0 byte (its NUL, or a wide character's high byte): a
+                # first "character" after any other byte is the end of an ASCII string before it
+                while at < m.start() and at > lo and buf[at - 1] != 0:
+                    at += 2
+                if at == m.start() or at in skip:
+                    continue
+                if len(hits) >= MAX_HITS:
+                    warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
+                    return hits
+                text = bytes(buf[at:m.end()]).decode("utf-16-le", errors="backslashreplace")
+                hits.append(StringHit(section=reg.name, offset=at, text=text))
+        release(buf, lo, hi)
+    return hits
+
+
+class _Image:
+    """The two things identifier_strings reads of an image: the buffer and its sections."""
+
+    def __init__(self, buf, size: int, regions: list[Region]):
+        self.buf, self.size, self.sections = buf, size, regions
+
+
+def api_strings(buf, size: int, regions: list[Region], prefixes: tuple[bytes, ...],
+                warnings: list[str]) -> list[StringHit]:
+    """NUL-delimited identifiers starting with one of `prefixes` in the data regions (the names a
+    binary hands to GetProcAddress / dlsym), read by audit.elf.strings.identifier_strings."""
+    if not prefixes:
+        return []
+    return identifier_strings(_Image(buf, size, regions), prefixes, warnings)
+
+
+def code_loading(names: Iterable[str]) -> list[str]:
+    return sorted({n for n in names if CODE_LOADING_RE.match(n)})
+
+
+def looks_up_symbols(code_loading_imports: list[str]) -> bool:
+    return bool(SYMBOL_LOOKUP & set(code_loading_imports))
+
+
+class SymbolSink:
+    """Collects symbols into SymbolColumns: imports always, defined names when `pattern` (bytes,
+    searched anywhere in the name) selects them, counting every one offered per table."""
+
+    def __init__(self, pattern: re.Pattern[bytes] | None):
+        self.pattern = pattern
+        self.cols = {f: [] for f in SymbolColumns.FIELDS}
+        self.counts: dict[str, int] = {}
+
+    def add(self, name: str, defined: bool, table: str, kind: str, bind: str, source: str | None = None) -> None:
+        self.counts[table] = self.counts.get(table, 0) + 1
+        if defined and self.pattern is not None and not self.pattern.search(name.encode("utf-8", "surrogateescape")):
+            return
+        for f, v in zip(SymbolColumns.FIELDS, (name, defined, table, kind, bind, None, source)):
+            self.cols[f].append(v)
+
+    def columns(self) -> SymbolColumns:
+        out = SymbolColumns()
+        out.extend(**self.cols)
+        return out
+
+
+def unique(names: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(names))
