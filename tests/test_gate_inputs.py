@@ -153,3 +153,74 @@ def test_conda_member_behind_a_symlink_chain_creates_no_folder_outside(built, tm
     proc = cli("check", pkg, tmpdir=tmp)
     assert_input_error(proc, "leaving the package")
     assert tree_of(outside) == set() and tree_of(work) == {pkg.name} and tree_of(tmp) == set()
+
+
+# ---------------------------------------------------------------- never skip a binary silently
+
+
+@pytest.fixture(scope="module")
+def foreign(tmp_path_factory, dll) -> dict[str, Path]:
+    """Binaries of formats the audit does not read, each made by its own toolchain."""
+    d = tmp_path_factory.mktemp("foreign")
+    (d / "f.c").write_text("int f(void){return 1;}\n")
+    out = {"dll": dll}
+    clang = require_tool("clang-15")
+    require_tool("ld64.lld-15")
+    run(clang, "--target=arm64-apple-macos11", "-fuse-ld=lld", "-shared", "-nostdlib", "-o", d / "libf.dylib",
+        d / "f.c")
+    out["dylib"] = d / "libf.dylib"
+    run("gcc", "-c", "-fPIC", "-o", d / "f.o", d / "f.c")
+    run("ar", "rcs", d / "libf.a", d / "f.o")
+    out["a"] = d / "libf.a"
+    return out
+
+
+FOREIGN_KINDS = {"dll": "PE/COFF DLL (Windows)", "dylib": "Mach-O", "a": "static archive (ar)"}
+
+
+@pytest.mark.parametrize("which", sorted(FOREIGN_KINDS))
+def test_folder_with_an_elf_file_and_a_foreign_binary_is_an_error(built, foreign, tmp_path, which):
+    folder = tmp_path / "dist"
+    (folder / "lib").mkdir(parents=True)
+    (folder / "lib/libclean.so").write_bytes(built["clean"].read_bytes())
+    (folder / "README.txt").write_text("docs\n")  # data: still skipped
+    (folder / "lib" / foreign[which].name).write_bytes(foreign[which].read_bytes())
+    proc = cli("check", folder)
+    assert_input_error(proc, FOREIGN_KINDS[which], "format not audited")
+    assert foreign[which].name in error_lines(proc)[0] or foreign[which].name in proc.stdout
+    proc = cli("check", "--format", "json", folder)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == EXIT_INPUT and doc["summary"]["skipped"] == {"non_elf": 1}
+    verdicts = {Path(f["path"]).name: f["verdict"] for f in doc["files"]}
+    assert verdicts == {"libclean.so": "pass", foreign[which].name: "error"}
+
+
+def test_wheel_with_an_elf_file_and_a_dll_is_an_error(built, dll, tmp_path):
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.write(built["clean"], "demo/libclean.so")
+        zf.write(dll, "demo/f.dll")
+        zf.writestr("demo/__init__.py", "")
+    proc = cli("check", whl)
+    assert_input_error(proc, "PE/COFF DLL (Windows): format not audited")
+    assert f"{whl}!/demo/f.dll" in proc.stdout
+
+
+def test_conda_package_with_a_dll_is_an_error(built, dll, tmp_path):
+    pkg = tar_bz2(tmp_path / "demo-1.0-0.tar.bz2", [("lib/libclean.so", "file", built["clean"].read_bytes()),
+                                                    ("Library/bin/f.dll", "file", dll.read_bytes())])
+    proc = cli("check", pkg)
+    assert_input_error(proc, "PE/COFF DLL (Windows): format not audited")
+    assert f"{pkg}!/Library/bin/f.dll" in proc.stdout
+
+
+@pytest.mark.parametrize("how", [None, "gzip"])
+def test_image_with_an_elf_file_and_a_dll_is_an_error(built, dll, tmp_path, how):
+    from image_fixtures import layer_tar, oci_layout
+
+    layer = layer_tar([("file", "usr/lib/libclean.so", built["clean"].read_bytes()),
+                       ("file", "opt/app/f.dll", dll.read_bytes())])
+    img = oci_layout(tmp_path / "img", [layer], how=how, as_tar=True)
+    proc = cli("check", img)
+    assert_input_error(proc, "PE/COFF DLL (Windows): format not audited")
+    assert f"{img}!/opt/app/f.dll" in proc.stdout

@@ -15,6 +15,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field, replace
 
+from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.errors import InputError
 from audit.linkage.conda import extract_conda, is_conda
 from audit.linkage.fs import HOST, FileSystem
@@ -166,6 +167,9 @@ class Inputs:
             why = self.limits.refuse(entry.size, entry.size)
             yield Input(f"{arg}!{path}", None if why else path, True, why, scope=scope,
                         layer=tree.layer_of(entry), members=members)
+        for path, entry, kind in tree.other_binaries():
+            found += 1
+            yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
         if not found:
             self.warnings.append(f"{arg}: the image holds no ELF file")
 
@@ -187,8 +191,7 @@ class Inputs:
             self.skip("duplicate")
             return
         try:
-            with open(host, "rb") as fh:
-                head = fh.read(512)
+            head, size = _head(host)
         except OSError as exc:
             self.seen.add(real)
             yield Input(report, None, explicit, f"cannot read: {exc.strerror or exc}")
@@ -198,13 +201,14 @@ class Inputs:
             yield from self._tar_in_folder(host)
             return
         self.seen.add(real)
-        if magic == b"\x7fELF":
+        kind = identify(head, size)
+        if kind is Kind.ELF:
             yield Input(report, host, explicit)
-        elif magic == b"!<ar" and explicit:
-            yield Input(report, None, True, "a static archive (ar), not an ELF file: audit the object it is linked into")
-        elif magic == b"!<ar":  # a static archive: its members are not audited, so say so
-            self.skip("archive")
-            self.warnings.append(f"{report}: static archive (ar) not audited; audit the object it is linked into")
+        elif kind is Kind.STATIC_ARCHIVE:  # its members are not audited: never a pass
+            yield Input(report, None, True, "a static archive (ar), not an ELF file: format not audited; "
+                                            "audit the object it is linked into")
+        elif kind.binary:  # a binary the audit cannot read yet must not pass as data
+            yield Input(report, None, True, not_audited(kind))
         elif explicit:
             yield Input(report, None, True, "not an ELF file" + (" (empty)" if not magic else ""))
         elif host.endswith(_COMPRESSED_TAR):  # an sdist, or an image that must be decompressed to be read
@@ -405,8 +409,9 @@ def _member_error(exc: BaseException) -> str:
 
 
 class _ElfSniffer:
-    """The names of the members (of one chunk) that start with the ELF magic, and why each
-    member whose start cannot be read could not (it is reported, the others still audited)."""
+    """The names of the members (of one chunk) that are ELF files, and why each other member is
+    an error: its start cannot be read, or it is a binary of a format not audited (it is
+    reported, the others still audited)."""
 
     def __init__(self, host: str):
         self.host = host
@@ -417,8 +422,11 @@ class _ElfSniffer:
         for m in chunk:
             try:
                 with zf.open(m) as fh:
-                    if fh.read(4) == b"\x7fELF":
-                        out.add(m.filename)
+                    kind = identify(fh.read(HEAD_BYTES), m.file_size)
+                if kind is Kind.ELF:
+                    out.add(m.filename)
+                elif kind.binary:  # reported as an error: a binary the audit cannot read yet
+                    bad[m.filename] = not_audited(kind)
             except _MEMBER_ERRORS as exc:
                 bad[m.filename] = _member_error(exc)
         return out, bad
@@ -458,6 +466,23 @@ def _members_of(archive: str, inputs):
         if inp.shown != archive:
             inp.archive = archive
         yield inp
+
+
+def not_audited(kind: Kind) -> str:
+    return f"{kind.value}: format not audited"
+
+
+def _head(path: str) -> tuple[bytes, int]:
+    """The first bytes of a regular file and its size; a FIFO or device met since it was listed
+    is not opened for reading (it would block)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(0, "not a regular file")
+        return os.pread(fd, HEAD_BYTES, 0), st.st_size
+    finally:
+        os.close(fd)
 
 
 def _is_tar(path: str) -> bool:

@@ -19,6 +19,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
 from audit.linkage.image import Image, LayerRef, Region, verify_blob
@@ -154,6 +155,8 @@ class ImageTree:
             if stream is not None:
                 fh = stream.extractfile(m)
                 entry.head = fh.read(_HEAD)
+                if entry.head[:2] == b"MZ":  # a PE header lies further in: enough to tell it
+                    entry.head += fh.read(HEAD_BYTES - _HEAD)
                 if _kept(path) and m.size <= _KEEP:
                     entry.data = entry.head + fh.read()
             return path, m, entry
@@ -233,6 +236,24 @@ class ImageTree:
             if key not in first or p == e.path:
                 first[key] = p
         return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
+
+    def other_binaries(self) -> list[tuple[str, Entry, Kind]]:
+        """(path, entry, kind) of every regular file of the final tree that is a binary of a
+        format the audit does not read (PE, Mach-O, static archives, ...), sorted by path; one name
+        of each hard-linked set."""
+        out, seen = [], set()
+        for p in sorted(self.entries):
+            e = self.entries[p]
+            if e.kind != "file" or (e.layer, e.member) in seen:
+                continue
+            head = self._head(e, _HEAD)
+            if head[:2] == b"MZ":
+                head = self._head(e, HEAD_BYTES)
+            kind = identify(head, e.size)
+            if kind.binary and kind is not Kind.ELF:
+                seen.add((e.layer, e.member))
+                out.append((p, e, kind))
+        return out
 
     def names_of(self, files: list[str]) -> list[str]:
         """`files` and every symlink of the tree that leads to one of them, sorted."""
