@@ -156,7 +156,10 @@ def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], w
 
 
 class _Image:
-    """The two things identifier_strings reads of an image: the buffer and its sections."""
+    """What identifier_strings reads of an ElfImage: the buffer, its size, its sections and the
+    loaded bytes no section shows (here none: the regions are all there is)."""
+
+    extra_ranges = ()
 
     def __init__(self, buf, size: int, regions: list[Region]):
         self.buf, self.size, self.sections = buf, size, regions

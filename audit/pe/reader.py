@@ -140,7 +140,11 @@ class _Pe:
         for i in range(nsec):
             raw_name, vsize, va, rawsize, raw = struct.unpack_from("<8sIIII", buf, table + 40 * i)
             flags = struct.unpack_from("<I", buf, table + 40 * i + 36)[0]
-            self.sections.append(_Section(self._section_name(raw_name), va, vsize, raw, rawsize, flags))
+            sec = _Section(self._section_name(raw_name), va, vsize, raw, rawsize, flags)
+            if rawsize and raw + rawsize > size:
+                raise ValueError(f"truncated: section {sec.name} ends at {raw + rawsize:#x}, "
+                                 f"past the file's {size} bytes")
+            self.sections.append(sec)
 
     def _section_name(self, raw: bytes) -> str:
         name = raw.rstrip(b"\0")
