@@ -224,3 +224,50 @@ def test_image_with_an_elf_file_and_a_dll_is_an_error(built, dll, tmp_path, how)
     proc = cli("check", img)
     assert_input_error(proc, "PE/COFF DLL (Windows): format not audited")
     assert f"{img}!/opt/app/f.dll" in proc.stdout
+
+
+# ---------------------------------------------------------------- bounded
+
+
+def _docker_save(out: Path, layer: bytes, refs: int) -> Path:
+    """A docker save archive whose manifest names one layer `refs` times."""
+    import hashlib
+
+    diff = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [diff] * refs}}).encode()
+    cname = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": cname, "RepoTags": ["app:1"], "Layers": ["l/layer.tar"] * refs}]).encode()
+    with tarfile.open(out, "w") as tf:
+        for name, data in (("l/layer.tar", layer), (cname, config), ("manifest.json", manifest)):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return out
+
+
+def test_image_naming_one_layer_thousands_of_times_is_refused_at_once(built, tmp_path):
+    from image_fixtures import layer_tar
+
+    layer = layer_tar([("file", "usr/lib/libclean.so", built["clean"].read_bytes())])
+    ok = _docker_save(tmp_path / "ok.tar", layer, 3)
+    assert cli("check", ok).returncode == EXIT_OK
+    img = _docker_save(tmp_path / "many.tar", layer, 3000)
+    proc = cli("check", img, timeout=60)
+    assert_input_error(proc, "names 3000 layers (limit 256)")
+
+
+@pytest.mark.parametrize("limit, expect", [((), "--max-member-ratio"),
+                                           (("--max-archive-size", "1M"), "--max-archive-size")])
+def test_gzip_layer_that_inflates_past_the_limits_is_refused(built, tmp_path, limit, expect):
+    import gzip
+
+    from image_fixtures import layer_tar, oci_layout
+
+    # 80 MiB of zeros behind a real library: a few hundred KB of gzip
+    layer = layer_tar([("file", "usr/lib/libclean.so", built["clean"].read_bytes()),
+                       ("file", "var/zeros", bytes(80 << 20))])
+    assert len(gzip.compress(layer, 1)) * 100 < (64 << 20) < len(layer)
+    img = oci_layout(tmp_path / "img", [layer], how="gzip", as_tar=True)
+    proc = cli("check", *limit, img)
+    assert_input_error(proc, "layer 1", expect)

@@ -25,6 +25,9 @@ from audit.errors import InputError
 
 _MAX_JSON = 16 << 20  # manifest, index and config documents
 _MAX_INDEX_DEPTH = 4  # nested image indexes
+# layers of one image: docker and podman stop at 127 (overlay's depth); each named layer is
+# hashed and read, so a manifest naming one blob thousands of times must not cost minutes
+MAX_LAYERS = 256
 _HASH_CHUNK = 4 << 20
 MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v2+json")
@@ -285,6 +288,8 @@ def _oci_manifest(files: _Files) -> dict:
 
 
 def _layers(files: _Files, config, names: list[str], descs: list) -> list[LayerRef]:
+    if len(names) > MAX_LAYERS:
+        raise InputError(f"{files.path}: the image names {len(names)} layers (limit {MAX_LAYERS})")
     if not isinstance(config, dict):
         raise InputError(f"{files.path}: image config is not a JSON object")
     diff_ids = _obj(config.get("rootfs")).get("diff_ids")

@@ -145,7 +145,7 @@ class Inputs:
         try:
             image = open_image(arg)
             self.images.append(image)
-            tree = ImageTree(image)
+            tree = ImageTree(image, self.limits.total_bytes, self.limits.ratio)
         except InputError as exc:
             yield Input(arg, None, True, exc.message)
             return

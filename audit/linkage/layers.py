@@ -28,6 +28,7 @@ ELF_MAGIC = b"\x7fELF"
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
 _KEEP = 1 << 20  # small files kept whole from compressed layers: /etc/ld.so.conf{,.d/*}
 _MAX_ENTRIES = 2_000_000
+_RATIO_FLOOR = 64 << 20  # a layer may inflate to this whatever its ratio (as an archive member)
 
 
 def _kept(path: str) -> bool:
@@ -48,13 +49,20 @@ class Entry:
 
 
 class _HashingReader:
-    """Passes reads through and hashes them (a compressed layer's uncompressed bytes = diff_id)."""
+    """Passes reads through and hashes them (a compressed layer's uncompressed bytes = diff_id);
+    refuses to pass more than `limit` bytes (a layer that inflates without end)."""
 
-    def __init__(self, raw):
+    def __init__(self, raw, limit: int, why: str):
         self.raw, self.sha = raw, hashlib.sha256()
+        self.limit, self.why, self.count = limit, why, 0
 
     def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:  # all of it: still counted as it comes
+            return b"".join(iter(lambda: self.read(1 << 20), b""))
         data = self.raw.read(n)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise InputError(self.why)
         self.sha.update(data)
         return data
 
@@ -85,8 +93,11 @@ def _decompressed(layer: LayerRef, kind: str):
 class ImageTree:
     """The final filesystem of an image; implements fs.FileSystem with absolute image paths."""
 
-    def __init__(self, image: Image):
+    def __init__(self, image: Image, max_bytes: int = 16 << 30, max_ratio: float = 100.0):
+        """max_bytes, max_ratio: what one compressed layer may inflate to, in bytes and as a
+        multiple of its compressed size (from 64 MiB up): check's archive limits."""
         self.image = image
+        self.max_bytes, self.max_ratio = max_bytes, max_ratio
         self.entries: dict[str, Entry] = {"/": Entry("dir", -1, -1)}
         self.children: dict[str, set[str]] = {"/": set()}
         self.compression = [_compression(layer) for layer in image.layers]
@@ -117,7 +128,7 @@ class ImageTree:
                 if layer.diff_id and got != layer.diff_id.removeprefix("sha256:"):
                     raise InputError(f"{label}: digest mismatch: the config's diff_id does not match the layer")
             else:
-                stream = _HashingReader(_decompressed(layer, kind))
+                stream = _HashingReader(_decompressed(layer, kind), *self._limit(label, layer))
                 with tarfile.open(fileobj=stream, mode="r|") as tf:
                     for n, m in enumerate(tf):
                         out.append(self._member(label, i, n, m, tf))
@@ -138,6 +149,13 @@ class ImageTree:
                 raise InputError(f"{label}: not a readable zstd layer ({_line(exc)})") from None
             raise
         return out
+
+    def _limit(self, label: str, layer: LayerRef) -> tuple[int, str]:
+        by_ratio = max(_RATIO_FLOOR, int(self.max_ratio * max(layer.blob.size, 1)))
+        if by_ratio < self.max_bytes:
+            return by_ratio, (f"{label}: inflates more than {self.max_ratio:g}:1 ({layer.blob.size} bytes "
+                              f"compressed; --max-member-ratio)")
+        return self.max_bytes, f"{label}: unpacks to more than {self.max_bytes} bytes (--max-archive-size)"
 
     def _member(self, label: str, i: int, n: int, m: tarfile.TarInfo, stream) -> tuple:
         if n >= _MAX_ENTRIES:
