@@ -159,4 +159,5 @@ def test_no_section_headers_still_gives_the_dynamic_section(host_libs, tmp_path)
     info = read_elf(write(tmp_path, "sstripped.so", bare))
     full = read_elf(host_libs["main"])
     assert (info.needed, info.soname, info.runpath) == (full.needed, full.soname, full.runpath)
-    assert info.symbols == [] and any("no section header table" in w for w in info.warnings)
+    # the dynamic symbols come from DT_SYMTAB, as ld.so finds them
+    assert info.symbols == full.symbols and any("no section header table" in w for w in info.warnings)

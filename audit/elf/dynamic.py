@@ -37,12 +37,8 @@ def _dynamic_location(img: ElfImage) -> tuple[int, int] | None:
     return None
 
 
-def read_dynamic(img: ElfImage) -> DynamicInfo:
-    info = DynamicInfo()
-    loc = _dynamic_location(img)
-    if loc is None:
-        return info
-    off, size = loc
+def dynamic_entries(img: ElfImage, off: int, size: int) -> list[tuple[int, int]]:
+    """The (tag, value) entries of the dynamic table at file offset `off`, up to DT_NULL."""
     img.check_range(off, size, "dynamic section")
     fmt = img.e + ("iI" if img.bits == 32 else "qQ")
     ent = struct.calcsize(fmt)
@@ -52,6 +48,15 @@ def read_dynamic(img: ElfImage) -> DynamicInfo:
         if tag == DT_NULL:
             break
         entries.append((tag, val))
+    return entries
+
+
+def read_dynamic(img: ElfImage) -> DynamicInfo:
+    info = DynamicInfo()
+    loc = _dynamic_location(img)
+    if loc is None:
+        return info
+    entries = dynamic_entries(img, *loc)
     strtab_addr = next((v for t, v in entries if t == DT_STRTAB), None)
     strsz = next((v for t, v in entries if t == DT_STRSZ), None)
     str_off = str_size = None

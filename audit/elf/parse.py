@@ -138,6 +138,8 @@ class ElfImage:
         self.sections: list[Section] = []
         self.segments: list[Segment] = []
         self.warnings: list[str] = []
+        # data the section table does not show (audit.elf.segments): scanned like data sections
+        self.extra_ranges: list[Section] = []
         self._read_sections(shnum, shstrndx, require_sections)
         self._read_segments(phnum)
 

@@ -30,16 +30,18 @@ from operator import not_
 
 import numpy as np
 
-from audit.elf import hashing, prescan
+from audit.elf import hashing, prescan, segments
 from audit.elf.amdgpu import read_hip_fatbin
+from audit.elf.content import device_in_data
 from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, read_version_defs,
                                read_version_needs)
 from audit.elf.forward import read_forwarders
 from audit.elf.immediates import assembled_names
 from audit.elf.model import ElfInfo, Forward, StringHit, SymbolColumns
 from audit.elf.nvidia import read_nv_fatbin
-from audit.elf.parse import SHN_UNDEF, SHT_GNU_VERSYM, SHT_NOBITS, ElfImage, Malformed, release
-from audit.elf.strings import identifier_strings, library_strings
+from audit.elf.parse import (PT_LOAD, SHF_ALLOC, SHF_EXECINSTR, SHN_UNDEF, SHT_GNU_VERSYM, SHT_NOBITS,
+                             SHT_PROGBITS, ElfImage, Malformed, release)
+from audit.elf.strings import SKIP_SECTIONS, identifier_strings, library_strings, scannable
 from audit.elf.symbols import load_tables, names_at, select, symbol_columns
 from audit.elf.textscan import scan_plan
 from audit.errors import InputError
@@ -283,6 +285,18 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     """The whole reading; `pre`, `selected`: what _prescan started and selected already."""
     img = ElfImage(mm)
     warnings = list(img.warnings)
+    # Without section headers the tables come from PT_DYNAMIC, as ld.so reads them; with them,
+    # both must agree, and loaded bytes no scanned section covers are read as data all the same.
+    synthetic = not img.sections and any(seg.type == PT_LOAD for seg in img.segments)
+    if synthetic:
+        warnings += segments.synthesize(img)
+    elif img.sections and any(seg.type == PT_LOAD for seg in img.segments):
+        segments.check_consistent(img)
+        covered = [(sec.offset, sec.offset + sec.size) for sec in img.sections
+                   if _is_device_section(sec) or (sec.type == SHT_PROGBITS and sec.flags & SHF_ALLOC
+                                                 and not sec.flags & SHF_EXECINSTR and sec.size
+                                                 and sec.name not in SKIP_SECTIONS)]
+        img.extra_ranges = segments.load_gaps(img, covered=covered)
     dyn = read_dynamic(img)
     warnings += dyn.warnings
     needs, need_index = read_version_needs(img) if img.sections else ([], {})
@@ -338,7 +352,10 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     if pre is not None:
         _run_hook(on_symbols, symbols)
     done = pre.then() if pre is not None else None  # decoded by the child, exactly as here
-    forwarders, fw_warn = done if done is not None else _forwarders(img, tables, sel, imports_dlsym, picks)
+    if synthetic:  # the stubs are told apart by the sections they lie in: none are known
+        forwarders, fw_warn = [], None
+    else:
+        forwarders, fw_warn = done if done is not None else _forwarders(img, tables, sel, imports_dlsym, picks)
     if fw_warn:
         warnings.append(fw_warn)
 
@@ -348,6 +365,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
             img.check_range(sec.offset, sec.size, f"section {sec.name}")
             reader = read_hip_fatbin if sec.name == ".hip_fatbin" else read_nv_fatbin
             device += reader(img.buf, sec.offset, sec.offset + sec.size, sec.name)  # in place
+    device += device_in_data(img, scannable(img))  # under other names, or none
     warnings += lib_warn
 
     return ElfInfo(

@@ -1,7 +1,9 @@
 """Library-name strings embedded in a file's data: what a dlopen() would be given.
 
 Scanned: every allocated, non-executable SHT_PROGBITS section (.rodata*, .data*, .data.rel.ro,
-.tdata, ...): a name handed to dlopen may sit in writable data too. Not scanned: `.dynstr`
+.tdata, ...): a name handed to dlopen may sit in writable data too; an SHF_COMPRESSED one both
+as stored and decompressed (bounded: audit.elf.decompress); and the loaded bytes no section
+shows (audit.elf.segments). Not scanned: `.dynstr`
 (its library names are DT_NEEDED / verneed entries, reported as such, and its other strings are
 symbol names), `.interp`, and the device-code sections (read as device code instead).
 One bytes regex runs over each section's data in bulk.
@@ -10,12 +12,14 @@ One bytes regex runs over each section's data in bulk.
 from __future__ import annotations
 
 import re
+import struct
 
 import numpy as np
 
 from audit.elf.membership import in_sorted
 from audit.elf.model import StringHit
-from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode, release
+from audit.elf.decompress import DecompressError, inflate
+from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS, ElfImage, Malformed, decode, release
 
 # lib<name>.so with an optional version suffix: libcublas.so.12, libMIOpen.so, libnvrtc-builtins.so.13.0
 # A literal-prefixed run (re's fast path): each "lib" starts a run of name characters that the
@@ -25,14 +29,23 @@ _RUN_RE = re.compile(rb"lib[A-Za-z0-9_+\-.]{0,255}")
 _SO_RE = re.compile(rb"\.so(?:\.[0-9]+)*(?![A-Za-z0-9_+\-])")
 _INNER_LIB_RE = re.compile(rb"[^A-Za-z0-9]lib")
 SKIP_SECTIONS = {".interp", ".hip_fatbin", ".nv_fatbin", ".hipFatBinSegment", ".nvFatBinSegment"}
+SHF_COMPRESSED = 0x800
+_CH_TYPES = {1: "zlib", 2: "zstd"}  # ELFCOMPRESS_ZLIB, ELFCOMPRESS_ZSTD
 MAX_HITS = 10_000  # per file; more than this is reported as a warning, never silently dropped
 
 
 def scannable(img: ElfImage):
+    """The data sections, then the loaded bytes no section shows (ElfImage.extra_ranges)."""
     for sec in img.sections:
         if (sec.type == SHT_PROGBITS and sec.flags & SHF_ALLOC and not sec.flags & SHF_EXECINSTR
                 and sec.size and sec.name not in SKIP_SECTIONS):
             yield sec
+    yield from img.extra_ranges
+
+
+def label(sec) -> str:
+    """A section's name, or its index where the name is lost (a broken section name table)."""
+    return sec.name or f"[section {sec.index}]"
 
 
 def library_names(run: bytes) -> list[tuple[int, bytes]]:
@@ -55,14 +68,50 @@ def library_strings(img: ElfImage, warnings: list[str]) -> list[StringHit]:
         if sec.offset + sec.size > img.size:
             warnings.append(f"section {sec.name} lies outside the file: its strings were not scanned")
             continue
-        for m in _RUN_RE.finditer(img.buf, sec.offset, sec.offset + sec.size):
-            for rel, name in library_names(m.group()):
-                if len(hits) >= MAX_HITS:
-                    warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
-                    return hits
-                hits.append(StringHit(section=sec.name, offset=m.start() + rel, text=decode(name)))
+        if not _scan(img.buf, sec.offset, sec.offset + sec.size, label(sec), 0, hits, warnings):
+            return hits
+        if sec.flags & SHF_COMPRESSED:  # what a tool that honours the flag reads: scanned too
+            data = decompressed(img, sec)
+            if not _scan(data, 0, len(data), label(sec), sec.offset, hits, warnings, at_base=True):
+                return hits
         release(img.buf, sec.offset, sec.offset + sec.size)
     return hits
+
+
+def _scan(buf, start: int, end: int, section: str, base: int, hits: list[StringHit], warnings: list[str],
+          at_base: bool = False) -> bool:
+    """Library names in buf[start:end] added to `hits` (offsets from `base`, or `base` itself
+    with `at_base`: decompressed bytes have no file offset); False once MAX_HITS is passed."""
+    for m in _RUN_RE.finditer(buf, start, end):
+        for rel, name in library_names(m.group()):
+            if len(hits) >= MAX_HITS:
+                warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
+                return False
+            hits.append(StringHit(section=section, offset=base if at_base else base + m.start() + rel,
+                                  text=decode(name)))
+    return True
+
+
+def decompressed(img: ElfImage, sec):
+    """An SHF_COMPRESSED section's contents (Elf_Chdr, then zlib or zstd), decompressed within
+    audit.elf.decompress's limits; Malformed if it cannot be."""
+    chdr = img.e + ("IIQQ" if img.bits == 64 else "III")
+    head = struct.calcsize(chdr)
+    if sec.size < head:
+        raise Malformed(f"compressed section {sec.name or sec.index} is shorter than its header")
+    fields = struct.unpack_from(chdr, img.buf, sec.offset)
+    ch_type, ch_size = fields[0], fields[2] if img.bits == 64 else fields[1]
+    algo = _CH_TYPES.get(ch_type)
+    if algo is None:
+        raise Malformed(f"compressed section {sec.name or sec.index}: unknown compression type {ch_type}")
+    try:
+        data, _ = inflate(algo, memoryview(img.buf)[sec.offset + head:sec.offset + sec.size], ch_size)
+    except DecompressError as exc:
+        raise Malformed(f"compressed section {sec.name or sec.index} cannot be read: {exc}") from None
+    if len(data) != ch_size:
+        raise Malformed(f"compressed section {sec.name or sec.index}: {len(data)} bytes, "
+                        f"its header declares {ch_size}")
+    return data
 
 
 # ---------------------------------------------------------------- API names handed to dlsym
@@ -123,6 +172,6 @@ def identifier_strings(img: ElfImage, prefixes: tuple[bytes, ...], warnings: lis
                     if len(hits) >= MAX_HITS:
                         warnings.append(f"more than {MAX_HITS} API-name strings: the rest are not listed")
                         return hits
-                    hits.append(StringHit(section=sec.name, offset=at, text=decode(word)))
+                    hits.append(StringHit(section=label(sec), offset=at, text=decode(word)))
             release(buf, lo, lo + _CHUNK)
     return hits
