@@ -114,3 +114,72 @@ def _build_pe_lld_libs(fixture_root) -> dict[str, Path]:
     run([lld_link, "/dll", "/nodefaultlib", "/entry:_DllMainCRTStartup", "/out:fklld.dll", "app.obj",
          "cublas.lib", "cufft.lib", "/delayload:cufft64_11.dll"], cwd=d)
     return {"app": d / "fklld.dll"}
+
+
+# -- Mach-O --------------------------------------------------------------------------------------
+LIBSYSTEM_C = r"""
+/* stands in for /usr/lib/libSystem.B.dylib (no macOS SDK here): the loader's entry points */
+void *dlopen(const char *p, int m) { (void)p; (void)m; return 0; }
+void *dlsym(void *h, const char *n) { (void)h; (void)n; return 0; }
+/* the lazy-binding entry ld64 expects in libSystem (no C underscore) */
+void fk_stub_binder(void) __asm__("dyld_stub_binder");
+void fk_stub_binder(void) {}
+"""
+MACHO_CUBLAS_C = "int cublasCreate_v2(void **h) { *h = 0; return 0; }\n"
+MACHO_CUDNN_C = "int cudnnCreate(void **h) { *h = 0; return 0; }\n"
+MACHO_APP_C = r"""
+extern void *dlopen(const char *, int);
+extern void *dlsym(void *, const char *);
+extern int cublasCreate_v2(void **h);
+extern int cudnnCreate(void **h) __attribute__((weak_import));
+int fk_app_run(void) {
+    void *h;
+    int rc = cublasCreate_v2(&h);
+    if (cudnnCreate) rc += cudnnCreate(&h);
+    void *fft = dlopen("libcufft.dylib", 2);
+    if (fft && dlsym(fft, "cufftPlan1d") && dlsym(fft, "cufftExecC2C")) rc++;
+    return rc;
+}
+"""
+MACHO_ARCHS = ("x86_64", "arm64")
+
+
+@pytest.fixture(scope="session")
+def macho_libs(fixture_root) -> dict[str, Path]:
+    """clang-15 with ld64.lld-15 (-fuse-ld=lld), per architecture (x86_64, arm64):
+    libSystem.B.dylib (a stand-in exporting dlopen, dlsym), libcublas.dylib (install name
+    @rpath/libcublas.dylib), libcudnn.dylib (@rpath/libcudnn.dylib), libfkapp.dylib (install name
+    @rpath/libfkapp.dylib; loads @rpath/libcublas.dylib, weakly @rpath/libcudnn.dylib; LC_RPATH
+    @loader_path/../lib then @executable_path/Frameworks; dlopen("libcufft.dylib") with dlsym
+    "cufftPlan1d", "cufftExecC2C") and libfkre.dylib (re-exports @rpath/libcudnn.dylib);
+    `universal`: llvm-lipo-15 -create of both libfkapp.dylib, x86_64 first."""
+    return once("macho_libs", lambda: _build_macho_libs(fixture_root))
+
+
+def _build_macho_libs(fixture_root) -> dict[str, Path]:
+    clang = require_tool("clang-15")
+    require_tool("ld64.lld-15")
+    lipo = require_tool("llvm-lipo-15")
+    d = fixture_root / "macho"
+    d.mkdir(exist_ok=True)
+    for name, text in (("sys.c", LIBSYSTEM_C), ("cublas.c", MACHO_CUBLAS_C), ("cudnn.c", MACHO_CUDNN_C),
+                       ("app.c", MACHO_APP_C)):
+        (d / name).write_text(text)
+    out: dict[str, Path] = {}
+    for arch in MACHO_ARCHS:
+        a = d / arch
+        a.mkdir(exist_ok=True)
+        cc = [clang, f"--target={arch}-apple-macos11", "-fuse-ld=lld", "-nostdlib", "-shared"]
+        run([*cc, "-o", "libSystem.B.dylib", "../sys.c", "-Wl,-install_name,/usr/lib/libSystem.B.dylib"], cwd=a)
+        run([*cc, "-o", "libcublas.dylib", "../cublas.c", "-Wl,-install_name,@rpath/libcublas.dylib"], cwd=a)
+        run([*cc, "-o", "libcudnn.dylib", "../cudnn.c", "-Wl,-install_name,@rpath/libcudnn.dylib"], cwd=a)
+        run([*cc, "-O1", "-o", "libfkapp.dylib", "../app.c", "-Wl,-install_name,@rpath/libfkapp.dylib",
+             "libSystem.B.dylib", "libcublas.dylib", "-Wl,-weak_library,libcudnn.dylib",
+             "-Wl,-rpath,@loader_path/../lib", "-Wl,-rpath,@executable_path/Frameworks"], cwd=a)
+        run([*cc, "-o", "libfkre.dylib", "../cublas.c", "-Wl,-install_name,@rpath/libfkre.dylib",
+             "-Wl,-reexport_library,libcudnn.dylib"], cwd=a)
+        out[arch] = a / "libfkapp.dylib"
+        out[f"{arch}-reexport"] = a / "libfkre.dylib"
+    run([lipo, "-create", "-output", str(d / "libfkapp_universal.dylib"), *(str(out[a]) for a in MACHO_ARCHS)])
+    out["universal"] = d / "libfkapp_universal.dylib"
+    return out
