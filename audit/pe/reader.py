@@ -24,13 +24,13 @@ import struct
 import zlib
 
 from audit.elf.amdgpu import read_hip_fatbin
+from audit.elf.model import Forward
 from audit.elf.nvidia import read_nv_fatbin
 from audit.elf.parse import Malformed, decode
 from audit.errors import InputError
 from audit.pe import common
 from audit.pe.common import Region
 from audit.pe.model import BOUND, DELAY_LOAD, EXPORT_FORWARD, IMPORT, BinaryInfo, Import
-from audit.elf.model import Forward
 
 MACHINES = {0x14C: "IMAGE_FILE_MACHINE_I386", 0x8664: "IMAGE_FILE_MACHINE_AMD64",
             0xAA64: "IMAGE_FILE_MACHINE_ARM64", 0xA641: "IMAGE_FILE_MACHINE_ARM64EC",
