@@ -122,7 +122,7 @@ def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], w
     wide_re = _WIDE_DLL if wide else None
     for reg in regions:
         lo, hi = reg.offset, reg.offset + reg.size
-        for m in suffix.finditer(buf, lo, hi):
+        for m in _windows(suffix, buf, lo, hi):
             stem = bytes(buf[max(lo, m.start() - MAX_NAME):m.start()])
             start = len(stem.rstrip(NAME_CHARS))
             at = m.start() - (len(stem) - start)
@@ -153,6 +153,21 @@ def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], w
                 hits.append(StringHit(section=reg.name, offset=at, text=text))
         release(buf, lo, hi)
     return hits
+
+
+_WINDOW = 16 << 20
+
+
+def _windows(pattern: re.Pattern[bytes], buf, lo: int, hi: int):
+    """pattern.finditer over buf[lo:hi], 16 MiB at a time, each window let go once searched: a
+    large section is not held resident whole. A match starting in a window is that window's."""
+    for at in range(lo, hi, _WINDOW):
+        stop = min(hi, at + _WINDOW)
+        for m in pattern.finditer(buf, at, min(hi, stop + 64)):
+            if m.start() >= stop:
+                break
+            yield m
+        release(buf, max(lo, at - MAX_NAME * 2), at - MAX_NAME * 2 + _WINDOW)
 
 
 class _Image:
