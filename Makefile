@@ -10,7 +10,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := hipcc libamdhip64-dev rocm-device-libs libopenblas-dev patchelf llvm-15 chromium g++ openssl jq gcc-aarch64-linux-gnu
 STAMP := .make
 
-.PHONY: all setup apt pip demo test bench corpus clean
+.PHONY: all setup apt pip demo test bench corpus fuzz clean
 
 all: test
 
@@ -45,6 +45,14 @@ bench: setup
 CORPUS_CACHE ?= $(HOME)/.cache/sovereign-audit/corpus
 corpus: setup
 	$(PYTHON) bench/corpus.py --cache $(CORPUS_CACHE) --write docs/corpus.md
+
+# the contract fuzzer for as long as asked: make fuzz FUZZ_SECONDS=3600 [FUZZ_CASES=2000 FUZZ_JOBS=4 FUZZ_SEED=n]
+# (reproducers of any violation under out/fuzz/violations/, the table in out/fuzz/summary.txt)
+FUZZ_SECONDS ?= 600
+FUZZ_CASES ?= 0
+FUZZ_JOBS ?= 2
+fuzz: setup
+	$(PYTHON) -m bench.fuzz --seconds $(FUZZ_SECONDS) --cases $(FUZZ_CASES) --jobs $(FUZZ_JOBS) --out out/fuzz $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
 
 clean:
 	rm -rf build out $(STAMP) tests/_fixtures_build
