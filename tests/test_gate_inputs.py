@@ -271,3 +271,18 @@ def test_gzip_layer_that_inflates_past_the_limits_is_refused(built, tmp_path, li
     img = oci_layout(tmp_path / "img", [layer], how="gzip", as_tar=True)
     proc = cli("check", *limit, img)
     assert_input_error(proc, "layer 1", expect)
+
+
+@pytest.mark.parametrize("where", ["etc/ld.so.conf", "etc/ld.so.conf.d/fifo.conf"])
+def test_fifo_as_ld_so_conf_under_root_does_not_hang(built, tmp_path, where):
+    """A FIFO is never opened to be read (it would block until a writer came); the top-level
+    ld.so.conf is then warned about, as an unreadable one is."""
+    root = tmp_path / "sysroot"
+    (root / "etc/ld.so.conf.d").mkdir(parents=True)
+    if where != "etc/ld.so.conf":
+        (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    os.mkfifo(root / where)
+    proc = cli("check", "--root", root, built["clean"], timeout=30)
+    assert "Traceback" not in proc.stderr and proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    if where == "etc/ld.so.conf":
+        assert "cannot read /etc/ld.so.conf" in proc.stdout + proc.stderr

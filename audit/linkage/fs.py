@@ -56,20 +56,12 @@ class HostFS:
         return os.readlink(path)
 
     def head(self, path: str, n: int) -> bytes:
-        try:
-            if not os.path.isfile(path):  # a FIFO would block
-                return b""
-            with open(path, "rb") as fh:
-                return fh.read(n)
-        except (OSError, ValueError):
-            return b""
+        data = read_regular(path, n)
+        return b"" if data is None else data
 
     def read_text(self, path: str, limit: int) -> str | None:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                return fh.read(limit)
-        except (OSError, ValueError):
-            return None
+        data = read_regular(path, limit)
+        return None if data is None else data.decode("utf-8", errors="replace")
 
     def listdir(self, path: str) -> list[str] | None:
         try:
@@ -93,6 +85,31 @@ class HostFS:
 
 
 HOST = HostFS()
+
+
+def read_regular(path: str, limit: int) -> bytes | None:
+    """The first `limit` bytes of a regular file (following symlinks); None when it is missing,
+    unreadable or not a regular file. Opened without blocking and checked once open: a FIFO or
+    device put where a file was (ld.so.conf under --root) is never read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        parts, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            parts.append(chunk)
+            left -= len(chunk)
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def glob(fs: FileSystem, pattern: str) -> list[str]:
