@@ -15,12 +15,14 @@ Patterns are printable ASCII without spaces (ELF symbol names are).
 
 from __future__ import annotations
 
+import functools
 import re
 
 from audit.elf.regex_tree import compile_scannable
 
 _ANY = r"[^\x00\n]"  # a name's character: never the separator of a joined string table
 NEVER = re.compile(rb"(?!)")
+MAX_GLOB_LENGTH = 1024  # characters in one pattern (the longest symbol-list name is as long)
 
 
 class PatternError(ValueError):
@@ -28,20 +30,28 @@ class PatternError(ValueError):
 
 
 def glob_to_regex(pattern: str, any_char: str = _ANY) -> str:
-    """The regex body (unanchored) that matches exactly what `pattern` matches."""
+    """The regex body (unanchored) that matches exactly what `pattern` matches.
+
+    Linear in the name, whatever the pattern: between two stars each fixed-length piece is
+    found at its first place in an atomic group (the first place is always a right one, so
+    nothing is tried again), never by backtracking over every split (`*a*a*a*...b` against a
+    long name would take its length to the power of the stars)."""
     if not pattern:
         raise PatternError("empty pattern")
+    if len(pattern) > MAX_GLOB_LENGTH:
+        raise PatternError(f"longer than {MAX_GLOB_LENGTH} characters")
     if not all(" " < ch < "\x7f" for ch in pattern):
         raise PatternError("pattern must be printable ASCII without spaces")
-    out: list[str] = []
+    pieces: list[list[str]] = [[]]  # the fixed-length pieces between stars
     i, n = 0, len(pattern)
     while i < n:
         ch = pattern[i]
         i += 1
         if ch == "*":
-            out.append(any_char + "*")
+            if pieces[-1] or len(pieces) == 1:  # `**` is `*`
+                pieces.append([])
         elif ch == "?":
-            out.append(any_char)
+            pieces[-1].append(any_char)
         elif ch == "[":
             j = i
             if j < n and pattern[j] in "!^":
@@ -60,10 +70,16 @@ def glob_to_regex(pattern: str, any_char: str = _ANY) -> str:
             if not body:
                 raise PatternError("empty '[]' class")
             body = "".join("\\" + c if c in "\\^[]" else c for c in body)
-            out.append(f"[^{body}\\x00\\n]" if negate else f"[{body}]")
+            pieces[-1].append(f"[^{body}\\x00\\n]" if negate else f"[{body}]")
         else:
-            out.append(re.escape(ch))
-    regex = "".join(out)
+            pieces[-1].append(re.escape(ch))
+    pieces = [p for k, p in enumerate(pieces) if p or k in (0, len(pieces) - 1)]
+    texts = ["".join(p) for p in pieces]
+    if len(texts) == 1:
+        regex = texts[0]
+    else:
+        middle = "".join(f"(?>{any_char}*?{t})" for t in texts[1:-1])
+        regex = texts[0] + middle + any_char + "*" + texts[-1]
     if "[" in pattern:  # only a class can make an invalid regex; compiling costs (thousands of globs)
         try:
             re.compile(regex)
@@ -150,8 +166,6 @@ def _emit(node: dict) -> str:
     return "(?:" + "|".join(alts) + ")"
 
 
-_SONAME_STEM = re.compile(r"^(.+?)\.so(?:\.[0-9A-Za-z_+-]+)*$")
-_DYLIB_STEM = re.compile(r"^(.+?)(?:\.[0-9]+)*\.(?:dylib|dll)$")
 # What wheel repair tools append to a library they bundle, so that two packages' copies never
 # clash in one process (the original name is what was linked):
 #   auditwheel        libfoo.so.1 -> libfoo-<8 hex>.so.1   (libscipy_openblas64_-32a4b2a6.so)
@@ -159,22 +173,89 @@ _DYLIB_STEM = re.compile(r"^(.+?)(?:\.[0-9]+)*\.(?:dylib|dll)$")
 #   build-time tags   libopenblas64_p-r0-<hex>.3.15.so   (a release tag and hash before the version)
 # delocate keeps the file name and moves it under .dylibs/ (@loader_path/.dylibs/libfoo.1.dylib):
 # the path and the Mach-O suffix are dropped like any other.
-_RENAMED = re.compile(r"(?:-r[0-9]+-[0-9a-f]{6,}(?:\.[0-9]+)*|(?:-[0-9a-f]{8,40})+)$")  # repaired twice: twice
+# Names come from the audited file (a DT_NEEDED can be 100 KB long), so the suffixes are taken
+# apart from the right with str methods, in one pass: a regex with a lazy stem before a repeated
+# group tries every split, quadratic in the name's length.
+_VERSION_PART = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_+-")
+_DIGITS = frozenset("0123456789")
+_HEX = frozenset("0123456789abcdef")
 
 
+@functools.lru_cache(maxsize=4096)  # each rule asks about the same few names
 def soname_stem(name: str) -> str:
     """The library's own name: `libcublas.so.12.3` -> `libcublas`; `dir/libfoo.so` -> `libfoo`;
     a repair tool's renaming undone (`libscipy_openblas64_-32a4b2a6.so` -> `libscipy_openblas64_`,
     `libopenblaso-r0-d77a1985.3.15.so` -> `libopenblaso`, `@loader_path/.dylibs/libfoo.1.dylib` ->
     `libfoo`); other names unchanged."""
     stem = _plain_stem(name)
-    return _RENAMED.sub("", stem) or stem
+    return _unrenamed(stem) or stem
 
 
+def _dotted_tail(text: str, chars: frozenset) -> int:
+    """Where the longest tail of `text` made of `.PART` pieces begins (PART: one or more of
+    `chars`, no dot); len(text) if there is none. Every dot from there on starts such a tail."""
+    at = len(text)
+    while True:
+        dot = text.rfind(".", 0, at)
+        if dot < 0 or dot + 1 == at or not chars.issuperset(text[dot + 1:at]):
+            return at
+        at = dot
+
+
+@functools.lru_cache(maxsize=4096)
 def _plain_stem(name: str) -> str:
     base = name.rsplit("/", 1)[-1]
-    m = _SONAME_STEM.match(base) or _DYLIB_STEM.match(base)
-    return m.group(1) if m else base
+    text = base[:-1] if base.endswith("\n") else base  # a regex's `$` allowed one trailing newline
+    stem = _so_stem(text)
+    if stem is None:
+        stem = _dylib_stem(text)
+    return stem if stem is not None and "\n" not in stem else base
+
+
+def _so_stem(text: str) -> str | None:
+    """`STEM.so` + any `.VERSION` pieces, STEM as short as it can be (at least one character)."""
+    end = _dotted_tail(text, _VERSION_PART)  # ".so" must end here, at a later dot, or at the end
+    while True:
+        if end >= 4 and text[end - 3:end] == ".so":
+            return text[:end - 3]
+        if end >= len(text):
+            return None
+        nxt = text.find(".", end + 1)
+        end = len(text) if nxt < 0 else nxt
+
+
+def _dylib_stem(text: str) -> str | None:
+    """`STEM` + any `.DIGITS` pieces + `.dylib` or `.dll`, STEM as short as it can be."""
+    for suffix in (".dylib", ".dll"):
+        if text.endswith(suffix) and len(text) > len(suffix):
+            rest = text[:-len(suffix)]
+            at = _dotted_tail(rest, _DIGITS)
+            if at == 0:  # the stem keeps at least one character: the tail starts at its next dot
+                at = rest.find(".", 1)
+                at = len(rest) if at < 0 else at
+            return rest[:at]
+    return None
+
+
+def _unrenamed(stem: str) -> str:
+    """`stem` without a repair tool's suffix: `-r<digits>-<6+ hex>` + any `.DIGITS` pieces, or
+    one or more `-<8 to 40 hex>` pieces; the leftmost such ending wins."""
+    text, newline = (stem[:-1], "\n") if stem.endswith("\n") else (stem, "")
+    cut = len(text)
+    at = len(text)  # -HEX pieces, from the right
+    while True:
+        dash = text.rfind("-", 0, at)
+        piece = text[dash + 1:at]
+        if dash < 0 or not 8 <= len(piece) <= 40 or not _HEX.issuperset(piece):
+            break
+        cut = at = dash
+    hex_end = _dotted_tail(text, _DIGITS)  # -r<digits>-<hex>: the hex ends where the versions begin
+    dash = text.rfind("-", 0, hex_end)
+    if dash >= 0 and hex_end - dash - 1 >= 6 and _HEX.issuperset(text[dash + 1:hex_end]):
+        r = text.rfind("r", 0, dash)
+        if r >= 1 and text[r - 1] == "-" and r + 1 < dash and _DIGITS.issuperset(text[r + 1:dash]):
+            cut = min(cut, r - 1)
+    return text[:cut] + newline
 
 
 def soname_matches(regex: re.Pattern[str] | None, name: str) -> bool:

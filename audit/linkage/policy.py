@@ -14,6 +14,7 @@ import datetime as _dt
 import functools
 import hashlib
 import re
+import stat
 from dataclasses import dataclass, field
 from itertools import filterfalse, repeat
 from operator import methodcaller
@@ -36,6 +37,13 @@ from audit.linkage.patterns import (
 
 DEFAULT_POLICY = "sovereign"
 _MAX_EXTENDS = 8
+# Every pattern becomes part of a regex compiled when the policy loads, and Python's compile
+# time grows faster than the pattern count: past these a policy is refused (exit 2) instead of
+# stalling a CI job. The shipped policy has ~200 patterns, ~120 symbol forms and one affix each.
+MAX_PATTERNS = 2048  # globs in a policy, extends merged (rules, allow, exceptions)
+MAX_SYMBOL_FORMS = 4096  # symbol globs with their symbol-prefixes/-suffixes forms
+MAX_AFFIXES = 8  # entries of symbol-prefixes, and of symbol-suffixes
+MAX_POLICY_BYTES = 16 << 20  # a policy file or a symbol list (the shipped ones: < 100 KiB)
 _RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -274,7 +282,7 @@ class Policy:
                 parts = [(lit, rest) for p in r.match_symbols for lit, rest in literal_prefixes(p)]
                 lits = sorted({lit for lit, _ in parts})
                 free = {lit for lit, rest in parts if rest == "*"}
-                made.append([(x, x not in free) for x in lits if not any(x != y and x.startswith(y) for y in lits)])
+                made.append([(x, x not in free) for x in _prefix_free(lits)])
             self._prefixes_made = made
         return self._prefixes_made
 
@@ -416,6 +424,17 @@ class Policy:
         }
 
 
+def _prefix_free(lits: list[str]) -> list[str]:
+    """The sorted `lits` that have no other of them as a prefix, in one pass: every name between
+    a prefix and a name it starts is sorted between them, so the last one kept is the only
+    candidate (comparing each with all is quadratic: minutes for a policy of 100k patterns)."""
+    kept: list[str] = []
+    for x in lits:
+        if not kept or not x.startswith(kept[-1]):
+            kept.append(x)
+    return kept
+
+
 def builtin_rule(rule_id: str) -> Rule:
     name, reason, use = _BUILTIN_TEXT[rule_id]
     rule = Rule(id=rule_id, reason=reason, family="linkage", name=name, use_instead=use, builtin=True)
@@ -444,9 +463,17 @@ def _read_source(ref: str, base_dir: Path | None) -> tuple[str, bytes]:
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
     try:
+        _fits(path, MAX_POLICY_BYTES, f"policy {path}")
         return str(path), read_regular_file(path)
     except OSError as exc:
         raise PolicyError(f"cannot read policy {path}: {exc.strerror or exc}") from None
+
+
+def _fits(path: Path, limit: int, what: str) -> None:
+    """PolicyError if the regular file at `path` is larger than `limit` (read whole otherwise)."""
+    st = path.stat()
+    if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+        raise PolicyError(f"{what}: {st.st_size} bytes; at most {limit >> 20} MiB")
 
 
 def load_policy(path_or_none: str | Path | None = None) -> Policy:
@@ -460,7 +487,24 @@ def load_policy(path_or_none: str | Path | None = None) -> Policy:
                           f"({', '.join(shipped_policies())})")
     policy = _load(ref, None, [])
     _validate_exceptions(policy)
+    _check_size(policy)
     return policy.finalize()
+
+
+def _check_size(policy: Policy) -> None:
+    where = policy.sources[-1]["path"] if policy.sources else policy.name
+    for key in ("symbol_prefixes", "symbol_suffixes"):  # each file's own list is checked as it is read
+        if len(getattr(policy, key)) > MAX_AFFIXES:
+            raise PolicyError(f"{where}: {len(getattr(policy, key))} {key.replace('_', '-')} with the policies "
+                              f"it extends; at most {MAX_AFFIXES}")
+    count = len(policy.trusted) + len(policy.inspected) + len(policy.exceptions) + sum(
+        len(getattr(r, k)) for r in policy.rules for k in ("sonames", "symbols", "strings", "kernels", "shared_kernels"))
+    if count > MAX_PATTERNS:
+        raise PolicyError(f"{where}: {count} patterns; a policy may have at most {MAX_PATTERNS}")
+    forms = sum(len(affixed(r.symbols, policy.symbol_prefixes, policy.symbol_suffixes)) for r in policy.rules)
+    if forms > MAX_SYMBOL_FORMS:
+        raise PolicyError(f"{where}: {forms} symbol patterns with their symbol-prefixes/-suffixes forms; "
+                          f"a policy may have at most {MAX_SYMBOL_FORMS}")
 
 
 def _load(ref: str, base_dir: Path | None, chain: list[str]) -> Policy:
@@ -475,6 +519,8 @@ def _load(ref: str, base_dir: Path | None, chain: list[str]) -> Policy:
         raise PolicyError(f"{label}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{label}: invalid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise PolicyError(f"{label}: invalid TOML: arrays or tables nested too deeply") from None
     _unknown(label, "", doc, _TOP_KEYS)
     here = None if label.endswith("(shipped)") else Path(label).parent
     parent_ref = doc.get("extends")
@@ -572,6 +618,7 @@ def _read_names(label: str, key: str, ref: str, base_dir: Path | None) -> tuple[
         shown, data = ref, res.read_bytes()
     else:
         try:
+            _fits(local, MAX_POLICY_BYTES, f"{label}: {key}: {local}")
             shown, data = str(local.resolve()), read_regular_file(local)
         except OSError as exc:
             raise PolicyError(f"{label}: {key}: cannot read {local}: {exc.strerror or exc}") from None
@@ -653,6 +700,8 @@ def _array(label: str, key: str, value) -> list:
 def _affixes(label: str, key: str, value) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise PolicyError(f"{label}: {key}: must be an array of strings")
+    if len(value) > MAX_AFFIXES:
+        raise PolicyError(f"{label}: {key}: {len(value)} entries; at most {MAX_AFFIXES}")
     for j, text in enumerate(value):
         if not isinstance(text, str) or not _AFFIX.match(text):
             raise PolicyError(f"{label}: {key}[{j}]: must be 1-32 letters, digits or '_'")
@@ -662,6 +711,8 @@ def _affixes(label: str, key: str, value) -> tuple[str, ...]:
 def _globs(label: str, key: str, value) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise PolicyError(f"{label}: {key}: must be an array of strings")
+    if len(value) > MAX_PATTERNS:  # refused before each one is translated
+        raise PolicyError(f"{label}: {key}: {len(value)} patterns; a policy may have at most {MAX_PATTERNS}")
     for j, pat in enumerate(value):
         if not isinstance(pat, str):
             raise PolicyError(f"{label}: {key}[{j}]: must be a string")
