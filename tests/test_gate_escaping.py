@@ -233,3 +233,51 @@ def test_policy_errors_are_one_inert_line(hostile, tmp_path):
     assert_inert(err)
     assert len(err.splitlines()) == 1 and err.startswith("error: ")
     assert "cublas##\\x5berror]x" in err
+
+
+# -- a NEEDED chain deeper than Python's recursion limit ----------------------------------------
+CHAIN = 600  # past json's nesting limit too (two levels a node: the node and its children)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory) -> Path:
+    """lib0.so -> lib1.so -> ... -> lib600.so: one gcc build, copies given a DT_NEEDED by patchelf."""
+    require_tool("gcc")
+    require_tool("patchelf")
+    d = tmp_path_factory.mktemp("needed-chain")
+    (d / "t.c").write_text("int t(void) { return 1; }\n")
+    run("gcc", "-shared", "-fPIC", "-o", d / f"lib{CHAIN}.so", d / "t.c")
+    for i in range(CHAIN):
+        shutil.copy(d / f"lib{CHAIN}.so", d / f"lib{i}.so")
+    for start in range(0, CHAIN, 8):  # a few at a time
+        procs = [subprocess.Popen(["patchelf", "--add-needed", f"lib{i + 1}.so", str(d / f"lib{i}.so")])
+                 for i in range(start, min(start + 8, CHAIN))]
+        assert all(p.wait() == 0 for p in procs)
+    return d
+
+
+def test_inspect_renders_a_needed_chain_deeper_than_the_recursion_limit(chain):
+    proc = cli("inspect", "--ldpath", chain, chain / "lib0.so")
+    out, err = decoded(proc)
+    assert proc.returncode == 0, err
+    tree = out.partition("  dependency tree:\n")[2].splitlines()
+    assert tree[0] == f"    lib1.so -> {chain}/lib1.so (ldpath) [unlisted]"
+    assert tree[CHAIN - 1] == f"  {'  ' * CHAIN}lib{CHAIN}.so -> {chain}/lib{CHAIN}.so (ldpath) [unlisted]"
+
+
+def test_inspect_json_of_a_needed_chain_deeper_than_the_recursion_limit(chain):
+    proc = cli("inspect", "--json", "--no-vendor-symbols", "--ldpath", chain, chain / "lib0.so")
+    out, err = decoded(proc)
+    assert proc.returncode == 0, err
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10 * CHAIN)  # json.loads nests as deep as the document
+    try:
+        doc = json.loads(out)
+        assert out == json.dumps(doc, indent=1, ensure_ascii=True) + "\n"  # the usual layout
+    finally:
+        sys.setrecursionlimit(limit)
+    node, names = doc["files"][0]["dependency_tree"], []
+    while node["children"]:
+        [node] = node["children"]
+        names.append(node["name"])
+    assert names == [f"lib{i}.so" for i in range(1, CHAIN + 1)]
