@@ -210,8 +210,10 @@ def worker(w: int, a, shared, runner: Runner, out: Path, deadline: float, result
     i = w
     with open(results, "w") as res:
         while (not a.cases or i < a.cases) and (not a.seconds or time.monotonic() < deadline):
+            t0 = time.monotonic()
             case, kinds, argvs, case_dir, new = run_case(i, a, shared, runner, work, corpus, seen, policy_text)
-            rec = {"case": i, "family": case.family, "kinds": kinds, "notes": case.notes, "new": new, "repro": {}}
+            rec = {"case": i, "family": case.family, "kinds": kinds, "notes": case.notes, "new": new, "repro": {},
+                   "seconds": round(time.monotonic() - t0, 2)}
             for kind, detail in kinds.items():
                 if kept[kind] < KEEP_PER_KIND:
                     kept[kind] += 1
@@ -232,6 +234,11 @@ def summarize(out: Path, recs: list[dict], seconds: float, seed: int, notes: lis
             by_kind.setdefault(k, []).append(r)
     lines = [f"seed {seed}: {len(recs)} cases in {seconds:.0f} s ({', '.join(f'{k} {v}' for k, v in sorted(fam.items()))})"]
     lines += [f"note: {n}" for n in notes]
+    if recs:
+        slow = max(recs, key=lambda r: r.get("seconds", 0))
+        kept = sum(1 for r in recs if r.get("new"))
+        lines.append(f"slowest case {slow['case']} ({slow['family']}): {slow.get('seconds', 0)} s; "
+                     f"{kept} mutant(s) with a new outcome kept for further mutation")
     if not by_kind:
         lines.append("no contract violation")
     else:
