@@ -38,6 +38,11 @@ main(sys.argv[1:])
 """
 
 
+# As root, nobody's python may lie out of reach (/root is 0700): root keeps its uid but loses the
+# two capabilities that skip file permission checks, so the kernel checks them as for any user.
+_NO_DAC_BYPASS = ("--inh-caps=-dac_override,-dac_read_search", "--bounding-set=-dac_override,-dac_read_search")
+
+
 def cli(*args, tmpdir: Path | None = None, canary: str | None = None, user: bool = False,
         timeout: int = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -47,8 +52,8 @@ def cli(*args, tmpdir: Path | None = None, canary: str | None = None, user: bool
     if canary is not None:
         env["CANARY"] = canary
         cmd = [sys.executable, "-c", _HOOKED, *map(str, args)]
-    if user:  # as nobody: root reads a chmod 000 folder anyway
-        cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env", f"PYTHONPATH={REPO}", *cmd]
+    if user:  # without the capabilities that let root read a chmod 000 folder anyway
+        cmd = ["setpriv", *_NO_DAC_BYPASS, *cmd] if os.geteuid() == 0 else cmd
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
@@ -286,3 +291,23 @@ def test_fifo_as_ld_so_conf_under_root_does_not_hang(built, tmp_path, where):
     assert "Traceback" not in proc.stderr and proc.returncode == EXIT_OK, proc.stdout + proc.stderr
     if where == "etc/ld.so.conf":
         assert "cannot read /etc/ld.so.conf" in proc.stdout + proc.stderr
+
+
+def test_folder_with_an_unreadable_sub_folder_is_an_error(built, tmp_path):
+    """The sub-folder (which might hold anything) is chmod 000 and the CLI runs without root's
+    permission bypass, so the folder really cannot be listed."""
+    require_tool("setpriv")
+    top = tmp_path / "dist"
+    (top / "lib").mkdir(parents=True)
+    (top / "secret").mkdir()
+    (top / "lib/libclean.so").write_bytes(built["clean"].read_bytes())
+    (top / "secret/libhidden.so").write_bytes(built["clean"].read_bytes())
+    (top / "secret").chmod(0)
+    try:
+        ok = cli("check", top / "lib", user=True)
+        assert ok.returncode == EXIT_OK, ok.stdout + ok.stderr  # the rest is readable
+        proc = cli("check", top, user=True)
+    finally:
+        (top / "secret").chmod(0o755)
+    assert_input_error(proc, "cannot list folder: Permission denied")
+    assert str(top / "secret") in proc.stdout

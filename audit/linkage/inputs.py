@@ -228,9 +228,10 @@ class Inputs:
                              "index.json), not audited")
 
     def _walk(self, top: str):
-        def onerror(exc: OSError):
-            self.warnings.append(f"cannot list {exc.filename}: {exc.strerror}")
-            self.skip("unreadable_dir")
+        unlisted: list[Input] = []
+
+        def onerror(exc: OSError):  # a part of the input that cannot be read fails closed, as a file does
+            unlisted.append(Input(exc.filename or top, None, True, f"cannot list folder: {exc.strerror or exc}"))
 
         files: list[str] = []
         images: set[str] = set()  # OCI layout folders: audited as images, not walked
@@ -242,6 +243,7 @@ class Inputs:
             files += [os.path.join(dirpath, name) for name in sorted(filenames + list(oci))]
         # the whole folder is listed first: its files are the fallback for each other's NEEDED
         members = MemberSet(top, (Member(f, f) for f in files if not f.endswith(".whl") and f not in images))
+        yield from unlisted
         for full in files:
             if full in images:
                 yield from self._image(full)
