@@ -21,6 +21,7 @@ import struct
 import numpy as np
 
 from audit.elf.dynamic import dynamic_entries
+from audit.elf.symbols import MAX_ENTRIES
 from audit.elf.parse import (PT_DYNAMIC, PT_INTERP, PT_LOAD, SHF_ALLOC, SHF_EXECINSTR, SHT_DYNAMIC,
                              SHT_DYNSYM, SHT_GNU_VERDEF, SHT_GNU_VERNEED, SHT_GNU_VERSYM,
                              SHT_PROGBITS, SHT_STRTAB, ElfImage, Malformed, Section)
@@ -29,8 +30,6 @@ DT_PLTRELSZ, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ = 2, 4, 5, 6, 7, 
 DT_STRSZ, DT_SYMENT, DT_REL, DT_RELSZ, DT_PLTREL, DT_JMPREL = 10, 11, 17, 18, 20, 23
 DT_GNU_HASH, DT_VERSYM, DT_VERDEF, DT_VERNEED = 0x6FFFFEF5, 0x6FFFFFF0, 0x6FFFFFFC, 0x6FFFFFFE
 PF_X = 1
-# A dynamic symbol table larger than this is hostile (the largest real ones hold ~10^6 entries).
-MAX_DYNSYM = 1 << 24
 
 
 def _new_section(index: int, name: str, sh_type: int, flags: int, addr: int, offset: int, size: int,
@@ -83,9 +82,9 @@ class _Dynamic:
             if strtab > self.tags[DT_SYMTAB]:  # the usual layout: .dynstr right after .dynsym
                 counts.append((strtab - self.tags[DT_SYMTAB]) // entsize)
         count = max(counts)
-        if count > MAX_DYNSYM or sym_off + count * entsize > img.size:
+        if count > MAX_ENTRIES or sym_off + count * entsize > img.size:
             raise Malformed(f"dynamic symbol table claims {count} entries, more than the file holds "
-                            f"(or over the {MAX_DYNSYM} limit)")
+                            f"(or over the {MAX_ENTRIES} limit)")
         return count
 
     def _gnu_hash_count(self) -> int:

@@ -28,6 +28,10 @@ from audit.elf.textscan import matching_strings
 STT = {0: "NOTYPE", 1: "OBJECT", 2: "FUNC", 3: "SECTION", 4: "FILE", 5: "COMMON", 6: "TLS",
        10: "GNU_IFUNC"}
 STB = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK", 10: "GNU_UNIQUE"}
+# Limits against hostile tables (real libraries stay far below: libtorch_cpu.so's .symtab has
+# 530k entries, of which a few thousand are reported).
+MAX_ENTRIES = 16_000_000  # entries of one symbol table
+MAX_KEPT = 1_000_000  # symbols of one table kept for the report
 
 
 def sym_dtype(bits: int, e: str) -> np.dtype:
@@ -62,6 +66,8 @@ def load_tables(img: ElfImage) -> list[SymbolTable]:
             raise Malformed(f"{label} entry size {entsize} < {dt.itemsize}")
         img.check_range(sec.offset, sec.size, f"symbol table {label}")
         count = sec.size // entsize
+        if count > MAX_ENTRIES:
+            raise Malformed(f"{label} claims {count} entries, over the {MAX_ENTRIES} limit")
         if not 0 < sec.link < len(img.sections):
             raise Malformed(f"{label} links to invalid string table index {sec.link}")
         strsec = img.sections[sec.link]
@@ -97,6 +103,9 @@ def select(img: ElfImage, table: SymbolTable, pattern: re.Pattern[bytes] | None,
             keep |= (nm == 0) & ~bad
     keep[0] = False  # the null symbol is never reported
     idx = np.flatnonzero(keep)
+    if len(idx) > MAX_KEPT:  # refused before a name is made: each kept one costs ~200 bytes
+        raise Malformed(f"{table.name}: {len(idx)} symbols to report (imports and names the policy "
+                        f"selects), over the {MAX_KEPT} limit")
     return idx, name_end[idx]
 
 
