@@ -168,6 +168,7 @@ def run_case(i: int, a, builder_args, runner: Runner, work: Path, corpus: list, 
             corpus.append(case.primary)
             del corpus[:-200]
             new = True
+    case.rcs = [o.rc for o in outcomes]
     return case, kinds, argvs, case_dir, new
 
 
@@ -213,7 +214,7 @@ def worker(w: int, a, shared, runner: Runner, out: Path, deadline: float, result
             t0 = time.monotonic()
             case, kinds, argvs, case_dir, new = run_case(i, a, shared, runner, work, corpus, seen, policy_text)
             rec = {"case": i, "family": case.family, "kinds": kinds, "notes": case.notes, "new": new, "repro": {},
-                   "seconds": round(time.monotonic() - t0, 2)}
+                   "seconds": round(time.monotonic() - t0, 2), "rcs": case.rcs}
             for kind, detail in kinds.items():
                 if kept[kind] < KEEP_PER_KIND:
                     kept[kind] += 1
@@ -235,6 +236,8 @@ def summarize(out: Path, recs: list[dict], seconds: float, seed: int, notes: lis
     lines = [f"seed {seed}: {len(recs)} cases in {seconds:.0f} s ({', '.join(f'{k} {v}' for k, v in sorted(fam.items()))})"]
     lines += [f"note: {n}" for n in notes]
     if recs:
+        rcs = Counter(rc for r in recs for rc in r.get("rcs", []))
+        lines.append("exit codes of all runs: " + ", ".join(f"{k}: {v}" for k, v in sorted(rcs.items(), key=str)))
         slow = max(recs, key=lambda r: r.get("seconds", 0))
         kept = sum(1 for r in recs if r.get("new"))
         lines.append(f"slowest case {slow['case']} ({slow['family']}): {slow.get('seconds', 0)} s; "

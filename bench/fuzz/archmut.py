@@ -95,6 +95,9 @@ def _declare_size(data: bytearray, name: str, size: int) -> None:
         pos += 512
 
 
+_BOMBS: dict[str, bytes] = {}  # compressed once per process
+
+
 class Builder:
     def __init__(self, rng: random.Random, seeds: dict[str, bytes], elfmut, canary: str):
         self.rng = rng
@@ -102,7 +105,6 @@ class Builder:
         self.elfmut = elfmut
         self.canary = canary  # absolute path of the folder no run may open
         self.elf_names = [k for k in seeds if k not in ("pe", "baseline")]
-        self._bomb: dict[str, bytes] = {}
 
     # -- pieces
     def elf(self, case: Case, mutate: float = 0.5) -> bytes:
@@ -199,16 +201,16 @@ class Builder:
 
     def bomb(self, kind: str) -> bytes:
         """65 MiB of zeros compressed (a ~1000:1 member over the 64 MiB ratio floor), made once."""
-        if kind not in self._bomb:
+        if kind not in _BOMBS:
             zeros = bytes(65 << 20)
             if kind == "gzip":
-                self._bomb[kind] = gzip.compress(zeros, compresslevel=9, mtime=0)
+                _BOMBS[kind] = gzip.compress(zeros, compresslevel=9, mtime=0)
             elif kind == "zip":
                 buf = io.BytesIO()
                 with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
                     zf.writestr("pkg/libbomb.so", zeros)
-                self._bomb[kind] = buf.getvalue()
-        return self._bomb[kind]
+                _BOMBS[kind] = buf.getvalue()
+        return _BOMBS[kind]
 
     # -- families
     def elf_case(self, corpus: list[bytes]) -> Case:
