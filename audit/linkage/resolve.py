@@ -45,6 +45,10 @@ from audit.linkage.fs import HOST, FileSystem
 from audit.linkage.fs import glob as fs_glob
 
 _MAX_LINKS = 40  # ELOOP after this many symlinks, like the kernel
+# Libraries in one NEEDED chain below the audited object. ld.so has no such bound, but real
+# chains are a few dozen deep; the tree is written out as nested JSON, which Python's encoder
+# refuses past ~1000 levels (two per library). Past it the file is an error (exit 3).
+MAX_DEPTH = 256
 _TRIPLETS = {
     (64, 62): "x86_64-linux-gnu", (32, 3): "i386-linux-gnu", (64, 183): "aarch64-linux-gnu",
     (32, 40): "arm-linux-gnueabihf", (64, 21): "powerpc64le-linux-gnu", (64, 22): "s390x-linux-gnu",
@@ -104,9 +108,16 @@ class DepNode:
     info: ElfInfo | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("name", "edge", "status", "path", "how", "via", "soname", "rule", "note")}
-        d["children"] = [c.to_dict() for c in self.children]
-        return d
+        """The tree as nested dicts, made with a stack, not by recursion (see MAX_DEPTH)."""
+        top: dict = {}
+        todo = [(self, top)]
+        while todo:
+            node, d = todo.pop()
+            d.update({k: getattr(node, k) for k in ("name", "edge", "status", "path", "how", "via", "soname",
+                                                     "rule", "note")})
+            d["children"] = [{} for _ in node.children]
+            todo += zip(reversed(node.children), reversed(d["children"]))
+        return top
 
     @property
     def label(self) -> str:
@@ -114,11 +125,12 @@ class DepNode:
         return f"{self.name} (dlopen)" if self.edge == "dlopen" else self.name
 
     def walk(self, chain: tuple[DepNode, ...] = ()):
-        """(node, chain from the root to the node inclusive), depth first."""
-        chain = chain + (self,)
-        yield self, chain
-        for child in self.children:
-            yield from child.walk(chain)
+        """(node, chain from the root to the node inclusive), depth first, with a stack."""
+        todo = [chain + (self,)]
+        while todo:
+            here = todo.pop()
+            yield here[-1], here
+            todo += [here + (child,) for child in reversed(here[-1].children)]
 
 
 @dataclass(frozen=True)
@@ -378,6 +390,9 @@ class Resolver:
                 if child.soname:
                     loaded.setdefault(child.soname, child)
                 if child.status in ("inspected", "unlisted"):
+                    if len(chain) > MAX_DEPTH:
+                        raise TreeTooLarge(f"dependency chain deeper than {MAX_DEPTH} libraries "
+                                           f"(at {child.name}, needed by {node.name})")
                     queue.append((child, chain + (child,)))
         return rootnode, warnings
 
