@@ -57,11 +57,33 @@ class Baseline:
 def _names(f: dict) -> tuple[frozenset, int, bool]:
     matches = f.get("matches")
     if isinstance(matches, list) and matches:
-        names = {n for m in matches if isinstance(m, dict) for n in (m.get("names") or []) if isinstance(n, str)}
+        names = {n for m in matches for n in (m.get("names") or [])}
         return frozenset(names | {f["subject"]}), len(names), True
-    examples = [e for e in (f.get("examples") or []) if isinstance(e, str)]
+    examples = f.get("examples") or []
     count = f.get("count") if isinstance(f.get("count"), int) else 1
     return frozenset({f["subject"], *examples}), count, False
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _finding_problem(f: dict) -> str | None:
+    """What is wrong with the fields a baseline reads from a finding (None: nothing); absent or
+    null ones are allowed, as an older `check` wrote fewer of them."""
+    if f.get("examples") is not None and not _strings(f["examples"]):
+        return "examples must be a list of strings"
+    count = f.get("count")
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or count < 0):
+        return "count must be a whole number"
+    matches = f.get("matches")
+    if matches is None:
+        return None
+    if not isinstance(matches, list) or not all(isinstance(m, dict) for m in matches):
+        return "matches must be a list of objects"
+    if not all(m.get("names") is None or _strings(m["names"]) for m in matches):
+        return "each match's names must be a list of strings"
+    return None
 
 
 def load_baseline(path: str) -> Baseline:
@@ -72,6 +94,8 @@ def load_baseline(path: str) -> Baseline:
         raise UsageError(f"--baseline {path}: cannot read: {exc.strerror or exc}") from None
     except (ValueError, UnicodeError) as exc:
         raise UsageError(f"--baseline {path}: not JSON ({' '.join(str(exc).split())})") from None
+    except RecursionError:  # json recurses once per nested array or object
+        raise UsageError(f"--baseline {path}: not a `check --format json` result (nested too deeply)") from None
     family = SCHEMA.rsplit("/", 1)[0] + "/"
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith(family) \
             or not isinstance(doc.get("files"), list):
@@ -86,6 +110,9 @@ def load_baseline(path: str) -> Baseline:
             parts = [f.get(k) if isinstance(f, dict) else None for k in ("rule", "kind", "subject")]
             if not all(isinstance(p, str) for p in parts):
                 raise UsageError(f"--baseline {path}: a finding without rule, kind or subject")
+            problem = _finding_problem(f)
+            if problem:
+                raise UsageError(f"--baseline {path}: a finding of rule {parts[0]!r}: {problem}")
             k = (parts[0], parts[1], parts[2], same_path(fr["path"]))
             keys.add(k)
             got, count, complete = _names(f)
