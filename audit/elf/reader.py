@@ -32,7 +32,7 @@ import numpy as np
 
 from audit.elf import hashing, prescan, segments
 from audit.elf.amdgpu import read_hip_fatbin
-from audit.elf.content import device_in_data
+from audit.elf.content import device_at_targets, device_in_data, wrapper_targets
 from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, read_version_defs,
                                read_version_needs)
 from audit.elf.forward import read_forwarders
@@ -365,7 +365,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
             img.check_range(sec.offset, sec.size, f"section {sec.name}")
             reader = read_hip_fatbin if sec.name == ".hip_fatbin" else read_nv_fatbin
             device += reader(img.buf, sec.offset, sec.offset + sec.size, sec.name)  # in place
-    device += device_in_data(img, scannable(img))  # under other names, or none
+    device += _device_elsewhere(img, synthetic)
     warnings += lib_warn
 
     return ElfInfo(
@@ -376,6 +376,18 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
         code_loading_imports=code_loading, forwarders=forwarders, library_strings=strings,
         api_strings=api,
         device_code=device, warnings=warnings)
+
+
+def _device_elsewhere(img: ElfImage, synthetic: bool) -> list:
+    """Device code outside the sections named for it: found by content where names are not
+    known (no section headers, unnamed sections), else at the registration wrappers' targets."""
+    places = list(scannable(img))
+    unnamed = any(not sec.name for sec in img.sections[1:])
+    targets = None if synthetic or unnamed else wrapper_targets(img, segments.relative_addend(img))
+    if targets is None:
+        return device_in_data(img, places)
+    named = [(sec.offset, sec.offset + sec.size) for sec in img.sections if _is_device_section(sec)]
+    return device_at_targets(img, targets, named, places)
 
 
 def _is_device_section(sec) -> bool:

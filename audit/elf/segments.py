@@ -29,7 +29,8 @@ from audit.elf.parse import (PT_DYNAMIC, PT_INTERP, PT_LOAD, SHF_ALLOC, SHF_EXEC
 DT_PLTRELSZ, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ = 2, 4, 5, 6, 7, 8
 DT_STRSZ, DT_SYMENT, DT_REL, DT_RELSZ, DT_PLTREL, DT_JMPREL = 10, 11, 17, 18, 20, 23
 DT_GNU_HASH, DT_VERSYM, DT_VERDEF, DT_VERNEED = 0x6FFFFEF5, 0x6FFFFFF0, 0x6FFFFFFC, 0x6FFFFFFE
-PF_X = 1
+PF_X, PF_W = 1, 2
+PT_GNU_EH_FRAME = 0x6474E550
 
 
 def _new_section(index: int, name: str, sh_type: int, flags: int, addr: int, offset: int, size: int,
@@ -137,6 +138,27 @@ class _Dynamic:
         return best if best > 1 else 0
 
 
+def relative_addend(img: ElfImage):
+    """A function: vaddr -> the addend of the RELA relocation that patches it (None if none),
+    the relocations read once, on first use."""
+    found: dict = {}
+
+    def at(vaddr: int) -> int | None:
+        if "table" not in found:
+            rows = []
+            if img.bits == 64 and img.endian == "little":
+                for off, size, rela in _Dynamic(img).reloc_tables():
+                    if rela and size >= 24:
+                        rows.append(np.frombuffer(img.buf, dtype="<u8", count=size // 24 * 3, offset=off).reshape(-1, 3))
+            found["table"] = rows
+        for t in found["table"]:
+            hit = np.flatnonzero(t[:, 0] == vaddr)
+            if len(hit):
+                return int(t[hit[0], 2])
+        return None
+    return at
+
+
 def synthesize(img: ElfImage) -> list[str]:
     """For a file without section headers: img.sections rebuilt from PT_DYNAMIC (as documented
     above) and img.extra_ranges set to the rest of the PT_LOAD segments. Returns warnings."""
@@ -192,7 +214,23 @@ def _structural(img: ElfImage, dyn: _Dynamic) -> list[tuple[int, int]]:
     for seg in img.segments:
         if seg.type in (PT_DYNAMIC, PT_INTERP):
             out.append((seg.offset, seg.offset + seg.filesz))
+        elif seg.type == PT_GNU_EH_FRAME:  # unwind tables, like code: the header and its .eh_frame
+            out.append((seg.offset, seg.offset + seg.filesz))
+            frame = _eh_frame(img, seg)
+            if frame is not None:
+                out.append(frame)
     return out
+
+
+def _eh_frame(img: ElfImage, hdr) -> tuple[int, int] | None:
+    """The file range of the section .eh_frame_hdr's eh_frame_ptr points at (pc-relative sdata4,
+    as the linkers write it), if a section starts there."""
+    if hdr.filesz < 8 or hdr.offset + 8 > img.size or img.buf[hdr.offset + 1] != 0x1B:
+        return None
+    (rel,) = struct.unpack_from(img.e + "i", img.buf, hdr.offset + 4)
+    addr = hdr.vaddr + 4 + rel
+    sec = next((s for s in img.sections if s.addr == addr and s.flags & SHF_ALLOC and s.size), None)
+    return None if sec is None else (sec.offset, sec.offset + sec.size)
 
 
 def _confirmed(dyn: _Dynamic, sec: Section) -> bool:
