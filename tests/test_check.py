@@ -240,9 +240,11 @@ def test_directory_skips_non_elf_but_fails_closed_on_broken_elf(linkage_libs, tm
     os.symlink("nowhere", tree / "lib/dangling.so")
     (tree / "README.md").write_text("docs\n")
     (tree / "lib/data.bin").write_bytes(b"\0" * 64)
+    (tree / "lib/libvendor_static.a").write_bytes(b"!<arch>\n")
     rc, doc, _ = check_json(capsys, tree)
     assert rc == EXIT_OK and [f["path"] for f in doc["files"]] == [str(tree / "lib/libclean.so")]
-    assert doc["summary"]["skipped"] == {"non_elf": 2, "duplicate": 1, "broken_symlink": 1}
+    assert doc["summary"]["skipped"] == {"non_elf": 2, "duplicate": 1, "broken_symlink": 1, "archive": 1}
+    assert any("static archive" in w for w in doc["warnings"])
     (tree / "lib/libbroken.so").write_bytes(linkage_libs["clean"].read_bytes()[:200])
     rc, doc, _ = check_json(capsys, tree)
     assert rc == EXIT_INPUT

@@ -180,7 +180,7 @@ def foreign(tmp_path_factory, dll) -> dict[str, Path]:
     return out
 
 
-FOREIGN_KINDS = {"dll": "PE/COFF DLL (Windows)", "dylib": "Mach-O", "a": "static archive (ar)"}
+FOREIGN_KINDS = {"dll": "PE/COFF DLL (Windows)", "dylib": "Mach-O"}
 
 
 @pytest.mark.parametrize("which", sorted(FOREIGN_KINDS))
@@ -198,6 +198,24 @@ def test_folder_with_an_elf_file_and_a_foreign_binary_is_an_error(built, foreign
     assert proc.returncode == EXIT_INPUT and doc["summary"]["skipped"] == {"non_elf": 1}
     verdicts = {Path(f["path"]).name: f["verdict"] for f in doc["files"]}
     assert verdicts == {"libclean.so": "pass", foreign[which].name: "error"}
+
+
+def test_static_archive_in_a_wheel_or_folder_is_warned_about_by_name(built, foreign, tmp_path):
+    """Nothing loads a static archive at run time (numpy's wheels ship libnpymath.a): it is no
+    error, but it is named in a warning and counted, never skipped in silence."""
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.write(built["clean"], "demo/libclean.so")
+        zf.write(foreign["a"], "demo/lib/libf.a")
+    folder = tmp_path / "dist"
+    folder.mkdir()
+    (folder / "libclean.so").write_bytes(built["clean"].read_bytes())
+    (folder / "libf.a").write_bytes(foreign["a"].read_bytes())
+    for target, shown in ((whl, f"{whl}!/demo/lib/libf.a"), (folder, str(folder / "libf.a"))):
+        proc = cli("check", "--format", "json", target)
+        doc = json.loads(proc.stdout)
+        assert proc.returncode == EXIT_OK and doc["summary"]["skipped"].get("archive") == 1, proc.stdout
+        assert any(w.startswith(f"{shown}: static archive (ar) not audited") for w in doc["warnings"]), doc
 
 
 def test_wheel_with_an_elf_file_and_a_dll_is_an_error(built, dll, tmp_path):

@@ -80,7 +80,7 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         if kind is not Kind.ELF:
                             tree.add(name, _Node("file"))  # replaces what was there; not written
                             if kind.binary:
-                                out.append(Extracted(name, None, False, f"{kind.value}: format not audited"))
+                                out.append(Extracted(name, None, False, f"{kind.value}: format not audited", kind))
                             continue
                         total += m.size
                         if m.size > member_bytes:
@@ -121,6 +121,7 @@ class Extracted:
     written: str | None  # where it was written (None: not written)
     audited: bool  # an ELF file's first name (its other names are found by name only)
     error: str | None = None  # why it is an error (a binary whose format is not audited)
+    kind: Kind = Kind.ELF
 
 
 @dataclass

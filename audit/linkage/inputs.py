@@ -101,6 +101,12 @@ class Inputs:
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
+    def static_archive(self, report: str) -> None:
+        """A static archive in a folder or archive: nothing loads it at run time, so it is no
+        linkage of its own (real wheels ship them: numpy's libnpymath.a); never skipped silently."""
+        self.skip("archive")
+        self.warnings.append(f"{report}: static archive (ar) not audited; audit the object it is linked into")
+
     def expand(self, arg: str):
         try:
             st = os.stat(arg)
@@ -168,6 +174,9 @@ class Inputs:
             yield Input(f"{arg}!{path}", None if why else path, True, why, scope=scope,
                         layer=tree.layer_of(entry), members=members)
         for path, entry, kind in tree.other_binaries():
+            if kind is Kind.STATIC_ARCHIVE:
+                self.static_archive(f"{arg}!{path}")
+                continue
             found += 1
             yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
         if not found:
@@ -204,9 +213,10 @@ class Inputs:
         kind = identify(head, size)
         if kind is Kind.ELF:
             yield Input(report, host, explicit)
-        elif kind is Kind.STATIC_ARCHIVE:  # its members are not audited: never a pass
-            yield Input(report, None, True, "a static archive (ar), not an ELF file: format not audited; "
-                                            "audit the object it is linked into")
+        elif kind is Kind.STATIC_ARCHIVE and explicit:
+            yield Input(report, None, True, "a static archive (ar), not an ELF file: audit the object it is linked into")
+        elif kind is Kind.STATIC_ARCHIVE:
+            self.static_archive(report)
         elif kind.binary:  # a binary the audit cannot read yet must not pass as data
             yield Input(report, None, True, not_audited(kind))
         elif explicit:
@@ -285,9 +295,11 @@ class Inputs:
             chunks = [members[i::jobs] for i in range(jobs)] if jobs > 1 and len(members) > 256 else [members]
             elf: set[str] = set()
             unreadable: dict[str, str] = {}
-            for names, bad in map_ordered(_ElfSniffer(host), chunks, jobs):
+            archives: set[str] = set()
+            for names, bad, ar in map_ordered(_ElfSniffer(host), chunks, jobs):
                 elf |= names
                 unreadable.update(bad)
+                archives |= ar
             todo = []
             total = 0
             for m in members:
@@ -298,6 +310,9 @@ class Inputs:
                     continue
                 if m.filename in unreadable:
                     errors.append(Input(inner, None, True, unreadable[m.filename]))
+                    continue
+                if m.filename in archives:
+                    self.static_archive(inner)
                     continue
                 if m.filename not in elf:
                     self.skip("non_elf")
@@ -354,7 +369,9 @@ class Inputs:
         prefix = self.conda_prefix
         scope = Scope(fallback=[("conda-prefix", os.path.join(prefix, "lib"))]) if prefix else None
         for x in extracted:
-            if x.error:
+            if x.kind is Kind.STATIC_ARCHIVE:
+                self.static_archive(f"{report}{WHEEL_SEP}{x.name}")
+            elif x.error:
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", None, True, x.error)
             elif x.audited:
                 self.seen.add(self._real(x.written))
@@ -411,27 +428,29 @@ def _member_error(exc: BaseException) -> str:
 
 
 class _ElfSniffer:
-    """The names of the members (of one chunk) that are ELF files, and why each other member is
-    an error: its start cannot be read, or it is a binary of a format not audited (it is
-    reported, the others still audited)."""
+    """The names of the members (of one chunk) that are ELF files; why each other member is an
+    error: its start cannot be read, or it is a binary of a format not audited (it is reported,
+    the others still audited); and the names of the static archives."""
 
     def __init__(self, host: str):
         self.host = host
 
-    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str]]:
+    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str]]:
         zf = _Zip.get(self.host)
-        out, bad = set(), {}
+        out, bad, archives = set(), {}, set()
         for m in chunk:
             try:
                 with zf.open(m) as fh:
                     kind = identify(fh.read(HEAD_BYTES), m.file_size)
                 if kind is Kind.ELF:
                     out.add(m.filename)
+                elif kind is Kind.STATIC_ARCHIVE:
+                    archives.add(m.filename)
                 elif kind.binary:  # reported as an error: a binary the audit cannot read yet
                     bad[m.filename] = not_audited(kind)
             except _MEMBER_ERRORS as exc:
                 bad[m.filename] = _member_error(exc)
-        return out, bad
+        return out, bad, archives
 
 
 class _Unpacker:
