@@ -137,7 +137,7 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path):
 # lower layer (the shared utilities at the bottom, the command line at the top)
 LAYERS = [
     {"audit", "audit.errors", "audit.files", "audit.forking", "audit.resources", "audit.schemas"},
-    {"audit.elf", "audit.kernel_build"},         # reading binaries; building the kernel
+    {"audit.elf", "audit.binformat", "audit.kernel_build"},  # reading binaries; building the kernel
     {"audit.linkage", "audit.evidence"},         # judging binaries; measuring the kernel
     {"audit.report"},                            # saved evidence to a signed bundle
     {"audit.run"},                               # the whole job
