@@ -235,13 +235,13 @@ def test_policy_errors_are_one_inert_line(hostile, tmp_path):
     assert "cublas##\\x5berror]x" in err
 
 
-# -- a NEEDED chain deeper than Python's recursion limit ----------------------------------------
-CHAIN = 600  # past json's nesting limit too (two levels a node: the node and its children)
+# -- a NEEDED chain 250 libraries deep (several Python frames a library, when recursive) ------
+CHAIN = 250  # the resolver refuses a chain deeper than 256 (exit 3); this one it takes
 
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory) -> Path:
-    """lib0.so -> lib1.so -> ... -> lib600.so: one gcc build, copies given a DT_NEEDED by patchelf."""
+    """lib0.so -> lib1.so -> ... -> lib250.so: one gcc build, copies given a DT_NEEDED by patchelf."""
     require_tool("gcc")
     require_tool("patchelf")
     d = tmp_path_factory.mktemp("needed-chain")
@@ -256,7 +256,7 @@ def chain(tmp_path_factory) -> Path:
     return d
 
 
-def test_inspect_renders_a_needed_chain_deeper_than_the_recursion_limit(chain):
+def test_inspect_renders_a_needed_chain_250_deep(chain):
     proc = cli("inspect", "--ldpath", chain, chain / "lib0.so")
     out, err = decoded(proc)
     assert proc.returncode == 0, err
@@ -265,17 +265,11 @@ def test_inspect_renders_a_needed_chain_deeper_than_the_recursion_limit(chain):
     assert tree[CHAIN - 1] == f"  {'  ' * CHAIN}lib{CHAIN}.so -> {chain}/lib{CHAIN}.so (ldpath) [unlisted]"
 
 
-def test_inspect_json_of_a_needed_chain_deeper_than_the_recursion_limit(chain):
+def test_inspect_json_of_a_needed_chain_250_deep(chain):
     proc = cli("inspect", "--json", "--no-vendor-symbols", "--ldpath", chain, chain / "lib0.so")
     out, err = decoded(proc)
     assert proc.returncode == 0, err
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(10 * CHAIN)  # json.loads nests as deep as the document
-    try:
-        doc = json.loads(out)
-        assert out == json.dumps(doc, indent=1, ensure_ascii=True) + "\n"  # the usual layout
-    finally:
-        sys.setrecursionlimit(limit)
+    doc = json.loads(out)
     node, names = doc["files"][0]["dependency_tree"], []
     while node["children"]:
         [node] = node["children"]

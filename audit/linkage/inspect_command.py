@@ -15,7 +15,7 @@ import json
 import os
 import re
 import stat
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import click
 
@@ -140,27 +140,13 @@ def _add_tree(result: InspectResult, resolver, info: ElfInfo, path: str, members
         result.errors.append((info.path, f"{info.path}: {exc}"))
         return
     relabel = relabel or (lambda text: text)
-    result.trees[info.path] = _relabeled(_tree_dict(tree), relabel)
+    result.trees[info.path] = _relabeled(tree.to_dict(), relabel)
     result.tree_warnings[info.path] = [relabel(w) for w in warnings]
 
 
-# A NEEDED chain may run deeper than Python's recursion limit: the tree is copied and rendered
-# with explicit stacks, never by recursion.
-def _tree_dict(tree) -> dict:
-    """DepNode.to_dict() of the whole tree, one node at a time."""
-    root = replace(tree, children=[]).to_dict()
-    stack = [(tree, root)]
-    while stack:
-        node, d = stack.pop()
-        for child in node.children:
-            cd = replace(child, children=[]).to_dict()
-            d["children"].append(cd)
-            stack.append((child, cd))
-    return root
-
-
 def _relabeled(value, relabel):
-    """`value` with every string in it passed through `relabel`."""
+    """`value` with every string in it passed through `relabel`; with a stack, as a NEEDED chain
+    nests deeper than Python's recursion limit allows for (two levels a library)."""
     work: list = []
 
     def shell(v):
@@ -347,43 +333,6 @@ def render_text(result: InspectResult) -> str:
     return no_commands("\n\n".join(parts + [tail]))
 
 
-_END = object()
-
-
-def dumps_deep(value, indent: int = 1) -> str:
-    """json.dumps(value, indent=indent, ensure_ascii=True) with an explicit stack, for documents
-    nested past the recursion limit (dicts with string keys, lists, JSON scalars)."""
-    parts: list[str] = []
-    stack: list = []  # [items iterator, is a dict, depth, nothing written yet]
-
-    def start(v, depth: int) -> None:
-        if isinstance(v, dict) and v:
-            parts.append("{")
-            stack.append([iter(v.items()), True, depth + 1, True])
-        elif isinstance(v, (list, tuple)) and v:
-            parts.append("[")
-            stack.append([iter(v), False, depth + 1, True])
-        else:
-            parts.append(json.dumps(v, ensure_ascii=True))
-
-    start(value, 0)
-    while stack:
-        top = stack[-1]
-        it, is_dict, depth, first = top
-        item = next(it, _END)
-        if item is _END:
-            stack.pop()
-            parts.append("\n" + " " * (indent * (depth - 1)) + ("}" if is_dict else "]"))
-            continue
-        parts.append(("" if first else ",") + "\n" + " " * (indent * depth))
-        top[3] = False
-        if is_dict:
-            parts.append(json.dumps(str(item[0]), ensure_ascii=True) + ": ")
-            item = item[1]
-        start(item, depth)
-    return "".join(parts)
-
-
 def _load_policy(path: str | None):
     from audit.linkage.policy import load_policy  # the policy's patterns and allow-lists (lazy)
 
@@ -433,13 +382,8 @@ def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, l
     if result.nothing_found:
         click.echo(f"error: {esc(result.nothing_found)}", err=True)
     if as_json:
-        doc = result.to_dict()
-        try:
-            text = json.dumps(doc, indent=1, ensure_ascii=True)
-        except RecursionError:  # a dependency tree nested deeper than json's recursion allows
-            text = dumps_deep(doc)
         # `##[` inside a string as `##\u005b`: the same JSON, and nothing a CI log obeys
-        click.echo(no_commands(text, "\\u003a", "\\u005b"))
+        click.echo(no_commands(json.dumps(result.to_dict(), indent=1, ensure_ascii=True), "\\u003a", "\\u005b"))
     else:
         click.echo(render_text(result))
     ctx.exit(result.exit_code)
