@@ -235,6 +235,15 @@ def test_policy_errors_are_one_inert_line(hostile, tmp_path):
     assert "cublas##\\x5berror]x" in err
 
 
+def test_no_commands_breaks_each_kind_of_command_line():
+    from audit.errors import no_commands, printable
+
+    text = "ok\n  ::warning::a\r::error::b\r\n\t::x\nkeep :: this ##[group]c"
+    assert no_commands(text) == "ok\n  \\x3a:warning::a\r\\x3a:error::b\r\n\t\\x3a:x\nkeep :: this ##\\x5bgroup]c"
+    assert no_commands("::a", "&#58;", "&#91;") == "&#58;:a"
+    assert printable("n\udcff##[e]\n") == "n\\xff##\\x5be]\\x0a"  # the byte a file name held
+
+
 # -- a NEEDED chain 250 libraries deep (several Python frames a library, when recursive) ------
 CHAIN = 250  # the resolver refuses a chain deeper than 256 (exit 3); this one it takes
 
