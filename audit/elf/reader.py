@@ -10,6 +10,12 @@ decodes the forwarding stubs while this process builds the symbols (this process
 sections' strings while the child selects).
 Every failure to read or parse raises audit.errors.InputError with a one-line message naming
 the file; nothing else escapes for a malformed input.
+
+What ld.so reads is read whatever the section table says (audit.elf.segments): a file without
+section headers through PT_DYNAMIC and PT_LOAD, a section table that contradicts PT_DYNAMIC is
+refused, loaded bytes no data section covers are scanned as data, and device code is found
+outside its named sections too (audit.elf.content). Decompression is bounded
+(audit.elf.decompress), and so are the symbol tables (audit.elf.symbols).
 """
 
 from __future__ import annotations
