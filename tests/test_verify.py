@@ -421,7 +421,7 @@ def test_no_public_key_and_no_key(bundle):
 
 def test_not_a_folder(tmp_path):
     rc, _, err = cli_subprocess("verify", tmp_path / "nowhere")
-    assert rc == 2 and err.startswith("error: ")
+    assert rc == 3 and err.startswith("error: ")  # a missing input: unreadable (README, exit codes)
 
 
 def test_key_file_missing_is_unreadable_input(bundle, tmp_path):

@@ -18,7 +18,8 @@ HASHED_FORMATS = frozenset({"json", "sarif", "junit"})
 
 
 @click.command("check")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+# readable=False: an unreadable input is the audit's to report (exit 3), not Click's usage error (2)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False))
 @click.option("--policy", "policy_path", metavar="FILE",
               help="Policy file or shipped policy name (default: sovereign).")
 @click.option("--format", "formats", multiple=True, metavar="FMT[=FILE]",

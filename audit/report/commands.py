@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -17,10 +18,27 @@ def signing_key(path):
     return load_signing_key(path)
 
 
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a folder it cannot look into: not the bundle's evidence/ to descend to
+        return False
+
+
+def _readable_folder(path: Path) -> None:
+    """InputError (exit 3) unless `path` is a folder this process can list."""
+    try:
+        os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError(f"{path}: not a folder of evidence") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the evidence folder: {exc.strerror or exc}") from None
+
+
 @click.command("report")
-@click.argument("evidence_dir", type=click.Path(path_type=Path))
+@click.argument("evidence_dir", type=click.Path(readable=False, path_type=Path))
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Bundle folder to write.")
-@click.option("--key", type=click.Path(path_type=Path), default=None, metavar="FILE",
+@click.option("--key", type=click.Path(readable=False, path_type=Path), default=None, metavar="FILE",
               help="Ed25519 PKCS#8 PEM signing key (else $SOVEREIGN_AUDIT_SIGNING_KEY, else ephemeral).")
 @click.pass_context
 def report_cmd(ctx, evidence_dir, out, key):
@@ -34,10 +52,10 @@ def report_cmd(ctx, evidence_dir, out, key):
     if key is not None and not key.is_file():
         raise InputError(f"--key {key}: no such file")
     key = signing_key(key)
-    if (evidence_dir / "evidence").is_dir() and not (evidence_dir / "run.json").exists():
+    _readable_folder(evidence_dir)
+    if _is_dir(evidence_dir / "evidence") and not (evidence_dir / "run.json").exists():
         evidence_dir = evidence_dir / "evidence"
-    if not evidence_dir.is_dir():
-        raise InputError(f"{evidence_dir}: not a folder of evidence")
+        _readable_folder(evidence_dir)
     result = write_bundle(evidence_dir, out, key)
     if result.replaced:
         click.echo(result.replaced, err=True)

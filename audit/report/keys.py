@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,12 +85,24 @@ def generate_keypair(ephemeral: bool = False) -> SigningKey:
 
 
 def _read_small(path: Path, what: str) -> bytes:
+    """The bytes of a key file: a regular file only (opened without blocking, so a FIFO or a
+    device named as a key never hangs the run), at most MAX_KEY_FILE bytes."""
     try:
-        if path.stat().st_size > MAX_KEY_FILE:
-            raise UsageError(f"{what} {path!s}: too large to be a PEM key")
-        return path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InputError(f"cannot read {what} {path!s}: not a regular file")
+            if st.st_size > MAX_KEY_FILE:
+                raise UsageError(f"{what} {path!s}: too large to be a PEM key")
+            data = fh.read(MAX_KEY_FILE + 1)
     except OSError as exc:
         raise InputError(f"cannot read {what} {path!s}: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL in the name (the environment variable's value)
+        raise InputError(f"cannot read {what} {path!s}: not a file name") from None
+    if len(data) > MAX_KEY_FILE:  # grew while it was read
+        raise UsageError(f"{what} {path!s}: too large to be a PEM key")
+    return data
 
 
 def private_key_from_pem(data: bytes, where: str) -> Ed25519PrivateKey:

@@ -9,9 +9,12 @@ names taken from evidence (targets, file names) cannot place a file outside the 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
+import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -100,8 +103,8 @@ def prepare_out(out: Path) -> str | None:
 def earlier_run(out: Path) -> str:
     """What the bundle in `out` came from, in a few words (its run.json's start and verdict)."""
     try:
-        run = json.loads((out / "evidence" / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        run = json.loads(read_plain(out / "evidence" / "run.json", MAX_EVIDENCE_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return "no readable run record"
     if not isinstance(run, dict):
         return "no readable run record"
@@ -116,26 +119,50 @@ def earlier_run(out: Path) -> str:
 # evidence
 
 
+class FileTooLarge(OSError):
+    pass
+
+
+def read_plain(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file at `path` (not through a symlink), at most `limit` of them.
+    Opened without blocking and checked after opening, so a FIFO or a device put where a JSON
+    file was is refused, never waited on or read forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise FileTooLarge(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return data
+
+
 def load_evidence(evidence_dir: Path) -> tuple[dict[str, Any], list[str]]:
     """{file stem: parsed JSON} for every evidence file; InputError (exit 3) on malformed JSON."""
     warnings: list[str] = []
     evidence: dict[str, Any] = {}
     if not evidence_dir.is_dir():
         raise InputError(f"{evidence_dir}: not a folder of evidence")
-    for p in sorted(evidence_dir.iterdir()):
+    try:
+        entries = sorted(evidence_dir.iterdir())
+    except OSError as exc:
+        raise InputError(f"{evidence_dir}: cannot read the evidence folder: {exc.strerror or exc}") from None
+    for p in entries:
         if p.name.startswith(".") or p.suffix != ".json":
             continue
         if not EVIDENCE_NAME.match(p.name) or p.is_symlink() or not p.is_file():
             warnings.append(f"evidence file {p.name!r} ignored: not a plain file with a safe name")
             continue
-        if p.stat().st_size > MAX_EVIDENCE_BYTES:
-            raise InputError(f"{p}: evidence file larger than {MAX_EVIDENCE_BYTES >> 20} MiB")
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = json.loads(read_plain(p, MAX_EVIDENCE_BYTES).decode("utf-8"))
+        except FileTooLarge:
+            raise InputError(f"{p}: evidence file larger than {MAX_EVIDENCE_BYTES >> 20} MiB") from None
         except UnicodeDecodeError:
             raise InputError(f"{p}: evidence is not UTF-8 JSON") from None
         except ValueError as exc:
             raise InputError(f"{p}: malformed evidence JSON ({exc})") from None
+        except RecursionError:  # json recurses once per nested array or object
+            raise InputError(f"{p}: malformed evidence JSON (nested too deeply)") from None
         except OSError as exc:
             raise InputError(f"{p}: cannot read evidence ({exc.strerror or exc})") from None
         if not isinstance(data, dict):

@@ -24,8 +24,8 @@ def keygen_cmd(prefix, force):
 
 
 @click.command("verify")
-@click.argument("bundle", metavar="DIR", type=click.Path(file_okay=False, path_type=str))
-@click.option("--key", "pubkey", metavar="PUB", type=click.Path(dir_okay=False, path_type=str),
+@click.argument("bundle", metavar="DIR", type=click.Path(file_okay=False, readable=False, path_type=str))
+@click.option("--key", "pubkey", metavar="PUB", type=click.Path(dir_okay=False, readable=False, path_type=str),
               help="The signer's public key (PEM). Without it the bundle's own public.pem is used: "
                    "integrity only, not identity.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -36,7 +36,7 @@ def verify_cmd(ctx, bundle, pubkey, as_json):
     \b
     Exit codes: 0 everything holds; 1 a signature, digest or manifest check failed
     (one line per failing file); 2 not a well-formed bundle, or a --key file that is not
-    an Ed25519 PEM public key; 3 the --key file cannot be read; 130 interrupted.
+    an Ed25519 PEM public key; 3 the folder or the --key file cannot be read; 130 interrupted.
     """
     from audit.report.verify import printable, verify_bundle
 

@@ -9,20 +9,24 @@ absolute, has `..`, or goes through a symlink is a failure, and nothing outside 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from audit.errors import UsageError
+from audit.errors import InputError, UsageError
 from audit.report import dsse
 from audit.report.keys import keyid_of, load_public_key, public_key_from_pem
 from audit.report.manifest import (
     MANIFEST, MANIFEST_ENVELOPE, PUBLIC_KEY, SCHEMA, STATEMENT_TYPE, UNLISTED, UnsafePath,
-    hash_member, name_problem, read_member, walk_bundle,
+    hash_member, name_problem, open_member, read_member, walk_bundle,
 )
 
 INTEGRITY_ONLY = ("no --key given: checked against the bundle's own public.pem, which proves integrity "
                   "only (nothing changed since signing), not identity (who signed)")
 EPHEMERAL = "signed with an ephemeral key: integrity only, no identity"
+# A member larger than the manifest says (and than this) is a failure found from its size alone;
+# below it the digest is still computed, so the failure names what differs.
+HASH_OFF_SIZE = 64 << 20
 
 
 class MalformedBundle(UsageError):
@@ -55,8 +59,9 @@ class VerifyResult:
 
 
 class _Checker:
-    def __init__(self, root: Path, public, key_desc: str):
+    def __init__(self, root: Path, public, key_desc: str, sizes: dict[str, int] | None = None):
         self.root, self.public, self.key_desc = root, public, key_desc
+        self.sizes = sizes or {}  # the manifest's size of each file it lists
         self.failures: list[str] = []
         self.checked = 0
 
@@ -64,9 +69,24 @@ class _Checker:
         if line not in self.failures:
             self.failures.append(line)
 
-    def digest(self, name: str, expected: str, claimed_by: str, size: int | None = None) -> None:
+    def digest(self, name: str, expected: str, claimed_by: str, size: int | None = None,
+               listed_size: int | None = None) -> None:
+        """`listed_size`: the manifest's size for `name` where a subject is checked. A file larger
+        than its listed size and than HASH_OFF_SIZE fails on its size without being read (a
+        sparse file can claim 200 GiB in a few bytes of disk)."""
         self.checked += 1
         try:
+            known = size if size is not None else listed_size
+            if known is not None:
+                fd = open_member(self.root, name)
+                try:
+                    actual_size = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+                if actual_size != known and actual_size > max(known, HASH_OFF_SIZE):
+                    self.fail(f"{printable(name)}: size {actual_size} does not match "
+                              f"{MANIFEST if size is None else claimed_by} ({known}); not hashed")
+                    return
             actual, actual_size = hash_member(self.root, name)
         except UnsafePath as exc:
             self.fail(f"{printable(name)}: {exc} (named by {claimed_by})")
@@ -107,7 +127,7 @@ class _Checker:
             raise MalformedBundle(f"{printable(name)}: payload is not an in-toto Statement v1")
         for s in st["subject"]:
             sname = s.get("name") if isinstance(s, dict) else None
-            problem = name_problem(sname)
+            problem = _name_problem(sname)
             if problem:
                 self.fail(f"{printable(name)}: subject {printable(repr(sname))}: {problem}")
                 continue
@@ -115,8 +135,20 @@ class _Checker:
             if not isinstance(digest, str):
                 self.fail(f"{printable(name)}: subject {printable(sname)!r} has no sha256 digest")
                 continue
-            self.digest(sname, digest.lower(), name)
+            self.digest(sname, digest.lower(), name, listed_size=self.sizes.get(sname))
         return st
+
+
+def _name_problem(name) -> str | None:
+    """name_problem, and a name no file can have here: a lone surrogate that JSON can spell
+    (`"\\ud800"`) but the file system cannot encode."""
+    problem = name_problem(name)
+    if problem is None:
+        try:
+            os.fsencode(name)
+        except UnicodeError:
+            return "not a file name this system can spell (an unpaired surrogate)"
+    return problem
 
 
 def _load_key(root: Path, pubkey, notes: list[str]):
@@ -162,8 +194,14 @@ def _load_manifest(root: Path) -> dict:
 def verify_bundle(dir: Path, pubkey: Path | None = None) -> VerifyResult:
     """Verify the bundle in `dir` against `pubkey` (a SPKI PEM file) or, if None, its own public.pem."""
     root = Path(dir)
-    if not root.is_dir():
-        raise MalformedBundle(f"{printable(str(root))}: not a folder")
+    try:
+        os.listdir(root)
+    except FileNotFoundError:
+        raise InputError(f"{printable(str(root))}: no such folder") from None
+    except NotADirectoryError:
+        raise MalformedBundle(f"{printable(str(root))}: not a folder") from None
+    except OSError as exc:
+        raise InputError(f"{printable(str(root))}: cannot read the bundle folder: {exc.strerror or exc}") from None
     notes: list[str] = []
     public, key_desc, identity = _load_key(root, pubkey, notes)
     try:
@@ -173,7 +211,11 @@ def verify_bundle(dir: Path, pubkey: Path | None = None) -> VerifyResult:
     files, problems = walk_bundle(root)
     if MANIFEST_ENVELOPE not in files and not any(n == MANIFEST_ENVELOPE for n, _ in problems):
         raise MalformedBundle(f"{printable(str(root))}: no {MANIFEST_ENVELOPE}: the manifest is unsigned")
-    c = _Checker(root, public, key_desc)
+    sizes: dict[str, int] = {}
+    for e in manifest["files"]:
+        if not _name_problem(e["path"]):
+            sizes.setdefault(e["path"], e["size"])
+    c = _Checker(root, public, key_desc, sizes)
     if public is None:
         c.fail(f"{PUBLIC_KEY}: {key_desc}; no signature can be checked (pass --key PUB)")
 
@@ -192,7 +234,7 @@ def verify_bundle(dir: Path, pubkey: Path | None = None) -> VerifyResult:
     listed = set()
     for e in manifest["files"]:
         path = e["path"]
-        problem = name_problem(path)
+        problem = _name_problem(path)
         if problem:
             c.fail(f"{MANIFEST}: entry {printable(repr(path))}: {problem}")
             continue
