@@ -340,7 +340,7 @@ def _load_policy(path: str | None):
 
 
 @click.command("inspect")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False))  # unreadable: exit 3, not 2
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (schema sovereign-audit.inspect/1).")
 @click.option("--policy", metavar="FILE", default=None,
               help="Policy whose symbol patterns select the vendor-looking symbols (default: sovereign).")
