@@ -115,9 +115,14 @@ def run_case(i: int, a, builder_args, runner: Runner, work: Path, corpus: list, 
     b = archmut.Builder(rng, builder_args["seeds"], em, builder_args["canary"])
     fams = [f for f in a.families.split(",") if f in FAMILIES]
     family = rng.choices(fams, weights=[FAMILIES[f] for f in fams])[0]
-    case = {"elf": lambda: b.elf_case(corpus), "folder": b.folder_case, "wheel": b.wheel_case,
-            "conda": b.conda_case, "image": b.image_case, "policy": lambda: b.policy_case(policy_text),
-            "baseline": b.baseline_case}[family]()
+    try:
+        case = {"elf": lambda: b.elf_case(corpus), "folder": b.folder_case, "wheel": b.wheel_case,
+                "conda": b.conda_case, "image": b.image_case, "policy": lambda: b.policy_case(policy_text),
+                "baseline": b.baseline_case}[family]()
+    except Exception as exc:  # the fuzzer's own bug: counted, never the end of the run
+        case = archmut.Case(family, notes=[f"case not built: {type(exc).__name__}: {exc}"[:200]])
+        case.rcs = []
+        return case, {"fuzzer-error": case.notes[0]}, [], work / f"c{i}", False
     case_dir = work / f"c{i}"
     if case_dir.exists():
         shutil.rmtree(case_dir)
