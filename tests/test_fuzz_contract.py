@@ -19,8 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = 20261204
-CASES = int(os.environ.get("SOVEREIGN_FUZZ_CASES", "240"))
-SECONDS = float(os.environ.get("SOVEREIGN_FUZZ_SECONDS", "170"))  # a slow runner stops early, never hangs CI
+CASES = int(os.environ.get("SOVEREIGN_FUZZ_CASES", "200"))
+SECONDS = float(os.environ.get("SOVEREIGN_FUZZ_SECONDS", "150"))  # a slow runner stops early, never hangs CI
 
 
 @pytest.mark.slow
