@@ -138,6 +138,8 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path):
 LAYERS = [
     {"audit", "audit.errors", "audit.files", "audit.forking", "audit.resources", "audit.schemas"},
     {"audit.elf", "audit.binformat", "audit.kernel_build"},  # reading binaries; building the kernel
+    {"audit.binary"},                            # the model the other formats share, and their helpers
+    {"audit.pe", "audit.macho"},                 # reading Windows and macOS binaries
     {"audit.linkage", "audit.evidence"},         # judging binaries; measuring the kernel
     {"audit.report"},                            # saved evidence to a signed bundle
     {"audit.run"},                               # the whole job

@@ -14,7 +14,7 @@ import pytest
 
 from audit.errors import InputError
 from audit.macho.reader import _Slice, is_macho, read_macho
-from audit.pe.model import IMPORT, REEXPORT, WEAK
+from audit.binary.model import IMPORT, REEXPORT, WEAK
 from conftest import require_tool
 from platform_fixtures import macho_libs  # noqa: F401  (session fixture)
 

@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from audit.errors import InputError
-from audit.pe.model import DELAY_LOAD, EXPORT_FORWARD, IMPORT
+from audit.binary.model import DELAY_LOAD, EXPORT_FORWARD, IMPORT
 from audit.pe.reader import is_pe, read_pe
 from conftest import require_tool
 from platform_fixtures import pe_libs, pe_lld_libs  # noqa: F401  (session fixtures)

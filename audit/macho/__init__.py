@@ -1,2 +1,2 @@
 """macOS Mach-O files (dylibs, bundles, executables; universal binaries slice by slice) read into
-the model judging reads (audit/pe/model.py)."""
+the model judging reads (audit/binary/model.py)."""

@@ -1,5 +1,5 @@
 """read_macho: one Mach-O file (dylib, bundle, executable; thin or universal) -> one BinaryInfo
-(audit/pe/model.py, the model PE files are read into too) per architecture slice.
+(audit/binary/model.py, the model PE files are read into too) per architecture slice.
 
 Design. The file is mmap'ed; a universal (fat) header names its slices, and each slice is read
 on its own from its load commands: the libraries it loads and how (LC_LOAD_DYLIB, _WEAK_,
@@ -32,9 +32,9 @@ from audit.elf.model import DeviceCode
 from audit.elf.nvidia import read_nv_fatbin
 from audit.elf.parse import Malformed, decode
 from audit.errors import InputError
-from audit.pe import common
-from audit.pe.common import Region
-from audit.pe.model import IMPORT, LAZY, REEXPORT, UPWARD, WEAK, BinaryInfo, Import
+from audit.binary import common
+from audit.binary.common import Region
+from audit.binary.model import IMPORT, LAZY, REEXPORT, UPWARD, WEAK, BinaryInfo, Import
 
 FAT_MAGIC, FAT_MAGIC_64 = 0xCAFEBABE, 0xCAFEBABF  # big-endian on disk
 MH_MAGIC, MH_MAGIC_64 = 0xFEEDFACE, 0xFEEDFACF

@@ -1,1 +1,1 @@
-"""Windows PE/COFF files (DLL, EXE, .pyd) read into the model judging reads (audit/pe/model.py)."""
+"""Windows PE/COFF files (DLL, EXE, .pyd) read into the model judging reads (audit/binary/model.py)."""

@@ -1,4 +1,4 @@
-"""read_pe: one Windows PE/COFF file (DLL, EXE, .pyd) -> BinaryInfo (audit/pe/model.py).
+"""read_pe: one Windows PE/COFF file (DLL, EXE, .pyd) -> BinaryInfo (audit/binary/model.py).
 
 Design. The file is mmap'ed and read with struct at the offsets its headers name: the DOS and
 COFF headers, the section table, then only the data directories that say what gets loaded
@@ -28,9 +28,9 @@ from audit.elf.model import Forward
 from audit.elf.nvidia import read_nv_fatbin
 from audit.elf.parse import Malformed, decode
 from audit.errors import InputError
-from audit.pe import common
-from audit.pe.common import Region
-from audit.pe.model import BOUND, DELAY_LOAD, EXPORT_FORWARD, IMPORT, BinaryInfo, Import
+from audit.binary import common
+from audit.binary.common import Region
+from audit.binary.model import BOUND, DELAY_LOAD, EXPORT_FORWARD, IMPORT, BinaryInfo, Import
 
 MACHINES = {0x14C: "IMAGE_FILE_MACHINE_I386", 0x8664: "IMAGE_FILE_MACHINE_AMD64",
             0xAA64: "IMAGE_FILE_MACHINE_ARM64", 0xA641: "IMAGE_FILE_MACHINE_ARM64EC",
