@@ -6,6 +6,7 @@ Nothing here judges a file; a member that cannot be read becomes an Input with a
 
 from __future__ import annotations
 
+import mmap
 import os
 import posixpath
 import re
@@ -17,12 +18,14 @@ from dataclasses import dataclass, field, replace
 
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.errors import InputError
-from audit.linkage.conda import extract_conda, is_conda
+from audit.linkage.conda import _package_tar, extract_conda, is_conda
+from audit.linkage.conda import _safe as _conda_safe
 from audit.linkage.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
 from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolve import Member, MemberSet, ResolveOptions
+from audit.linkage.static_archive import read_members
 
 _MAX_WHEEL_MEMBERS = 200_000
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
@@ -97,15 +100,100 @@ class Inputs:
         self.tmpdirs: list[tempfile.TemporaryDirectory] = []
         self.images: list[Image] = []
         self.labels: list[tuple[str, str]] = []  # (extraction folder, the wheel/package as reported)
+        self._archives: str | None = None  # the folder static archives' members are written to
+        self.archive_count = 0
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
-    def static_archive(self, report: str) -> None:
-        """A static archive in a folder or archive: nothing loads it at run time, so it is no
-        linkage of its own (real wheels ship them: numpy's libnpymath.a); never skipped silently."""
-        self.skip("archive")
-        self.warnings.append(f"{report}: static archive (ar) not audited; audit the object it is linked into")
+    def static_archive(self, report: str, data, layer: dict | None = None, explicit: bool = False):
+        """The members of a static archive whose bytes are `data` (bytes, or an mmap of it), as
+        inputs: each ELF member (an object file a build links in) is written to a folder of its
+        own and audited as `ARCHIVE!/member`; a binary of another format (a COFF or Mach-O object)
+        is an error, as elsewhere; other members (text) are skipped. A malformed or thin archive
+        is one error; one with no binary member is an error when named (nothing in it was
+        read), else counted and warned about."""
+        try:
+            found = read_members(data, report)
+        except InputError as exc:
+            yield Input(report, None, True, exc.message)
+            return
+        if not any(identify(bytes(data[m.offset:m.offset + min(m.size, HEAD_BYTES)]), m.size).binary
+                   for m in found):
+            if explicit:
+                yield Input(report, None, True, "static archive (ar) with no object file in it: nothing to audit")
+            else:
+                self.skip("archive")
+                self.warnings.append(f"{report}: static archive (ar) with no object file in it, nothing audited")
+            return
+        tmp = self._archive_tmp()
+        self.archive_count += 1
+        folders: list[tuple[str, set[str], set[str]]] = []  # each folder, its files and subfolders
+        total = 0
+        for m in found:
+            shown = f"{report}{WHEEL_SEP}{m.name.lstrip('/')}"
+            kind = identify(bytes(data[m.offset:m.offset + min(m.size, HEAD_BYTES)]), m.size)
+            if kind is not Kind.ELF:
+                if kind.binary:
+                    yield Input(shown, None, True, not_audited(kind), layer=layer)
+                else:
+                    self.skip("non_elf")
+                continue
+            why = self.limits.refuse(m.size, m.size)
+            total += m.size
+            if why is None and total > self.limits.total_bytes:
+                why = f"the archive's ELF members hold more than {self.limits.total_bytes} bytes (--max-archive-size)"
+            if why:
+                yield Input(shown, None, True, why, layer=layer)
+                continue
+            dest = self._archive_dest(tmp, report, m.name, folders)
+            try:
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                with open(dest, "xb") as out:
+                    for at in range(m.offset, m.offset + m.size, 1 << 20):
+                        out.write(data[at:min(at + (1 << 20), m.offset + m.size)])
+            except OSError as exc:
+                yield Input(shown, None, True, f"cannot unpack member: {exc.strerror or exc}", layer=layer)
+                continue
+            self.seen.add(self._real(dest))
+            yield Input(shown, dest, True, layer=layer)
+
+    def _archive_tmp(self) -> str:
+        if self._archives is None:
+            tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-ar-")
+            self.tmpdirs.append(tmp)
+            self._archives = tmp.name
+        return self._archives
+
+    def _archive_dest(self, tmp: str, report: str, name: str, folders: list) -> str:
+        """Where a member is written: `FOLDER/name` (its stored path, when that is a safe
+        relative one; else `member`), in the first folder of this archive where that name is
+        free (an archive may hold two members of one name). Each folder is labelled with the
+        archive: a message about `FOLDER/x.o` reads `ARCHIVE!/x.o`."""
+        parts = name.lstrip("/").split("/")
+        if any(p in ("", ".", "..") or len(os.fsencode(p)) > 255 for p in parts):
+            parts = ["member"]
+        rel = "/".join(parts)
+        dirs = {"/".join(parts[:i]) for i in range(1, len(parts))}
+        for folder, files, subdirs in folders:
+            if rel not in files and rel not in subdirs and not dirs & files:
+                break
+        else:  # fixed width: no folder's name is the start of another's
+            folder, files, subdirs = os.path.join(tmp, f"{self.archive_count:06d}-{len(folders):06d}"), set(), set()
+            folders.append((folder, files, subdirs))
+            for label in dict.fromkeys((folder, os.path.realpath(folder))):
+                self.labels.append((label, report))
+        files.add(rel)
+        subdirs |= dirs
+        return os.path.join(folder, *parts)
+
+    def _archive_file(self, report: str, host: str, explicit: bool = False):
+        """A static archive on this machine's file system: read in place (mapped)."""
+        try:
+            with open(host, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                yield from self.static_archive(report, mm, explicit=explicit)
+        except (OSError, ValueError) as exc:
+            yield Input(report, None, True, f"cannot read: {getattr(exc, 'strerror', None) or exc}")
 
     def expand(self, arg: str):
         try:
@@ -174,10 +262,14 @@ class Inputs:
             yield Input(f"{arg}!{path}", None if why else path, True, why, scope=scope,
                         layer=tree.layer_of(entry), members=members)
         for path, entry, kind in tree.other_binaries():
-            if kind is Kind.STATIC_ARCHIVE:
-                self.static_archive(f"{arg}!{path}")
-                continue
             found += 1
+            if kind is Kind.STATIC_ARCHIVE:  # read whole into memory: the bound of an ELF file
+                why = self.limits.refuse(entry.size, entry.size)
+                if why is None:
+                    yield from self.static_archive(f"{arg}!{path}", tree._bytes(entry), tree.layer_of(entry))
+                    continue
+                yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
+                continue
             yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
         if not found:
             self.warnings.append(f"{arg}: the image holds no ELF file")
@@ -213,10 +305,8 @@ class Inputs:
         kind = identify(head, size)
         if kind is Kind.ELF:
             yield Input(report, host, explicit)
-        elif kind is Kind.STATIC_ARCHIVE and explicit:
-            yield Input(report, None, True, "a static archive (ar), not an ELF file: audit the object it is linked into")
-        elif kind is Kind.STATIC_ARCHIVE:
-            self.static_archive(report)
+        elif kind is Kind.STATIC_ARCHIVE:  # its object files are linked into a build: each is audited
+            yield from _members_of(report, self._archive_file(report, host, explicit))
         elif kind.binary:  # a binary the audit cannot read yet must not pass as data
             yield Input(report, None, True, not_audited(kind))
         elif explicit:
@@ -311,10 +401,7 @@ class Inputs:
                 if m.filename in unreadable:
                     errors.append(Input(inner, None, True, unreadable[m.filename]))
                     continue
-                if m.filename in archives:
-                    self.static_archive(inner)
-                    continue
-                if m.filename not in elf:
+                if m.filename not in elf and m.filename not in archives:  # a static archive is unpacked, then read
                     self.skip("non_elf")
                     continue
                 why = self.limits.refuse(m.file_size, m.compress_size)
@@ -339,17 +426,21 @@ class Inputs:
         finally:
             _Zip.close(host)
         yield from errors
-        extracted = []
+        extracted, static = [], []
         for m, why in zip(todo, refused):
             inner = f"{report}{WHEEL_SEP}{m.filename}"
             if why:
                 yield Input(inner, None, True, why)
             else:
-                extracted.append((inner, os.path.join(tmp.name, *m.filename.split("/"))))
+                (static if m.filename in archives else extracted).append(
+                    (inner, os.path.join(tmp.name, *m.filename.split("/"))))
         members = MemberSet(report, (Member(dest, inner) for inner, dest in extracted))
         for inner, dest in extracted:
             self.seen.add(self._real(dest))
             yield Input(inner, dest, True, members=members)
+        for inner, dest in static:
+            self.seen.add(self._real(dest))
+            yield from self._archive_file(inner, dest)
 
     def _conda(self, report: str, host: str):
         if self._again(host):
@@ -368,14 +459,55 @@ class Inputs:
                                      for x in extracted if x.written))
         prefix = self.conda_prefix
         scope = Scope(fallback=[("conda-prefix", os.path.join(prefix, "lib"))]) if prefix else None
+        archives = [x.name for x in extracted if x.kind is Kind.STATIC_ARCHIVE]
+        if archives:
+            yield from self._conda_archives(report, host, archives)
         for x in extracted:
             if x.kind is Kind.STATIC_ARCHIVE:
-                self.static_archive(f"{report}{WHEEL_SEP}{x.name}")
+                continue
             elif x.error:
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", None, True, x.error)
             elif x.audited:
                 self.seen.add(self._real(x.written))
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", x.written, True, members=members, scope=scope)
+
+    def _conda_archives(self, report: str, host: str, names: list[str]):
+        """The static archives of a conda package (extract_conda writes ELF files only): the
+        package is read again for them, each streamed to disk under the archive limits, then
+        expanded into its members."""
+        folder = tempfile.mkdtemp(prefix="conda-", dir=self._archive_tmp())
+        wanted, written, refused, total = set(names), {}, {}, 0
+        try:
+            with _package_tar(host) as tf:
+                for n, m in enumerate(tf):
+                    if not m.isreg() or _conda_safe(host, m.name) not in wanted:
+                        continue
+                    name = _conda_safe(host, m.name)
+                    why = self.limits.refuse(m.size, m.size)
+                    total += m.size
+                    if why is None and total > self.limits.total_bytes:
+                        why = f"the package's archives hold more than {self.limits.total_bytes} bytes (--max-archive-size)"
+                    if why:
+                        refused[name] = why
+                        continue
+                    dest = os.path.join(folder, str(n))
+                    with tf.extractfile(m) as src, open(dest, "xb") as out:
+                        while chunk := src.read(1 << 20):
+                            out.write(chunk)
+                    written[name] = dest  # the last one of a name is what the package installs
+                    refused.pop(name, None)
+        except Exception as exc:  # noqa: BLE001  read once already: now unreadable, it fails closed
+            yield Input(report, None, True, f"cannot read conda package again for its static archives: "
+                                            f"{' '.join(str(exc).split()) or type(exc).__name__}")
+            return
+        for name in dict.fromkeys(names):
+            shown = f"{report}{WHEEL_SEP}{name}"
+            if name in refused:
+                yield Input(shown, None, True, refused[name])
+            elif name in written:
+                yield from self._archive_file(shown, written[name])
+            else:
+                yield Input(shown, None, True, "static archive not found again in the package")
 
     def relabel(self, text: str | None) -> str | None:
         """`text` with every path inside a wheel's (or conda package's) extraction folder written
