@@ -1,5 +1,6 @@
 """The inputs of `check`: PATH arguments expanded into ELF files (files, directory trees, wheels,
-conda packages (conda.py), container images (image.py, layers.py)).
+conda packages (conda.py), container images (image.py, layers.py), and the object files of the
+static archives named or met in any of them (static_archive.py)).
 
 Nothing here judges a file; a member that cannot be read becomes an Input with an error.
 """
@@ -486,7 +487,8 @@ class Inputs:
                     why = self.limits.refuse(m.size, m.size)
                     total += m.size
                     if why is None and total > self.limits.total_bytes:
-                        why = f"the package's archives hold more than {self.limits.total_bytes} bytes (--max-archive-size)"
+                        why = (f"the package's static archives hold more than {self.limits.total_bytes} bytes "
+                               "(--max-archive-size)")
                     if why:
                         refused[name] = why
                         continue
