@@ -273,3 +273,10 @@ def test_archive_with_no_object_file(tmp_path):
     doc = json.loads(proc.stdout)
     assert doc["summary"]["skipped"].get("archive") == 1, doc
     assert any(w.startswith(f"{folder}/libtext.a: static archive") for w in doc["warnings"]), doc
+
+
+def test_archive_members_are_held_to_the_archive_limits(objs, tmp_path):
+    lib = ar(tmp_path / "libone.a", objs["clean"])
+    proc = cli("check", "--max-member-size", "100", lib)
+    assert_one_input_error(proc, "--max-member-size")
+    assert f"{lib}!/clean.o" in proc.stdout
