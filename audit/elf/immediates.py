@@ -14,6 +14,10 @@ the name so far (an overlapping store writes the same bytes) and appended otherw
 first NUL. The result is kept only if it holds a library file name (`lib<name>.so[.N]`), so
 unrelated immediates never make a finding. x86-64 only; other machines yield nothing (aarch64
 compilers load such a literal from .rodata with adrp/ldr, where the library-name scan finds it).
+
+Fail closed: an executable section outside the file is Malformed (the reader checks the
+sections' bounds when it first reads the file); past MAX_HITS occurrences each further name is
+still listed once, and more than MAX_NAMES different names is Malformed.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import re
 
 from audit.elf.model import StringHit
-from audit.elf.parse import SHF_EXECINSTR, SHT_PROGBITS, ElfImage, decode, release
+from audit.elf.parse import SHF_EXECINSTR, SHT_PROGBITS, ElfImage, Malformed, decode, release
 from audit.elf.strings import library_names
 
 _NAME = rb"[A-Za-z0-9_.+\-]"
@@ -37,7 +41,8 @@ _PIECE = re.compile(
 _WINDOW = 64  # bytes of code after a piece in which the next piece is looked for
 _MAX_PIECES = 6
 EM_X86_64 = 62
-MAX_HITS = 1000
+MAX_HITS = 1000  # occurrences listed in full; past it, each further name once
+MAX_NAMES = 100_000  # different names (~26 MB of names at most); more is Malformed
 
 
 def _merge(name: bytes, piece: bytes) -> bytes:
@@ -73,13 +78,14 @@ def assembled_names(img: ElfImage, warnings: list[str]) -> list[StringHit]:
     if img.e_machine != EM_X86_64:
         return []
     hits: list[StringHit] = []
+    seen: set[str] = set()
     buf = img.buf
     for sec in img.sections:
         if sec.type != SHT_PROGBITS or not sec.flags & SHF_EXECINSTR or not sec.size:
             continue
         if sec.offset + sec.size > img.size:
-            warnings.append(f"section {sec.name} lies outside the file: its code was not scanned")
-            continue
+            raise Malformed(f"section {sec.name or sec.index} (offset {sec.offset:#x}, size {sec.size:#x}) "
+                            f"lies outside the file ({img.size:#x} bytes): its code cannot be read")
         end = sec.offset + sec.size
         for m in _matches(buf, sec.offset + 2, end):
             at = m.start() - 2
@@ -97,8 +103,13 @@ def assembled_names(img: ElfImage, warnings: list[str]) -> list[StringHit]:
                 if len(piece) < len(imm):  # the terminating NUL: the name is complete
                     break
             for _, lib in library_names(name):
-                if len(hits) >= MAX_HITS:
-                    warnings.append(f"more than {MAX_HITS} library names assembled in code: the rest are not listed")
-                    return hits
-                hits.append(StringHit(section=sec.name, offset=at, text=decode(lib)))
+                text = decode(lib)
+                if len(hits) >= MAX_HITS:  # past the cap: each name still once, so none is dropped
+                    if text in seen:
+                        continue
+                    if len(seen) >= MAX_NAMES:
+                        raise Malformed(f"more than {MAX_NAMES} different library names assembled in code "
+                                        "(the limit): they cannot all be listed")
+                seen.add(text)
+                hits.append(StringHit(section=sec.name, offset=at, text=text))
     return hits

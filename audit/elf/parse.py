@@ -140,6 +140,9 @@ class ElfImage:
         self.warnings: list[str] = []
         # data the section table does not show (audit.elf.segments): scanned like data sections
         self.extra_ranges: list[Section] = []
+        # the other loaded bytes (code, unwind tables), whatever their sections claim to be:
+        # scanned for library names, and for device code where names cannot be trusted
+        self.code_ranges: list[Section] = []
         self._read_sections(shnum, shstrndx, require_sections)
         self._read_segments(phnum)
 

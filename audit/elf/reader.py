@@ -13,8 +13,11 @@ the file; nothing else escapes for a malformed input.
 
 What ld.so reads is read whatever the section table says (audit.elf.segments): a file without
 section headers through PT_DYNAMIC and PT_LOAD, a section table that contradicts PT_DYNAMIC is
-refused, loaded bytes no data section covers are scanned as data, and device code is found
-outside its named sections too (audit.elf.content). Decompression is bounded
+refused, loaded bytes no data section covers are scanned as data, the rest of the loaded bytes
+(code and unwind tables, whatever their section flags say) for library names, and device code
+is found outside its named sections too (audit.elf.content). Anything that cannot be read (a
+section outside the file, more names than a limit) makes the file an error, never a warning
+beside a pass. Decompression is bounded
 (audit.elf.decompress), and so are the symbol tables (audit.elf.symbols).
 """
 
@@ -303,6 +306,11 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
                                                  and not sec.flags & SHF_EXECINSTR and sec.size
                                                  and sec.name not in SKIP_SECTIONS)]
         img.extra_ranges = segments.load_gaps(img, covered=covered)
+        img.code_ranges = segments.unread_ranges(img, covered + [(r.offset, r.offset + r.size)
+                                                                 for r in img.extra_ranges])
+    for sec in img.sections:  # code is read too (library names, immediates): all of it, or an error
+        if sec.type == SHT_PROGBITS and sec.flags & SHF_EXECINSTR and sec.size:
+            img.check_range(sec.offset, sec.size, f"executable section {sec.name or sec.index}")
     dyn = read_dynamic(img)
     warnings += dyn.warnings
     needs, need_index = read_version_needs(img) if img.sections else ([], {})
@@ -310,8 +318,11 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     versions.update(need_index)
     versions.pop(0, None)  # VER_NDX_LOCAL / VER_NDX_GLOBAL: an unversioned symbol
     versions.pop(1, None)
-    if not img.sections:
-        warnings.append("no section header table: symbols, strings and device code not read")
+    if synthetic:  # the rest is read through the program headers (segments.synthesize says so)
+        warnings.append("no section header table: forwarding stubs not decoded (they are told apart "
+                        "by the sections they lie in)")
+    elif not img.sections:  # no PT_LOAD either: nothing is loaded, so nothing is there to read
+        warnings.append("no section header table and no PT_LOAD segment: nothing loadable to read")
 
     tables = load_tables(img)
     keep = _keep_imports(tables)
@@ -387,7 +398,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
 def _device_elsewhere(img: ElfImage, synthetic: bool) -> list:
     """Device code outside the sections named for it: found by content where names are not
     known (no section headers, unnamed sections), else at the registration wrappers' targets."""
-    places = list(scannable(img))
+    places = list(scannable(img)) + img.code_ranges  # code and unwind tables too: flags are not evidence
     unnamed = any(not sec.name for sec in img.sections[1:])
     targets = None if synthetic or unnamed else wrapper_targets(img, segments.relative_addend(img))
     if targets is None:

@@ -12,10 +12,16 @@ linking (the dynamic table, .dynsym and .dynstr against PT_DYNAMIC's pointers): 
 structure contradicts itself is refused, never read through the half that looks harmless. And
 `load_gaps` gives the bytes of the PT_LOAD segments that no scanned section covers, so data
 hidden from the section table (a section header removed, shrunk or retyped) is read all the same.
+Section flags, types and names are the file author's: a data section flagged SHF_EXECINSTR or
+typed as unwind tables loads and is read by a pointer like any other, so `unread_ranges` gives
+every other loaded byte (code, unwind tables) for the library-name scan too; only the dynamic
+tables PT_DYNAMIC confirms (their strings are symbol and library names, reported as such) are
+left to their own readers.
 """
 
 from __future__ import annotations
 
+import bisect
 import struct
 
 import numpy as np
@@ -24,7 +30,7 @@ from audit.elf.dynamic import dynamic_entries
 from audit.elf.symbols import MAX_ENTRIES
 from audit.elf.parse import (PT_DYNAMIC, PT_INTERP, PT_LOAD, SHF_ALLOC, SHF_EXECINSTR, SHT_DYNAMIC,
                              SHT_DYNSYM, SHT_GNU_VERDEF, SHT_GNU_VERNEED, SHT_GNU_VERSYM,
-                             SHT_PROGBITS, SHT_STRTAB, ElfImage, Malformed, Section)
+                             SHT_NOBITS, SHT_PROGBITS, SHT_STRTAB, ElfImage, Malformed, Section)
 
 DT_PLTRELSZ, DT_HASH, DT_STRTAB, DT_SYMTAB, DT_RELA, DT_RELASZ = 2, 4, 5, 6, 7, 8
 DT_STRSZ, DT_SYMENT, DT_REL, DT_RELSZ, DT_PLTREL, DT_JMPREL = 10, 11, 17, 18, 20, 23
@@ -191,6 +197,7 @@ def synthesize(img: ElfImage) -> list[str]:
                                          link=2))
     img.sections = secs
     img.extra_ranges = load_gaps(img, dyn, covered=[])
+    img.code_ranges = unread_ranges(img, [(r.offset, r.offset + r.size) for r in img.extra_ranges], dyn)
     return ["no section header table: read through the program headers (PT_DYNAMIC, PT_LOAD)"]
 
 
@@ -202,6 +209,18 @@ def _segment_end(img: ElfImage, off: int) -> int:
 
 
 def _structural(img: ElfImage, dyn: _Dynamic) -> list[tuple[int, int]]:
+    """File ranges of the dynamic tables (_tables) and of the unwind tables."""
+    out = _tables(img, dyn)
+    for seg in img.segments:
+        if seg.type == PT_GNU_EH_FRAME:  # unwind tables, like code: the header and its .eh_frame
+            out.append((seg.offset, seg.offset + seg.filesz))
+            frame = _eh_frame(img, seg)
+            if frame is not None:
+                out.append(frame)
+    return out
+
+
+def _tables(img: ElfImage, dyn: _Dynamic) -> list[tuple[int, int]]:
     """File ranges of the tables PT_DYNAMIC points at (their strings are symbol and library
     names, reported as such) and of PT_DYNAMIC and PT_INTERP themselves."""
     out = []
@@ -214,11 +233,6 @@ def _structural(img: ElfImage, dyn: _Dynamic) -> list[tuple[int, int]]:
     for seg in img.segments:
         if seg.type in (PT_DYNAMIC, PT_INTERP):
             out.append((seg.offset, seg.offset + seg.filesz))
-        elif seg.type == PT_GNU_EH_FRAME:  # unwind tables, like code: the header and its .eh_frame
-            out.append((seg.offset, seg.offset + seg.filesz))
-            frame = _eh_frame(img, seg)
-            if frame is not None:
-                out.append(frame)
     return out
 
 
@@ -255,8 +269,12 @@ def load_gaps(img: ElfImage, dyn: _Dynamic | None = None, covered: list[tuple[in
         if sec.type == SHT_PROGBITS and sec.flags & SHF_EXECINSTR and sec.size and any(
                 s.offset <= sec.offset and sec.offset + sec.size <= s.offset + s.filesz for s in exec_segs):
             skip.append((sec.offset, sec.offset + sec.size))
-    skip.sort()
-    out: list[Section] = []
+    return [_gap(i, seg, a, b) for i, seg, a, b in _outside(img, skip)]
+
+
+def _outside(img: ElfImage, skip: list[tuple[int, int]]):
+    """(segment index, segment, start, end) of the PT_LOAD bytes in the file outside `skip`."""
+    skip = sorted(skip)
     for i, seg in enumerate(img.segments):
         if seg.type != PT_LOAD or not seg.filesz:
             continue
@@ -266,10 +284,38 @@ def load_gaps(img: ElfImage, dyn: _Dynamic | None = None, covered: list[tuple[in
             if b <= pos or a >= hi:
                 continue
             if a > pos:
-                out.append(_gap(i, seg, pos, a))
+                yield i, seg, pos, a
             pos = max(pos, b)
         if pos < hi:
-            out.append(_gap(i, seg, pos, hi))
+            yield i, seg, pos, hi
+
+
+def unread_ranges(img: ElfImage, read: list[tuple[int, int]], dyn: _Dynamic | None = None) -> list[Section]:
+    """The PT_LOAD bytes outside `read` (what the data scan reads: data sections, device code,
+    load_gaps) and outside the dynamic tables (_tables): code and unwind tables whatever their
+    sections say, one range per section they lie in (named after it; PT_LOAD[i] where none),
+    flagged SHF_EXECINSTR. They are scanned for library names (every loaded byte a dlopen
+    could be handed is read), and for device code where names cannot be trusted."""
+    if dyn is None:
+        dyn = _Dynamic(img)
+    bounds = sorted((s.offset, s.offset + s.size, s.name or f"[section {s.index}]") for s in img.sections
+                    if s.index and s.flags & SHF_ALLOC and s.type != SHT_NOBITS and s.size)
+    starts = [b[0] for b in bounds]
+    out: list[Section] = []
+    for i, seg, lo, hi in _outside(img, read + _tables(img, dyn)):
+        pos = lo
+        k = max(bisect.bisect_right(starts, lo) - 1, 0)
+        while pos < hi:
+            while k < len(bounds) and bounds[k][1] <= pos:
+                k += 1
+            if k < len(bounds) and bounds[k][0] <= pos:  # inside a section: up to its end
+                end, name = min(hi, bounds[k][1]), bounds[k][2]
+            else:  # before the next section: no section shows these bytes
+                end = min(hi, bounds[k][0]) if k < len(bounds) else hi
+                name = f"PT_LOAD[{i}]"
+            out.append(_new_section(-1, name, SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR,
+                                    seg.vaddr + (pos - seg.offset), pos, end - pos))
+            pos = end
     return out
 
 
