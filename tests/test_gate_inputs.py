@@ -200,9 +200,9 @@ def test_folder_with_an_elf_file_and_a_foreign_binary_is_an_error(built, foreign
     assert verdicts == {"libclean.so": "pass", foreign[which].name: "error"}
 
 
-def test_static_archive_in_a_wheel_or_folder_is_warned_about_by_name(built, foreign, tmp_path):
-    """Nothing loads a static archive at run time (numpy's wheels ship libnpymath.a): it is no
-    error, but it is named in a warning and counted, never skipped in silence."""
+def test_static_archive_in_a_wheel_or_folder_is_read_member_by_member(built, foreign, tmp_path):
+    """A static archive beside the libraries (numpy's wheels ship libnpymath.a) is never skipped:
+    its ELF members are audited as files of their own, `lib.a!/member.o`."""
     whl = tmp_path / "demo-1.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.write(built["clean"], "demo/libclean.so")
@@ -211,11 +211,11 @@ def test_static_archive_in_a_wheel_or_folder_is_warned_about_by_name(built, fore
     folder.mkdir()
     (folder / "libclean.so").write_bytes(built["clean"].read_bytes())
     (folder / "libf.a").write_bytes(foreign["a"].read_bytes())
-    for target, shown in ((whl, f"{whl}!/demo/lib/libf.a"), (folder, str(folder / "libf.a"))):
+    for target, shown in ((whl, f"{whl}!/demo/lib/libf.a!/f.o"), (folder, f"{folder / 'libf.a'}!/f.o")):
         proc = cli("check", "--format", "json", target)
         doc = json.loads(proc.stdout)
-        assert proc.returncode == EXIT_OK and doc["summary"]["skipped"].get("archive") == 1, proc.stdout
-        assert any(w.startswith(f"{shown}: static archive (ar) not audited") for w in doc["warnings"]), doc
+        assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+        assert {f["path"]: f["verdict"] for f in doc["files"]}.get(shown) == "pass", doc["files"]
 
 
 def test_wheel_with_an_elf_file_and_a_dll_is_an_error(built, dll, tmp_path):
