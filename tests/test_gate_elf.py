@@ -10,6 +10,7 @@ largest resident set of the audit's processes).
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import sys
@@ -311,3 +312,72 @@ def test_symbol_table_of_millions_of_reported_names_is_refused_in_bounded_memory
     rc, out, err, rss = check(big)
     assert_error(rc, out, err, ".symtab", "limit")
     assert rss < MEMORY_BOUND_KB, f"peak resident memory {rss} KiB"
+
+
+# ---------------------------------------------------------------- flags, bounds and limits
+
+
+def set_header_field(data: bytes, name: str, field: str, value: int) -> bytes:
+    """One field of a named section's header rewritten (64-bit little-endian layout)."""
+    at = {"flags": 8, "offset": 0x18, "size": 0x20}[field]
+    b = bytearray(data)
+    struct.pack_into("<Q", b, header_of(data, name)["at"] + at, value)
+    return bytes(b)
+
+
+SHF_EXECINSTR = 0x4
+
+
+def test_data_section_flagged_as_code_is_still_read_for_library_names(tmp_path):
+    # .rodata and .text in one R+X segment (as libtorch_cpu.so is laid out), then .rodata flagged
+    # SHF_EXECINSTR: the loader maps the same bytes and dlopen is handed the same pointer
+    lib = build(tmp_path, "dlx", DLOPEN_C, "-ldl", "-Wl,-z,noseparate-code")
+    data = lib.read_bytes()
+    rodata = header_of(data, ".rodata")
+    flagged = tmp_path / "flagged.so"
+    flagged.write_bytes(set_header_field(data, ".rodata", "flags", rodata["flags"] | SHF_EXECINSTR))
+    rc, out, err, _ = check(flagged)
+    assert rc == 1, (rc, out, err)
+    assert "libcublas.so.12" in out and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", [".rodata", ".text"])
+def test_section_outside_the_file_is_an_error(tmp_path, name):
+    lib = build(tmp_path, "out", 'const char *fk_greeting(void) { return "hello, world"; }\n')
+    data = lib.read_bytes()
+    bad = tmp_path / "outside.so"
+    bad.write_bytes(set_header_field(data, name, "size", len(data)))
+    rc, out, err, _ = check(bad)
+    assert_error(rc, out, err, "lies outside the file")
+    assert out.count("lies outside the file") == 1, out
+
+
+def test_more_library_names_than_the_limit_is_an_error(tmp_path):
+    # ten thousand harmless names, then the vendor's: never a pass with the last one dropped
+    names = ", ".join(f'"libfk{i:05d}.so"' for i in range(10_000))
+    src = ("#include <dlfcn.h>\nconst char *const fk_names[] = {%s, \"libcublas.so.12\"};\n"
+           "void *fk_load(int i) { return dlopen(fk_names[i], RTLD_NOW); }\n" % names)
+    lib = build(tmp_path, "many", src, "-ldl")
+    rc, out, err, _ = check(lib)
+    assert_error(rc, out, err, "more than 10000 library-name strings")
+    assert out.count("more than 10000") == 1, out
+
+
+def test_more_api_names_than_the_limit_is_an_error(tmp_path):
+    names = ", ".join(f'"cublasFk{i:05d}"' for i in range(10_001))
+    src = ("#include <dlfcn.h>\nconst char *const fk_names[] = {%s};\n"
+           "void *fk_sym(void *h, int i) { return dlsym(h, fk_names[i]); }\n" % names)
+    lib = build(tmp_path, "manyapi", src, "-ldl")
+    rc, out, err, _ = check(lib)
+    assert_error(rc, out, err, "more than 10000 API-name strings")
+
+
+def test_no_section_headers_warns_only_of_what_is_not_read(tmp_path):
+    lib = build(tmp_path, "dlw", DLOPEN_C, "-ldl")
+    bare = tmp_path / "bare.so"
+    bare.write_bytes(without_section_headers(lib.read_bytes()))
+    proc = subprocess.run([sys.executable, "-m", "audit", "check", "--format", "json", str(bare)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    warnings = json.loads(proc.stdout)["files"][0]["warnings"]
+    assert not any("strings and device code not read" in w for w in warnings), warnings
+    assert any("forwarding stubs not decoded" in w for w in warnings), warnings

@@ -310,7 +310,9 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
                                                                  for r in img.extra_ranges])
     for sec in img.sections:  # code is read too (library names, immediates): all of it, or an error
         if sec.type == SHT_PROGBITS and sec.flags & SHF_EXECINSTR and sec.size:
-            img.check_range(sec.offset, sec.size, f"executable section {sec.name or sec.index}")
+            if sec.offset + sec.size > img.size:
+                raise Malformed(f"executable section {sec.name or sec.index} (offset {sec.offset:#x}, size "
+                                f"{sec.size:#x}) lies outside the file ({img.size:#x} bytes)")
     dyn = read_dynamic(img)
     warnings += dyn.warnings
     needs, need_index = read_version_needs(img) if img.sections else ([], {})
