@@ -23,10 +23,12 @@ import pytest
 from conftest import require_tool
 
 from audit.linkage.patterns import combined_bytes_regex, compile_globs, soname_stem
-from audit.linkage.policy import MAX_AFFIXES, MAX_PATTERNS
-from audit.linkage.resolve import MAX_DEPTH
 
 REPO = Path(__file__).resolve().parent.parent
+# The documented limits (policy.py, resolve.py)
+MAX_PATTERNS = 2048  # globs in one policy
+MAX_AFFIXES = 8  # symbol-prefixes, symbol-suffixes
+MAX_DEPTH = 256  # libraries in one NEEDED chain
 
 
 def audit(*args, timeout: float = 60, prefix: tuple[str, ...] = (), cwd=None) -> subprocess.CompletedProcess:
