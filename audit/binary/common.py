@@ -5,7 +5,7 @@ Library names are found from their suffix (".dll", ".dylib", ...), one regex ove
 region, and the name is read backwards from it (at most 255 bytes): a literal-led search that
 costs linear time on hostile data. PE data is searched for UTF-16LE names too (what
 LoadLibraryW is given). API names for GetProcAddress/dlsym are read by the ELF package's
-vectorised `identifier_strings`, handed the regions as sections.
+vectorised `strings_in`, handed the regions.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from audit.elf.model import StringHit, SymbolColumns
-from audit.elf.parse import SHF_ALLOC, SHT_PROGBITS, decode, release
-from audit.elf.strings import identifier_strings
+from audit.elf.parse import SHF_ALLOC, SHT_PROGBITS, Malformed, decode, release
+from audit.elf.strings import strings_in
 from audit.errors import InputError
 
-MAX_HITS = 10_000  # strings kept per file; more is a warning, never a silent drop
+MAX_HITS = 10_000  # library-name strings per file; more is an error (a name past it is never dropped)
 MAX_NAME = 255
 NAME_CHARS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-."
 _NAME_SET = frozenset(NAME_CHARS)
@@ -129,8 +129,7 @@ def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], w
             if at == m.start() or at in skip:
                 continue
             if len(hits) >= MAX_HITS:
-                warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
-                return hits
+                raise InputError(f"more than {MAX_HITS} library-name strings (limit)")
             hits.append(StringHit(section=reg.name, offset=at, text=decode(buf[at:m.end()])))
         if wide_re is not None:
             for m in wide_re.finditer(buf, lo, hi):
@@ -147,8 +146,7 @@ def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], w
                 if at == m.start() or at in skip:
                     continue
                 if len(hits) >= MAX_HITS:
-                    warnings.append(f"more than {MAX_HITS} library-name strings: the rest are not listed")
-                    return hits
+                    raise InputError(f"more than {MAX_HITS} library-name strings (limit)")
                 text = bytes(buf[at:m.end()]).decode("utf-16-le", errors="backslashreplace")
                 hits.append(StringHit(section=reg.name, offset=at, text=text))
         release(buf, lo, hi)
@@ -170,23 +168,17 @@ def _windows(pattern: re.Pattern[bytes], buf, lo: int, hi: int):
         release(buf, max(lo, at - MAX_NAME * 2), at - MAX_NAME * 2 + _WINDOW)
 
 
-class _Image:
-    """What identifier_strings reads of an ElfImage: the buffer, its size, its sections and the
-    loaded bytes no section shows (here none: the regions are all there is)."""
-
-    extra_ranges = ()
-
-    def __init__(self, buf, size: int, regions: list[Region]):
-        self.buf, self.size, self.sections = buf, size, regions
-
-
 def api_strings(buf, size: int, regions: list[Region], prefixes: tuple[bytes, ...],
                 warnings: list[str]) -> list[StringHit]:
     """NUL-delimited identifiers starting with one of `prefixes` in the data regions (the names a
-    binary hands to GetProcAddress / dlsym), read by audit.elf.strings.identifier_strings."""
+    binary hands to GetProcAddress / dlsym), read by audit.elf.strings.strings_in. InputError past
+    its limit of names (fail closed: a name past it is never dropped in silence)."""
     if not prefixes:
         return []
-    return identifier_strings(_Image(buf, size, regions), prefixes, warnings)
+    try:
+        return strings_in(buf, [(r.name, r.offset, r.size) for r in regions], prefixes)[1]
+    except Malformed as exc:
+        raise InputError(str(exc)) from None
 
 
 def code_loading(names: Iterable[str]) -> list[str]:
