@@ -142,6 +142,15 @@ def test_too_many_symbol_affixes_are_refused(tmp_path):
     one_error(proc, "symbol-prefixes", f"at most {MAX_AFFIXES}")
 
 
+def test_symbol_lists_too_large_with_their_affixed_forms_are_refused(tmp_path):
+    (tmp_path / "big.names").write_text("".join(f"vendor_fn{i}\n" for i in range(300_000)))
+    (tmp_path / "lists.toml").write_text('name = "p"\nsymbol-prefixes = ["a_", "b_", "c_"]\n[[rules]]\nid = "r"\n'
+                                         'reason = "test"\nsymbol-lists = ["big.names"]\n')
+    proc = audit("policy", "show", "--policy", tmp_path / "lists.toml", timeout=60)
+    assert proc.returncode == 2
+    one_error(proc, "symbol lists of 1200000 names", "at most 1048576")
+
+
 def test_the_shipped_policy_still_loads():
     proc = audit("policy", "show", timeout=60)
     assert proc.returncode == 0 and "[[rules]]" in proc.stdout

@@ -44,6 +44,7 @@ MAX_PATTERNS = 2048  # globs in a policy, extends merged (rules, allow, exceptio
 MAX_SYMBOL_FORMS = 4096  # symbol globs with their symbol-prefixes/-suffixes forms
 MAX_AFFIXES = 8  # entries of symbol-prefixes, and of symbol-suffixes
 MAX_POLICY_BYTES = 16 << 20  # a policy file or a symbol list (the shipped ones: < 100 KiB)
+MAX_NAME_FORMS = 1 << 20  # symbol-list names with their affixed forms (shipped: ~20k)
 _RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -501,6 +502,11 @@ def _check_size(policy: Policy) -> None:
         len(getattr(r, k)) for r in policy.rules for k in ("sonames", "symbols", "strings", "kernels", "shared_kernels"))
     if count > MAX_PATTERNS:
         raise PolicyError(f"{where}: {count} patterns; a policy may have at most {MAX_PATTERNS}")
+    per_name = (len(policy.symbol_prefixes) + 1) * (len(policy.symbol_suffixes) + 1)
+    names = sum(len(r.names) for r in policy.rules) * per_name  # an upper bound: C++ names keep one form
+    if names > MAX_NAME_FORMS:
+        raise PolicyError(f"{where}: symbol lists of {names} names with their symbol-prefixes/-suffixes forms; "
+                          f"a policy may have at most {MAX_NAME_FORMS}")
     forms = sum(len(affixed(r.symbols, policy.symbol_prefixes, policy.symbol_suffixes)) for r in policy.rules)
     if forms > MAX_SYMBOL_FORMS:
         raise PolicyError(f"{where}: {forms} symbol patterns with their symbol-prefixes/-suffixes forms; "
@@ -634,6 +640,8 @@ def _read_names(label: str, key: str, ref: str, base_dir: Path | None) -> tuple[
         if not _LIST_NAME.match(line):
             raise PolicyError(f"{label}: {key}: {shown} line {n}: not a symbol name (letters, digits, '_')")
         names.add(line)
+        if len(names) > MAX_NAME_FORMS:
+            raise PolicyError(f"{label}: {key}: {shown}: more than {MAX_NAME_FORMS} names")
     return shown, frozenset(names)
 
 
