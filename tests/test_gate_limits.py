@@ -151,6 +151,13 @@ def test_symbol_lists_too_large_with_their_affixed_forms_are_refused(tmp_path):
     one_error(proc, "symbol lists of 1200000 names", "at most 1048576")
 
 
+def test_a_glob_longer_than_1024_characters_is_refused_in_one_short_line(tmp_path):
+    policy = _policy(tmp_path / "long.toml", ["a" * 5_000 + "*"])
+    proc = audit("policy", "show", "--policy", policy, timeout=60)
+    assert proc.returncode == 2
+    assert len(one_error(proc, "longer than 1024 characters")) < 300
+
+
 def test_the_shipped_policy_still_loads():
     proc = audit("policy", "show", timeout=60)
     assert proc.returncode == 0 and "[[rules]]" in proc.stdout

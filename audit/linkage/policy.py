@@ -657,7 +657,7 @@ def _exception(label: str, i: int, raw) -> PolicyException:
     try:
         glob_to_regex(raw["file"])
     except PatternError as exc:
-        raise PolicyError(f"{label}: {where}.file: bad pattern '{raw['file']}': {exc}") from None
+        raise PolicyError(f"{label}: {where}.file: bad pattern '{_shown(raw['file'])}': {exc}") from None
     expires = raw.get("expires")
     if expires is not None:
         if isinstance(expires, _dt.datetime):
@@ -716,6 +716,11 @@ def _affixes(label: str, key: str, value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _shown(pattern: str) -> str:
+    """A pattern as an error message quotes it: a long one cut to its start."""
+    return pattern if len(pattern) <= 80 else pattern[:80] + "..."
+
+
 def _globs(label: str, key: str, value) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise PolicyError(f"{label}: {key}: must be an array of strings")
@@ -727,7 +732,7 @@ def _globs(label: str, key: str, value) -> tuple[str, ...]:
         try:
             glob_to_regex(pat)
         except PatternError as exc:
-            raise PolicyError(f"{label}: {key}[{j}]: bad pattern '{pat}': {exc}") from None
+            raise PolicyError(f"{label}: {key}[{j}]: bad pattern '{_shown(pat)}': {exc}") from None
     return tuple(value)
 
 

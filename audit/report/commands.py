@@ -50,7 +50,7 @@ def report_cmd(ctx, evidence_dir, out, key):
     not empty); 3 unreadable or malformed evidence.
     """
     if key is not None and not key.is_file():
-        raise InputError(f"--key {key}: no such file")
+        raise InputError(f"--key {key}: {'not a regular file' if key.exists() else 'no such file'}")
     key = signing_key(key)
     _readable_folder(evidence_dir)
     if _is_dir(evidence_dir / "evidence") and not (evidence_dir / "run.json").exists():
