@@ -164,6 +164,9 @@ class Runner:
                                           line_buffering=True)
             sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
             sys.argv = ["sovereign-audit", *argv]
+            import atexit
+
+            atexit._clear()  # the fuzzer's (or pytest's) own exit handlers are not the command's
             sys.path.insert(0, str(HERE))
             import hook
 
@@ -186,8 +189,6 @@ class Runner:
 
                 traceback.print_exc()
                 code = 1
-            import atexit
-
             atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
