@@ -14,7 +14,7 @@ import sys
 import click
 
 from audit import __version__
-from audit.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, AuditError, Interrupted, printable
+from audit.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, AuditError, Interrupted, one_line, printable
 
 # name -> "module:attribute"; the order is the data flow.
 COMMANDS = {
@@ -112,7 +112,8 @@ def _main(argv):
 
 
 def _internal_error(exc: BaseException):
-    click.echo(f"internal error: {type(exc).__name__}: {' '.join(str(exc).split())}", err=True)
+    # The message may quote an input (a name from a binary): one escaped line, like every other error.
+    click.echo(f"error: internal error: {one_line(exc)}", err=True)
     sys.exit(EXIT_INTERNAL)
 
 

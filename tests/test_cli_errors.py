@@ -5,6 +5,8 @@ the exit codes are documented where users look (README, the top-level --help).""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,7 +146,7 @@ def test_the_hint_names_what_to_install(name, install):
 
 def test_a_missing_module_of_our_own_is_still_an_internal_error(tmp_path):
     proc = _run_without("audit.report.keys", "keygen", "--out", str(tmp_path / "k"), tmp_path=tmp_path)
-    assert proc.returncode == 4 and proc.stderr.startswith("internal error: ModuleNotFoundError"), proc.stderr
+    assert proc.returncode == 4 and proc.stderr.startswith("error: internal error: ModuleNotFoundError"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1
 
 
@@ -170,3 +172,20 @@ def test_an_output_under_a_file_is_one_line_exit_2(command, tmp_path, capsys):
     rc, _, err = cli(capsys, *command, blocker / "out.json")
     assert rc == EXIT_USAGE and len(err.splitlines()) == 1 and str(blocker) in err, err
     assert blocker.read_text() == "kept\n"
+
+
+def test_an_internal_error_quoting_hostile_text_is_one_escaped_error_line():
+    """An unexpected exception whose message carries a newline, a workflow command and an ANSI escape
+    (text an input can put there) is one `error:` line with the control characters escaped."""
+    script = ("import sys, audit.cli as c\n"
+              "from audit.linkage import check\n"
+              "def boom(*a, **k): raise RuntimeError('x\\n::warning file=INJECTED::pwn \\x1b[31mred')\n"
+              "check.check_paths = boom\n"
+              "sys.argv = ['sovereign-audit', 'check', sys.argv[1]]\n"
+              "c.main()\n")
+    proc = subprocess.run([sys.executable, "-c", script, sys.executable], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 4, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: internal error: RuntimeError: x"), proc.stderr
+    assert "\x1b" not in proc.stderr and "\\x1b" in lines[0]
