@@ -284,3 +284,15 @@ def test_inspect_json_of_a_needed_chain_250_deep(chain):
         [node] = node["children"]
         names.append(node["name"])
     assert names == [f"lib{i}.so" for i in range(1, CHAIN + 1)]
+
+
+@pytest.mark.parametrize("module, name", [("audit.evidence.commands", "_safe"), ("audit.kernel_build.command", "_one_line")])
+def test_the_stage_commands_escape_runner_commands_in_quoted_text(module, name):
+    """`build`, `parity`, `bench` and `pipeline` quote compiler output, torch messages and paths in
+    their error lines: a `##[` in them (a runner command anywhere in a line) and an ANSI escape
+    are shown as escapes, like every other error line."""
+    import importlib
+
+    escape = getattr(importlib.import_module(module), name)
+    line = escape("nvcc: ##[stop-commands]tok \x1b[31mred\nnext")
+    assert "##[" not in line and "\x1b" not in line and "\n" not in line, line

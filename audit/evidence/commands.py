@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from audit.errors import GateFailed, InputError, UsageError
+from audit.errors import GateFailed, InputError, UsageError, printable
 from audit.files import write_json_atomic
 
 GPU_DEFAULT_PRESETS = ["wan2.1-1.3b-480p", "cogvideox-5b"]
@@ -19,8 +19,7 @@ GPU_DEFAULT_PRESETS = ["wan2.1-1.3b-480p", "cogvideox-5b"]
 
 def _safe(text: object) -> str:
     """Untrusted text (paths, torch messages, user names) made printable on one line."""
-    s = str(text)
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(s.split()))
+    return printable(" ".join(str(text).split()))
 
 
 def _selection_options(f):

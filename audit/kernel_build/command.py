@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
+from audit.errors import printable
 from audit.kernel_build.builder import BUILT, FAILED, build_targets
 
 
 def _one_line(text: str) -> str:
-    # compiler output and paths are untrusted: one line, control characters made visible
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(str(text).split()))
+    # compiler output and paths are untrusted: one line, control characters and `##[` made visible
+    return printable(" ".join(str(text).split()))
 
 
 @click.command("build")
