@@ -296,3 +296,23 @@ def test_the_stage_commands_escape_runner_commands_in_quoted_text(module, name):
     escape = getattr(importlib.import_module(module), name)
     line = escape("nvcc: ##[stop-commands]tok \x1b[31mred\nnext")
     assert "##[" not in line and "\x1b" not in line and "\n" not in line, line
+
+
+def test_policy_show_writes_no_runner_command_from_a_policy(tmp_path):
+    """A policy is text from a repository: its reason (`##[`), and its file name (a CR, then
+    `::`), never become a command line in `policy show`, TOML or JSON, and the TOML still reads
+    back to the same reason."""
+    import tomllib
+
+    reason = "vendor ##[stop-commands]tok"
+    path = tmp_path / "p\r::warning file=X::pwn.toml"
+    path.write_text('extends = "sovereign"\n[[rules]]\nid = "x.y"\nfamily = "blas"\nname = "X"\n'
+                    f'reason = "{reason}"\nsonames = ["libxvendor"]\n')
+    for args in ((), ("--json",)):
+        proc = cli("policy", "show", "--policy", path, *args)
+        assert proc.returncode == 0, proc.stderr
+        text = proc.stdout.decode()
+        assert "##[" not in text, text[:300]
+        assert not [ln for ln in re.split(r"[\r\n]", text) if ln.lstrip().startswith("::")]
+    toml = tomllib.loads(cli("policy", "show", "--policy", path).stdout.decode())
+    assert [r["reason"] for r in toml["rules"] if r["id"] == "x.y"] == [reason]

@@ -161,11 +161,13 @@ def policy_group():
 @click.option("--json", "as_json", is_flag=True, help="JSON instead of TOML.")
 def policy_show(policy_path, as_json):
     """Print the effective policy (with `extends` resolved)."""
+    from audit.errors import no_commands
     from audit.linkage.policy import load_policy, to_toml
 
     policy = load_policy(policy_path)
     if as_json:
-        click.echo(json.dumps(policy.to_dict(), indent=2, ensure_ascii=True))
+        # the policy's text is untrusted: no line of it may be a CI runner's command
+        click.echo(no_commands(json.dumps(policy.to_dict(), indent=2, ensure_ascii=True), "\\u003a", "\\u005b"))
     else:
         click.echo(to_toml(policy), nl=False)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import tomllib
 
 from audit.resources import data_root
-from audit.errors import PolicyError
+from audit.errors import PolicyError, printable
 from audit.files import read_regular_file
 from audit.linkage.patterns import (
     PatternError,
@@ -752,7 +752,8 @@ def _toml_str(value: str) -> str:
         else:
             out.append(ch)
     out.append('"')
-    return "".join(out)
+    # `##[` is a CI runner's command anywhere in a line: written as the same string, escaped
+    return "".join(out).replace("##[", "##\\u005b")
 
 
 def _toml_list(values) -> str:
@@ -761,7 +762,7 @@ def _toml_list(values) -> str:
 
 def to_toml(policy: Policy) -> str:
     """The effective policy (extends resolved) as TOML that load_policy reads back unchanged."""
-    lines = ["# effective policy, merged from: " + " <- ".join(s["path"] for s in policy.sources).replace("\n", " "),
+    lines = ["# effective policy, merged from: " + printable(" <- ".join(s["path"] for s in policy.sources)),
              f"name = {_toml_str(policy.name)}", f"description = {_toml_str(policy.description)}",
              f"symbol-prefixes = {_toml_list(policy.symbol_prefixes)}",
              f"symbol-suffixes = {_toml_list(policy.symbol_suffixes)}", "", "[settings]"]
