@@ -260,8 +260,31 @@ def _unrenamed(stem: str) -> str:
 
 def soname_matches(regex: re.Pattern[str] | None, name: str) -> bool:
     """Soname globs match the library's own name (version suffix and repair-tool renaming
-    removed), its stem as written, or the whole file name."""
+    removed), its stem as written, or the whole file name; a Windows DLL's name in any case
+    (the Windows loader ignores it); a path into a macOS framework also by the framework's
+    name (`.../Accelerate.framework/Versions/A/Accelerate` is `Accelerate.framework`)."""
     if regex is None:
         return False
     base = name.rsplit("/", 1)[-1]
+    if base[-4:].lower() == ".dll":
+        regex, base = _folded(regex), base[:-4] + ".dll"
+    elif ".framework/" in name:
+        framework = framework_name(name)
+        if framework and regex.match(framework):
+            return True
     return bool(regex.match(soname_stem(base)) or regex.match(_plain_stem(base)) or regex.match(base))
+
+
+@functools.lru_cache(maxsize=1024)
+def _folded(regex: re.Pattern[str]) -> re.Pattern[str]:
+    return re.compile(regex.pattern, regex.flags | re.IGNORECASE)
+
+
+def framework_name(path: str) -> str | None:
+    """`NAME.framework` of the innermost framework folder in `path` (`.../Accelerate.framework/
+    Versions/A/Frameworks/vecLib.framework/Versions/A/vecLib` -> `vecLib.framework`), else None."""
+    parts = path.split("/")
+    for part in reversed(parts[:-1]):
+        if part.endswith(".framework") and len(part) > len(".framework"):
+            return part
+    return None
