@@ -25,7 +25,8 @@ from audit.linkage.inputs import ArchiveLimits, Input, Inputs, Scope
 from audit.linkage.model import CheckReport, FileResult, Finding
 from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.policy import Policy
-from audit.linkage.resolve import Paths, ResolveOptions, Resolver, TreeTooLarge
+from audit.linkage.native import format_of, resolver_for
+from audit.linkage.resolve import DepNode, Paths, ResolveOptions, Resolver, TreeTooLarge
 from audit.linkage.scan import prejudge, scan_object, tree_findings
 
 __all__ = ["CachedReader", "CheckReport", "FileResult", "Finding", "ResolveOptions", "check_file", "check_paths"]
@@ -35,9 +36,10 @@ __all__ = ["CachedReader", "CheckReport", "FileResult", "Finding", "ResolveOptio
 
 
 def _default_read_elf():
-    from audit.elf.reader import read_elf  # imported lazily, when a file is first read
+    # ELF files go to read_elf as they are; PE and Mach-O files to their readers
+    from audit.linkage.native import read_binary
 
-    return read_elf
+    return read_binary
 
 
 class CachedReader:
@@ -145,6 +147,9 @@ def _name_image_paths(fr: FileResult, label: str, fs: FileSystem, audited: set[s
             node.path, node.realpath = name(node.path), name(node.realpath)
 
 
+_OWN_NAME = {"elf": "DT_SONAME", "pe": "export directory name", "macho": "LC_ID_DYLIB"}
+
+
 def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[str], ElfInfo]) -> FileResult:
     if inp.read_from is None:
         return FileResult(path=inp.shown, verdict="error", error=inp.error, archive=inp.archive)
@@ -152,33 +157,57 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
         info = read(inp.read_from)
     except Exception as exc:
         return FileResult(path=inp.shown, verdict="error", error=_error_text(exc), archive=inp.archive)
+    slices = info if isinstance(info, list) else [info]  # a universal Mach-O binary: each slice judged
+    first = slices[0]
+    fmt = format_of(first)
+    resolver = resolver_for(resolver, first)
     result = FileResult(
-        path=inp.shown, verdict="pass", sha256=info.sha256 or None, size=info.size, elf_class=info.elf_class,
-        machine=info.machine, elf_type=info.elf_type, soname=info.soname, needed=list(info.needed),
-        rpath=list(info.rpath), runpath=list(info.runpath),
-        version_needs=[vn.file for vn in info.version_needs],
-        device_targets=sorted({dc.target for dc in info.device_code if dc.kind not in ("host", "unknown")}),
-        warnings=list(info.warnings), layer=inp.layer, archive=inp.archive,
+        path=inp.shown, verdict="pass", sha256=first.sha256 or None, size=first.size,
+        elf_class=first.elf_class if fmt == "elf" else first.bits,
+        machine=first.machine, elf_type=first.elf_type if fmt == "elf" else first.file_type,
+        soname=first.soname, needed=list(dict.fromkeys(n for s in slices for n in s.needed)),
+        rpath=list(dict.fromkeys(r for s in slices for r in s.rpath)), runpath=list(first.runpath),
+        version_needs=[vn.file for vn in first.version_needs],
+        device_targets=sorted({dc.target for s in slices for dc in s.device_code if dc.kind not in ("host", "unknown")}),
+        warnings=[w for s in slices for w in s.warnings], layer=inp.layer, archive=inp.archive,
+        format=None if fmt == "elf" else fmt,
+        slices=[s.slice for s in slices] if len(slices) > 1 else None,
     )
+    name = os.path.basename(inp.shown)
+    findings: list[Finding] = []
     errors: list[str] = []
-    findings, errs = scan_object(info, policy, [os.path.basename(inp.shown)], None)
-    # the audited object is itself a denied library (e.g. a vendor .so shipped inside a wheel)
-    for where, name in (("DT_SONAME", info.soname), ("file name", os.path.basename(inp.shown))):
-        rule = policy.deny_rule_for_soname(name) if name else None
-        if rule:
-            findings.insert(0, Finding.from_rule(rule, policy, "soname", name, where, [os.path.basename(inp.shown)]))
-            break
-    errors += errs
-    try:
-        tree, warns = resolver.tree(info, inp.read_from, members=inp.members)
-        tree.name = os.path.basename(inp.shown)
-        result.tree = tree
-        result.warnings += warns
-        more, errs = tree_findings(tree, resolver, policy)
-        findings += more
+    trees = []
+    for one in slices:
+        found, errs = scan_object(one, policy, [name], None)
         errors += errs
-    except TreeTooLarge as exc:
-        errors.append(str(exc))
+        # the audited object is itself a denied library (e.g. a vendor .so shipped inside a wheel)
+        for where, own in ((_OWN_NAME[fmt], one.soname), ("file name", name)):
+            rule = policy.deny_rule_for_soname(own) if own else None
+            if rule:
+                found.insert(0, Finding.from_rule(rule, policy, "soname", own, where, [name]))
+                break
+        try:
+            tree, warns = resolver.tree(one, inp.read_from, members=inp.members)
+            tree.name = name
+            trees.append(tree)
+            result.warnings += [w for w in warns if w not in result.warnings]
+            more, errs = tree_findings(tree, resolver, policy)
+            found += more
+            errors += errs
+        except TreeTooLarge as exc:
+            errors.append(str(exc))
+        if len(slices) > 1:  # every finding names the slice it is in
+            for f in found:
+                f.where = f"{f.where} [slice {one.slice}]"
+                for m in f.matches:
+                    m.where = f"{m.where} [slice {one.slice}]"
+            if trees and trees[-1].name == name:
+                trees[-1].name = f"{name} [slice {one.slice}]"
+        findings += found
+    if len(trees) == 1:
+        result.tree = trees[0]
+    elif trees:  # the slices side by side under the file
+        result.tree = DepNode(name=name, status="root", path=inp.read_from, children=trees)
     result.findings = group_findings(findings)
     if errors:
         result.verdict, result.error = "error", "; ".join(errors)

@@ -23,6 +23,7 @@ from audit.linkage.conda import _package_tar, extract_conda, is_conda
 from audit.linkage.conda import _safe as _conda_safe
 from audit.linkage.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
+from audit.linkage.native import AUDITED
 from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolve import Member, MemberSet, ResolveOptions
@@ -304,7 +305,7 @@ class Inputs:
             return
         self.seen.add(real)
         kind = identify(head, size)
-        if kind is Kind.ELF:
+        if kind in AUDITED:  # ELF, PE (DLL, EXE, .pyd), Mach-O (thin or universal)
             yield Input(report, host, explicit)
         elif kind is Kind.STATIC_ARCHIVE:  # its object files are linked into a build: each is audited
             yield from _members_of(report, self._archive_file(report, host, explicit))
@@ -576,7 +577,7 @@ class _ElfSniffer:
             try:
                 with zf.open(m) as fh:
                     kind = identify(fh.read(HEAD_BYTES), m.file_size)
-                if kind is Kind.ELF:
+                if kind in AUDITED:
                     out.add(m.filename)
                 elif kind is Kind.STATIC_ARCHIVE:
                     archives.add(m.filename)

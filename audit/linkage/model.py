@@ -126,6 +126,8 @@ class FileResult:
     findings: list[Finding] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
+    format: str | None = None  # "pe" | "macho"; None: ELF
+    slices: list[str] | None = None  # a universal Mach-O binary's slices, each judged
 
     @property
     def failing(self) -> list[Finding]:
@@ -135,6 +137,10 @@ class FileResult:
         d = {k: getattr(self, k) for k in ("path", "verdict", "sha256", "size", "elf_class", "machine",
                                           "elf_type", "soname", "needed", "rpath", "runpath",
                                           "version_needs", "device_targets", "warnings", "error")}
+        if self.format is not None:  # ELF results keep their fields as they were
+            d["format"] = self.format
+        if self.slices is not None:
+            d["slices"] = list(self.slices)
         if self.layer is not None:
             d["layer"] = dict(self.layer)
         d["resolved"] = self.tree.to_dict() if self.tree else None

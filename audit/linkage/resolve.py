@@ -106,6 +106,8 @@ class DepNode:
     note: str | None = None
     children: list[DepNode] = field(default_factory=list)
     info: ElfInfo | None = field(default=None, repr=False, compare=False)
+    # how a PE or Mach-O file asks for it ("delay-load import", "LC_LOAD_WEAK_DYLIB"); None: DT_NEEDED
+    request: str | None = None
 
     def to_dict(self) -> dict:
         """The tree as nested dicts, made with a stack, not by recursion (see MAX_DEPTH)."""
@@ -115,6 +117,8 @@ class DepNode:
             node, d = todo.pop()
             d.update({k: getattr(node, k) for k in ("name", "edge", "status", "path", "how", "via", "soname",
                                                      "rule", "note")})
+            if node.request is not None:
+                d["request"] = node.request
             d["children"] = [{} for _ in node.children]
             todo += zip(reversed(node.children), reversed(d["children"]))
         return top

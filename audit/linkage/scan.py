@@ -360,7 +360,7 @@ def tree_findings(tree: DepNode, resolver: Resolver, policy: Policy) -> tuple[li
                 kind, where = ("dlopen-string" if depth == 1 else "transitive"), f"dlopen string of {chain[-2].name}"
             else:
                 kind = "needed" if depth == 1 else "transitive"
-                where = "DT_NEEDED" + (f" of {chain[-2].name}" if depth > 1 else "")
+                where = (node.request or "DT_NEEDED") + (f" of {chain[-2].name}" if depth > 1 else "")
             if node.how == "member":  # its path is an extraction folder's: the note names the member
                 detail = node.note
             else:
@@ -371,7 +371,8 @@ def tree_findings(tree: DepNode, resolver: Resolver, policy: Policy) -> tuple[li
         elif node.status == "unresolved":
             rule = policy.rule(RULE_UNRESOLVED)
             findings.append(Finding.from_rule(rule, policy, "unresolved", node.name,
-                                              "DT_NEEDED" + (f" of {chain[-2].name}" if depth > 1 else ""), names))
+                                              (node.request or "DT_NEEDED") + (f" of {chain[-2].name}" if depth > 1 else ""),
+                                              names))
         elif node.status == "error":
             errors.append(f"dependency {node.name} ({node.path}) could not be parsed: {node.note}")
         if node.info is not None and node.status in ("root", "inspected", "unlisted"):

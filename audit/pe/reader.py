@@ -49,6 +49,7 @@ HIP_SECTIONS = (".hip_fat",)
 _IMPORT_SCAFFOLD = re.compile(r"^(?:__imp_|_head_|__(?:DELAY_)?IMPORT_DESCRIPTOR_|__NULL_IMPORT_DESCRIPTOR$|\x7f)"
                               r"|_iname$|_NULL_THUNK_DATA$")
 _DLL_SUFFIX = common.suffix_re(b".dll", ignore_case=True)
+_LOADERS = ("LoadLibrary", "LoadPackagedLibrary", "LdrLoadDll")
 _MALFORMED = (Malformed, struct.error, ValueError, IndexError, OverflowError, zlib.error, UnicodeError)
 
 
@@ -205,7 +206,9 @@ class _Pe:
         data = [Region(s.name, s.raw, min(s.rawsize, self.size - s.raw)) for s in self.sections
                 if not s.flags & (SCN_CNT_CODE | SCN_MEM_EXECUTE) and s.rawsize and s.raw < self.size
                 and s not in device and s.name != ".reloc"]
-        info.library_strings = common.library_strings(self.buf, data, _DLL_SUFFIX, True, self.named, info.warnings)
+        # a DLL name in data is a load by name only in a file that imports the loader
+        if any(n.startswith(_LOADERS) for n in info.code_loading_imports):
+            info.library_strings = common.library_strings(self.buf, data, _DLL_SUFFIX, True, self.named, info.warnings)
         if common.looks_up_symbols(info.code_loading_imports):
             info.api_strings = [h for h in common.api_strings(self.buf, self.size, data, api_prefixes, info.warnings)
                                 if h.offset not in self.named]
