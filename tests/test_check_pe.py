@@ -234,3 +234,24 @@ def test_every_output_format_on_a_pe_finding(pe_libs, tmp_path, capsys, fmt):
     assert "cublas64_12.dll" in out
     if fmt in ("json", "sarif"):
         json.loads(out)
+
+
+def test_inspect_reads_a_dll_and_its_tree(pe_libs, capsys):
+    rc, out, err = cli(capsys, "inspect", "--json", str(pe_libs["app"]))
+    assert rc == 0, err
+    f = json.loads(out)["files"][0]
+    assert f["format"] == "pe"
+    assert [n.lower() for _, n in coff_imports(pe_libs["app"])] == [n.lower() for n in f["needed"]]
+    tree = {c["name"]: c["status"] for c in f["dependency_tree"]["children"]}
+    assert tree["cublas64_12.dll"] == "denied"
+    rc, out, err = cli(capsys, "inspect", str(pe_libs["app"]))
+    assert rc == 0 and "PE 64-bit" in out
+
+
+def test_truncated_dll_is_one_error_line(pe_libs, tmp_path, capsys):
+    bad = tmp_path / "trunc.dll"
+    bad.write_bytes(pe_libs["app"].read_bytes()[:1500])
+    rc, out, err = cli(capsys, "check", str(bad))
+    assert rc == 3 and "Traceback" not in out + err
+    errors = [ln for ln in out.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and "malformed PE file" in errors[0]

@@ -180,24 +180,22 @@ def foreign(tmp_path_factory, dll) -> dict[str, Path]:
     return out
 
 
-FOREIGN_KINDS = {"dll": "PE/COFF DLL (Windows)", "dylib": "Mach-O"}
+NATIVE_KINDS = {"dll": "pe", "dylib": "macho"}
 
 
-@pytest.mark.parametrize("which", sorted(FOREIGN_KINDS))
-def test_folder_with_an_elf_file_and_a_foreign_binary_is_an_error(built, foreign, tmp_path, which):
+@pytest.mark.parametrize("which", sorted(NATIVE_KINDS))
+def test_folder_with_an_elf_file_and_a_windows_or_macos_binary_audits_both(built, foreign, tmp_path, which):
+    """A DLL or dylib beside the ELF files is audited too (its own verdict), never skipped."""
     folder = tmp_path / "dist"
     (folder / "lib").mkdir(parents=True)
     (folder / "lib/libclean.so").write_bytes(built["clean"].read_bytes())
     (folder / "README.txt").write_text("docs\n")  # data: still skipped
     (folder / "lib" / foreign[which].name).write_bytes(foreign[which].read_bytes())
-    proc = cli("check", folder)
-    assert_input_error(proc, FOREIGN_KINDS[which], "format not audited")
-    assert foreign[which].name in error_lines(proc)[0] or foreign[which].name in proc.stdout
     proc = cli("check", "--format", "json", folder)
     doc = json.loads(proc.stdout)
-    assert proc.returncode == EXIT_INPUT and doc["summary"]["skipped"] == {"non_elf": 1}
-    verdicts = {Path(f["path"]).name: f["verdict"] for f in doc["files"]}
-    assert verdicts == {"libclean.so": "pass", foreign[which].name: "error"}
+    assert proc.returncode == EXIT_OK and doc["summary"]["skipped"] == {"non_elf": 1}, proc.stdout + proc.stderr
+    verdicts = {Path(f["path"]).name: (f["verdict"], f.get("format")) for f in doc["files"]}
+    assert verdicts == {"libclean.so": ("pass", None), foreign[which].name: ("pass", NATIVE_KINDS[which])}
 
 
 def test_static_archive_in_a_wheel_or_folder_is_read_member_by_member(built, foreign, tmp_path):
@@ -218,15 +216,16 @@ def test_static_archive_in_a_wheel_or_folder_is_read_member_by_member(built, for
         assert {f["path"]: f["verdict"] for f in doc["files"]}.get(shown) == "pass", doc["files"]
 
 
-def test_wheel_with_an_elf_file_and_a_dll_is_an_error(built, dll, tmp_path):
+def test_wheel_with_an_elf_file_and_a_dll_audits_both(built, dll, tmp_path):
     whl = tmp_path / "demo-1.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.write(built["clean"], "demo/libclean.so")
         zf.write(dll, "demo/f.dll")
         zf.writestr("demo/__init__.py", "")
-    proc = cli("check", whl)
-    assert_input_error(proc, "PE/COFF DLL (Windows): format not audited")
-    assert f"{whl}!/demo/f.dll" in proc.stdout
+    proc = cli("check", "--format", "json", whl)
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    verdicts = {f["path"]: f["verdict"] for f in json.loads(proc.stdout)["files"]}
+    assert verdicts == {f"{whl}!/demo/libclean.so": "pass", f"{whl}!/demo/f.dll": "pass"}
 
 
 def test_conda_package_with_a_dll_is_an_error(built, dll, tmp_path):

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 
 import click
 
+from audit.linkage.native import read_binary, resolver_for
+
 from audit.elf.model import ElfInfo
-from audit.elf.reader import is_elf, read_elf
+from audit.elf.reader import is_elf
 from audit.errors import EXIT_INPUT, EXIT_OK, InputError, UsageError, no_commands, printable
 
 SCHEMA = "sovereign-audit.inspect/1"
@@ -96,7 +98,7 @@ def expand_paths(paths: list[str], result: InspectResult, archives: list[str] | 
                     if archives is not None and stat.S_ISREG(st.st_mode) and _packaged(p):
                         archives.append(p)
                         continue
-                    if not stat.S_ISREG(st.st_mode) or not is_elf(p):
+                    if not stat.S_ISREG(st.st_mode) or not (is_elf(p) or _native(p)):
                         result.skipped += 1
                         continue
                     add(p)
@@ -117,13 +119,14 @@ def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
     archives = [p for p in paths if _is_archive(p)]
     for p in expand_paths(plain, result, archives):
         try:
-            info = read_elf(p, symbol_pattern)
+            got = read_binary(p, symbol_pattern)
         except InputError as exc:
             result.errors.append((p, exc.message))
             continue
-        result.files.append(info)
-        if resolver is not None:
-            _add_tree(result, resolver, info, p)
+        for info in _slices(got, p):
+            result.files.append(info)
+            if resolver is not None:
+                _add_tree(result, resolver, info, p)
     if archives:
         _inspect_archives(archives, result, symbol_pattern, policy, resolve_options)
     if not result.files and not result.errors:  # every input read, and none held an ELF file
@@ -135,7 +138,7 @@ def _add_tree(result: InspectResult, resolver, info: ElfInfo, path: str, members
     from audit.linkage.resolve import TreeTooLarge
 
     try:
-        tree, warnings = resolver.tree(info, path, members=members)
+        tree, warnings = resolver_for(resolver, info).tree(info, path, members=members)
     except TreeTooLarge as exc:
         result.errors.append((info.path, f"{info.path}: {exc}"))
         return
@@ -166,6 +169,23 @@ def _relabeled(value, relabel):
     return top
 
 
+def _native(path: str) -> bool:
+    """A PE or Mach-O file (read like an ELF file)."""
+    from audit.linkage.native import MACHO_KINDS, PE_KINDS, _magic_kind
+
+    return _magic_kind(path) in PE_KINDS + MACHO_KINDS
+
+
+def _slices(got, path: str) -> list:
+    """What was read, as a list: a universal Mach-O binary's slices each named `PATH [slice ARCH]`."""
+    if not isinstance(got, list):
+        got.path = path
+        return [got]
+    for info in got:
+        info.path = f"{path} [slice {info.slice}]"
+    return got
+
+
 def _packaged(path: str) -> bool:
     """A wheel, conda package or container image tar found in a directory (`check` opens
     these there too; a tar that is not an image is skipped, as there)."""
@@ -182,7 +202,7 @@ def _is_archive(path: str) -> bool:
     if os.path.isdir(path):
         return is_oci_dir(path)
     try:
-        return os.path.isfile(path) and not is_elf(path) and os.path.getsize(path) > 0
+        return os.path.isfile(path) and not is_elf(path) and not _native(path) and os.path.getsize(path) > 0
     except OSError:
         return False
 
@@ -204,21 +224,21 @@ def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, p
                     result.errors.append((inp.shown, inputs.relabel(inp.error)))
                     continue
                 fs = HOST if inp.scope is None else inp.scope.fs
-                read = read_elf if fs is HOST else fs.read_elf
+                read = read_binary if fs is HOST else fs.read_elf
                 try:
-                    info = read(inp.read_from, symbol_pattern)
+                    got = read(inp.read_from, symbol_pattern)
                 except InputError as exc:
                     result.errors.append((inp.shown, inputs.relabel(exc.message)))
                     continue
-                info.path = inp.shown
-                info.warnings = [inputs.relabel(w) for w in info.warnings]
-                result.files.append(info)
-                if policy is None:
-                    continue
-                if inp.scope not in resolvers:
-                    scoped = options if inp.scope is None else inp.scope.options(options)
-                    resolvers[inp.scope] = Resolver(scoped, policy, lambda p, read=read: read(p), fs)
-                _add_tree(result, resolvers[inp.scope], info, inp.read_from, inp.members, inputs.relabel)
+                for info in _slices(got, inp.shown):
+                    info.warnings = [inputs.relabel(w) for w in info.warnings]
+                    result.files.append(info)
+                    if policy is None:
+                        continue
+                    if inp.scope not in resolvers:
+                        scoped = options if inp.scope is None else inp.scope.options(options)
+                        resolvers[inp.scope] = Resolver(scoped, policy, lambda p, read=read: read(p), fs)
+                    _add_tree(result, resolvers[inp.scope], info, inp.read_from, inp.members, inputs.relabel)
         result.skipped += inputs.skipped.get("non_elf", 0)
     finally:
         inputs.cleanup()
@@ -232,7 +252,7 @@ def _resolver(policy, options):
     def read(path: str) -> ElfInfo:  # dependencies: headers and dynamic section are what matter
         real = os.path.realpath(path)
         if real not in cache:
-            cache[real] = read_elf(real)
+            cache[real] = read_binary(real)
         return cache[real]
 
     return Resolver(options or ResolveOptions.from_cli(), policy, read)
@@ -263,7 +283,12 @@ def render_file(info: ElfInfo, vendor: re.Pattern[bytes] | None) -> str:
     row("sha256", info.sha256)
     row("size", f"{info.size} bytes")
     row("build-id", esc(info.build_id))
-    row("format", f"ELF{info.elf_class} {info.endian}-endian {info.machine} {info.elf_type}")
+    if getattr(info, "format", "elf") == "elf":
+        row("format", f"ELF{info.elf_class} {info.endian}-endian {info.machine} {info.elf_type}")
+    else:
+        row("format", f"{'PE' if info.format == 'pe' else 'Mach-O'} {info.bits}-bit {info.endian}-endian "
+                      f"{info.machine} {info.file_type}" + (f" (slice {esc(info.slice)})" if info.slice else ""))
+        row("imports", "; ".join(f"{esc(i.name)} ({i.kind})" for i in info.imports) or "-")
     row("soname", esc(info.soname))
     row("interpreter", esc(info.interpreter))
     row("needed", _join(info.needed))
