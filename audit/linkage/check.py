@@ -36,7 +36,10 @@ __all__ = ["CachedReader", "CheckReport", "FileResult", "Finding", "ResolveOptio
 
 
 def _default_read_elf():
-    # ELF files go to read_elf as they are; PE and Mach-O files to their readers
+    # ELF files go to read_elf as they are; PE and Mach-O files to their readers. The ELF reader
+    # is imported here, before any file is read, so a missing package (numpy) is named at once
+    # (exit 2), not reported as every file's own error.
+    import audit.elf.reader  # noqa: F401
     from audit.linkage.native import read_binary
 
     return read_binary
