@@ -25,7 +25,7 @@ import zipfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
+from audit.linkage.judging.policy import load_policy
 
 WHEELS = {  # name -> (pip requirement, platform tag, pip's extra arguments)
     "numpy": ("numpy==2.4.6", "manylinux_2_28_x86_64", []),

@@ -143,8 +143,8 @@ def build(source: str, work: Path, copies: int, compress: str | None) -> tuple[P
 
 def audit(path: Path, jobs: int | None, root: Path | None = None):
     from audit.linkage.check import check_paths
-    from audit.linkage.policy import load_policy
-    from audit.linkage.resolve import ResolveOptions
+    from audit.linkage.judging.policy import load_policy
+    from audit.linkage.resolution.ldso import ResolveOptions
 
     private, saved = tempfile.mkdtemp(prefix="image-speed-"), tempfile.tempdir
     tempfile.tempdir = private  # where an audit would unpack anything (wheels do); must stay empty

@@ -14,9 +14,9 @@ from linkage_fixtures import linkage_libs  # noqa: F401  (fixture)
 from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE
 from audit.linkage.check import check_paths
-from audit.linkage.inputs import ArchiveLimits
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.containers.inputs import ArchiveLimits
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
 
 MiB = 1 << 20
 

@@ -22,8 +22,8 @@ from linkage_fixtures import (  # noqa: F401  (fixtures)
 from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_VIOLATION
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
 
 needs_openblas = pytest.mark.skipif(not openblas_available(), reason="libopenblas-dev not installed (make test installs it)")
 

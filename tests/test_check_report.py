@@ -16,8 +16,8 @@ from linkage_fixtures import cc_shared
 from audit.cli import main
 from audit.errors import EXIT_VIOLATION
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
 
 
 def cli(capsys, *args):

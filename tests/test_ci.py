@@ -16,7 +16,7 @@ from conftest import require_tool
 from linkage_fixtures import cc_shared
 
 from audit.linkage.commands import check_cmd
-from audit.linkage.outputs import parse_format
+from audit.linkage.outputs.write import parse_format
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,7 +150,7 @@ def test_docs_use_only_declared_inputs_and_real_options():
 
 def test_help_lists_every_format_with_an_example(capsys):
     from audit.cli import main
-    from audit.linkage.outputs import FORMATS
+    from audit.linkage.outputs.write import FORMATS
 
     with pytest.raises(SystemExit) as exc:
         main(["check", "--help"])

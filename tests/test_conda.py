@@ -16,8 +16,8 @@ from linkage_fixtures import cc_shared
 from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_USAGE, EXIT_VIOLATION
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
 
 
 @pytest.fixture(scope="session")

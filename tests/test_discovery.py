@@ -14,9 +14,9 @@ from conftest import require_tool
 from linkage_fixtures import cc_shared, cuda_linkage_libs, run  # noqa: F401  (fixture)
 
 from audit.linkage.check import check_paths
-from audit.linkage.patterns import soname_stem
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.judging.patterns import soname_stem
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
 
 
 @functools.lru_cache(maxsize=1)

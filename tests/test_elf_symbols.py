@@ -55,7 +55,7 @@ def test_cuda_library_matches_oracle(cuda_libs):
 
 
 def test_default_policy_pattern_matches_oracle(host_libs, cuda_libs):
-    from audit.linkage.policy import load_policy
+    from audit.linkage.judging.policy import load_policy
 
     pattern = load_policy(None).symbol_pattern
     for path in (host_libs["main"], cuda_libs["sm90"]):

@@ -15,8 +15,8 @@ from linkage_fixtures import run
 
 from audit.elf.reader import read_elf
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
 
 SRC = Path(__file__).parent / "fixtures" / "stubs"
 # variant name -> extra compiler flags for thunks.c
@@ -229,7 +229,7 @@ _FORKED = r"""
 import json, os, sys
 import audit.elf.reader as reader
 from audit.elf import prescan
-from audit.linkage.policy import load_policy
+from audit.linkage.judging.policy import load_policy
 
 pattern = load_policy(None).symbol_pattern
 decoded_here = []
@@ -292,7 +292,7 @@ def test_stubs_decoded_in_the_prescan_child_are_the_same(request, arch):
 def test_the_symbol_basis_made_ahead_is_the_one_judged(x86_stubs):
     """check has the reader hand it the kept symbols while its helper still reads (prejudge):
     the basis kept for them must be what judging them afresh gives, and the findings the same."""
-    from audit.linkage.scan import prejudge, scan_object, symbol_basis
+    from audit.linkage.judging.scan import prejudge, scan_object, symbol_basis
 
     policy = load_policy(None)
     early, fresh = (read_elf(x86_stubs["env_mode"], policy.symbol_pattern) for _ in range(2))

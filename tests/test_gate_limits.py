@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import require_tool
 
-from audit.linkage.patterns import combined_bytes_regex, compile_globs, soname_stem
+from audit.linkage.judging.patterns import combined_bytes_regex, compile_globs, soname_stem
 
 REPO = Path(__file__).resolve().parent.parent
 # The documented limits (policy.py, resolve.py)

@@ -12,7 +12,7 @@ from linkage_fixtures import cc_shared
 
 from audit.cli import main
 from audit.errors import EXIT_INPUT
-from audit.linkage.output_github import escape_data, escape_property
+from audit.linkage.outputs.github import escape_data, escape_property
 
 MEMBER = "demo/lib%odd,name:1\n.so"  # %, comma, colon and a newline: all legal in a zip member name
 

@@ -16,7 +16,7 @@ from linkage_fixtures import cc_shared
 from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
+from audit.linkage.judging.policy import load_policy
 
 TRIPLET_LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 

@@ -15,18 +15,18 @@ from linkage_fixtures import linkage_libs  # noqa: F401  (fixture)
 
 from audit.cli import main
 from audit.linkage.check import check_paths
-from audit.linkage.output_github import (
+from audit.linkage.outputs.github import (
     escape_data,
     escape_property,
     md_escape,
     render_github,
     render_summary,
 )
-from audit.linkage.output_junit import render_junit
-from audit.linkage.output_sarif import artifact_uri, render_sarif
-from audit.linkage.output_text import escape, render_text
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.outputs.junit import render_junit
+from audit.linkage.outputs.sarif import artifact_uri, render_sarif
+from audit.linkage.outputs.text import escape, render_text
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
 
 HOSTILE = "evil\x1b[2J\nPASS ok,:%[x](javascript:e)<b>.so"  # no "/": a file name
 

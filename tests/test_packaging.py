@@ -79,7 +79,7 @@ def test_wheel_contents_and_installed_policy_lookup(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
                            str(wheels[0])], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    code = ("import audit, audit.linkage.policy as p; print(audit.__file__); "
+    code = ("import audit, audit.linkage.judging.policy as p; print(audit.__file__); "
             "pol = p.load_policy(None); print(len(pol.rules), pol.sources[0]['path'])")
     env = dict(os.environ, PYTHONPATH=str(target))
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -10,8 +10,8 @@ import tomllib
 
 from audit.cli import main
 from audit.errors import EXIT_USAGE, PolicyError
-from audit.linkage.patterns import PatternError, glob_to_regex, soname_stem
-from audit.linkage.policy import load_policy, shipped_policies, to_toml
+from audit.linkage.judging.patterns import PatternError, glob_to_regex, soname_stem
+from audit.linkage.judging.policy import load_policy, shipped_policies, to_toml
 
 FAMILIES = {
     "AMD": ["rocBLAS", "hipBLAS", "hipBLASLt", "rocSOLVER", "rocSPARSE", "MIOpen", "composable_kernel",

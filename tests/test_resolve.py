@@ -14,8 +14,8 @@ from conftest import require_tool
 from linkage_fixtures import cc_shared, linkage_libs  # noqa: F401  (fixture)
 
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import Paths, ResolveOptions, expand_dst, read_ldso_conf
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import Paths, ResolveOptions, expand_dst, read_ldso_conf
 
 
 @functools.lru_cache(maxsize=1)
@@ -210,7 +210,7 @@ def test_resolution_agrees_with_the_glibc_loader(linkage_libs, key):
 def test_member_versions_found_by_soname_prefix_only():
     """A NEEDED `libfoo.so.1` falls back to a member `libfoo.so.1.2.3` (shipped without the symlink
     ldconfig would make), never to a name that merely shares the prefix."""
-    from audit.linkage.resolve import Member, MemberSet
+    from audit.linkage.resolution.ldso import Member, MemberSet
 
     names = ["b/libfoo.so.1.2.3", "a/libfoo.so.1.2.3", "libfoo.so.1", "libfoo.so.10", "libfoo.so.1a",
              "libfoo.so.x.1", "libfoo.so.1.2.3.bak", "libfoobar.so.1", "libfoo.so", "libfoo.so.1..2"]

@@ -16,7 +16,7 @@ def test_policies_and_templates_found_without_install(tmp_path):
     # -S: no site processing, so no editable-install finder can supply audit.policies.
     code = (
         "import sys; sys.path[:0] = [sys.argv[1]] + sys.argv[2:]\n"
-        "import audit.linkage.policy as p, audit.report.render as r\n"
+        "import audit.linkage.judging.policy as p, audit.report.render as r\n"
         "assert p.__file__.startswith(sys.argv[1]), p.__file__\n"
         "print(p.shipped_policies(), len(p.load_policy(None).rules) > 0,\n"
         "      '<html' in r._load('report.html.j2').lower())\n"

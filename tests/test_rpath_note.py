@@ -11,7 +11,7 @@ import os
 from linkage_fixtures import cc_shared
 
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy
+from audit.linkage.judging.policy import load_policy
 
 
 def built(out, source, *flags):

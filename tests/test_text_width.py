@@ -51,7 +51,7 @@ def test_verbose_and_json_keep_every_name_whole(lib, capsys):
 
 def test_a_long_note_is_cut_at_its_end():
     from audit.linkage.model import Finding
-    from audit.linkage.output_text import _finding_lines
+    from audit.linkage.outputs.text import _finding_lines
 
     f = Finding(rule="nvidia.cublas", kind="static-symbol", subject="cublasX", where=".dynsym", reason="r",
                 detail="stubs: " + ", ".join(f"cublasName{i} -> dlsym slot" for i in range(40)))

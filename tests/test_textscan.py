@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from audit.elf.textscan import matching_strings, scan_plan
-from audit.linkage.patterns import combined_bytes_regex
+from audit.linkage.judging.patterns import combined_bytes_regex
 
 PATTERN = combined_bytes_regex(["cublas*", "mkl_*", "_ZN4dnnl*", "sgemm_"])
 

@@ -15,8 +15,8 @@ from linkage_fixtures import DEVICE_SRC, run
 
 from audit.errors import PolicyError
 from audit.linkage.check import check_paths
-from audit.linkage.policy import load_policy, to_toml
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.judging.policy import load_policy, to_toml
+from audit.linkage.resolution.ldso import ResolveOptions
 
 
 @functools.lru_cache(maxsize=1)

@@ -2,7 +2,7 @@
 
 `BinaryInfo` carries the fields the linkage stage judges an `ElfInfo` by, with the same names
 and meaning (`needed`, `soname`, `rpath`, `symbols`, `code_loading_imports`, `forwarders`,
-`library_strings`, `api_strings`, `device_code`, `warnings`), so `audit.linkage.scan` can judge
+`library_strings`, `api_strings`, `device_code`, `warnings`), so `audit.linkage.judging.scan` can judge
 it without asking which format it came from. What ELF has no word for is added beside them:
 `format`, `imports` (each loaded library with how it is loaded) and `slice` (one architecture of
 a Mach-O universal binary). The parts (Symbol, SymbolColumns, StringHit, DeviceCode, Forward)

@@ -37,7 +37,7 @@ def make_symbol(name, defined, table, kind, bind, version=None, version_file=Non
 class SymbolColumns(Sequence):
     """A list of Symbols kept as columns (one list per field), each Symbol made only when it is
     asked for: a large library keeps ~10^5 symbols, and judging them takes a few whole columns
-    (audit.linkage.scan), never the objects. Reads like a list of Symbol (len, index, iterate,
+    (audit.linkage.judging.scan), never the objects. Reads like a list of Symbol (len, index, iterate,
     compare with a list); the columns are the attributes named after Symbol's fields."""
 
     FIELDS = ("name", "defined", "table", "kind", "bind", "version", "version_file")

@@ -19,15 +19,15 @@ import time
 from collections.abc import Callable
 
 from audit.elf.model import ElfInfo
-from audit.linkage.fs import HOST, FileSystem
-from audit.linkage.group import group_findings
-from audit.linkage.inputs import ArchiveLimits, Input, Inputs, Scope
+from audit.linkage.resolution.fs import HOST, FileSystem
+from audit.linkage.judging.group import group_findings
+from audit.linkage.containers.inputs import ArchiveLimits, Input, Inputs, Scope
 from audit.linkage.model import CheckReport, FileResult, Finding
 from audit.linkage.parallel import cpu_count, map_ordered
-from audit.linkage.policy import Policy
-from audit.linkage.native import format_of, resolver_for
-from audit.linkage.resolve import DepNode, Paths, ResolveOptions, Resolver, TreeTooLarge
-from audit.linkage.scan import prejudge, scan_object, tree_findings
+from audit.linkage.judging.policy import Policy
+from audit.linkage.resolution.native import format_of, resolver_for
+from audit.linkage.resolution.ldso import DepNode, Paths, ResolveOptions, Resolver, TreeTooLarge
+from audit.linkage.judging.scan import prejudge, scan_object, tree_findings
 
 __all__ = ["CachedReader", "CheckReport", "FileResult", "Finding", "ResolveOptions", "check_file", "check_paths"]
 
@@ -40,7 +40,7 @@ def _default_read_elf():
     # is imported here, before any file is read, so a missing package (numpy) is named at once
     # (exit 2), not reported as every file's own error.
     import audit.elf.reader  # noqa: F401
-    from audit.linkage.native import read_binary
+    from audit.linkage.resolution.native import read_binary
 
     return read_binary
 
@@ -58,7 +58,7 @@ class CachedReader:
         if not sha256 and read_elf is None and fs is HOST:  # no output shows the files' hashes
             self._more["sha256"] = False
         if read_elf is None and fs is HOST:  # while the reader's helpers read: the policy's other
-            # regexes compiled, then the symbols' basis for judging made (audit.linkage.scan)
+            # regexes compiled, then the symbols' basis for judging made (audit.linkage.judging.scan)
             self._more["meanwhile"] = policy.prepare
             self._more["on_symbols"] = functools.partial(prejudge, policy)
         self._real = os.path.realpath if fs is HOST else (lambda p, paths=Paths(None, fs): paths.real(p) or p)

@@ -79,7 +79,7 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     # and few reference cycles: the collector runs less often (~7 passes instead of ~120 on
     # libtorch_cpu.so, tens of milliseconds).
     gc.set_threshold(10_000, 10, 10)
-    from audit.linkage.outputs import (
+    from audit.linkage.outputs.write import (
         OutputSpec,
         check_destinations,
         parse_format,
@@ -97,11 +97,11 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
 
         prefetch(paths[0])
     import_numpy()  # before the reader imports it: no BLAS threads (check multiplies no matrices)
-    from audit.linkage.baseline import apply_baseline, load_baseline
+    from audit.linkage.judging.baseline import apply_baseline, load_baseline
     from audit.linkage.check import check_paths
-    from audit.linkage.inputs import ArchiveLimits
-    from audit.linkage.policy import load_policy
-    from audit.linkage.resolve import ResolveOptions
+    from audit.linkage.containers.inputs import ArchiveLimits
+    from audit.linkage.judging.policy import load_policy
+    from audit.linkage.resolution.ldso import ResolveOptions
 
     check_destinations(specs)
     if root is not None and not os.path.isdir(root):
@@ -162,7 +162,7 @@ def policy_group():
 def policy_show(policy_path, as_json):
     """Print the effective policy (with `extends` resolved)."""
     from audit.errors import no_commands
-    from audit.linkage.policy import load_policy, to_toml
+    from audit.linkage.judging.policy import load_policy, to_toml
 
     policy = load_policy(policy_path)
     if as_json:
@@ -175,7 +175,7 @@ def policy_show(policy_path, as_json):
 @policy_group.command("list")
 def policy_list():
     """List the policies shipped with sovereign-audit."""
-    from audit.linkage.policy import shipped_policies
+    from audit.linkage.judging.policy import shipped_policies
 
     for name in shipped_policies():
         click.echo(name)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import click
 
-from audit.linkage.native import read_binary, resolver_for
+from audit.linkage.resolution.native import read_binary, resolver_for
 
 from audit.elf.model import ElfInfo
 from audit.elf.reader import is_elf
@@ -110,7 +110,7 @@ def expand_paths(paths: list[str], result: InspectResult, archives: list[str] | 
 def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
                   policy=None, resolve_options=None) -> InspectResult:
     """Read every ELF under `paths`; never raises for a bad input (it becomes an error entry).
-    With a policy, each file's dependency tree is resolved as ld.so would (audit.linkage.resolve).
+    With a policy, each file's dependency tree is resolved as ld.so would (audit.linkage.resolution.ldso).
     A wheel, conda package or container image is opened as `check` opens it, its members named
     `ARCHIVE!/member` and resolved inside it."""
     result = InspectResult(vendor_pattern=symbol_pattern)
@@ -135,7 +135,7 @@ def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
 
 
 def _add_tree(result: InspectResult, resolver, info: ElfInfo, path: str, members=None, relabel=None) -> None:
-    from audit.linkage.resolve import TreeTooLarge
+    from audit.linkage.resolution.ldso import TreeTooLarge
 
     try:
         tree, warnings = resolver_for(resolver, info).tree(info, path, members=members)
@@ -171,7 +171,7 @@ def _relabeled(value, relabel):
 
 def _native(path: str) -> bool:
     """A PE or Mach-O file (read like an ELF file)."""
-    from audit.linkage.native import MACHO_KINDS, PE_KINDS, _magic_kind
+    from audit.linkage.resolution.native import MACHO_KINDS, PE_KINDS, _magic_kind
 
     return _magic_kind(path) in PE_KINDS + MACHO_KINDS
 
@@ -189,15 +189,15 @@ def _slices(got, path: str) -> list:
 def _packaged(path: str) -> bool:
     """A wheel, conda package or container image tar found in a directory (`check` opens
     these there too; a tar that is not an image is skipped, as there)."""
-    from audit.linkage.conda import is_conda
-    from audit.linkage.image import tar_kind
+    from audit.linkage.containers.conda import is_conda
+    from audit.linkage.containers.image import tar_kind
 
     return path.endswith(".whl") or is_conda(path) or (not is_elf(path) and tar_kind(path) == "image")
 
 
 def _is_archive(path: str) -> bool:
     """A wheel, conda package or container image (file or OCI layout): what `check` opens."""
-    from audit.linkage.image import is_oci_dir
+    from audit.linkage.containers.image import is_oci_dir
 
     if os.path.isdir(path):
         return is_oci_dir(path)
@@ -210,9 +210,9 @@ def _is_archive(path: str) -> bool:
 def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, policy, options) -> None:
     """The members `check` would audit, read the same way (an image's files in place, through
     its layers), each named as `check` names it."""
-    from audit.linkage.fs import HOST
-    from audit.linkage.inputs import Inputs
-    from audit.linkage.resolve import Resolver, ResolveOptions
+    from audit.linkage.resolution.fs import HOST
+    from audit.linkage.containers.inputs import Inputs
+    from audit.linkage.resolution.ldso import Resolver, ResolveOptions
 
     options = options or ResolveOptions.from_cli()
     inputs = Inputs(conda_prefix=options.conda_prefix)
@@ -245,7 +245,7 @@ def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, p
 
 
 def _resolver(policy, options):
-    from audit.linkage.resolve import Resolver, ResolveOptions
+    from audit.linkage.resolution.ldso import Resolver, ResolveOptions
 
     cache: dict[str, ElfInfo] = {}
 
@@ -359,7 +359,7 @@ def render_text(result: InspectResult) -> str:
 
 
 def _load_policy(path: str | None):
-    from audit.linkage.policy import load_policy  # the policy's patterns and allow-lists (lazy)
+    from audit.linkage.judging.policy import load_policy  # the policy's patterns and allow-lists (lazy)
 
     return load_policy(path)
 
@@ -393,7 +393,7 @@ def inspect_cmd(ctx, paths, as_json, policy, no_vendor_symbols, no_deps, root, l
     pol = _load_policy(policy) if not (no_vendor_symbols and no_deps) else None
     options = None
     if not no_deps:
-        from audit.linkage.resolve import ResolveOptions
+        from audit.linkage.resolution.ldso import ResolveOptions
 
         options = ResolveOptions.from_cli(root=root, ldpath=ldpath)
     result = inspect_paths(list(paths), None if no_vendor_symbols else pol.symbol_pattern,

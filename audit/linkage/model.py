@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from audit import __version__
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
-from audit.linkage.resolve import DepNode
+from audit.linkage.resolution.ldso import DepNode
 
 SCHEMA = "sovereign-audit.linkage/1"
 KINDS = ("soname", "needed", "transitive", "verneed", "static-symbol", "imported-symbol", "dlopen-string",

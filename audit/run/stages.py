@@ -19,8 +19,8 @@ from audit.errors import InputError, UsageError, one_line
 from audit.files import sha256_file
 from audit.linkage.check import check_paths
 from audit.linkage.model import CheckReport
-from audit.linkage.policy import load_policy
-from audit.linkage.resolve import ResolveOptions
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
 from audit.run.record import Artifact
 
 # Small CPU presets: the whole run must finish within 10 minutes on 2 cores with no GPU.

@@ -89,7 +89,7 @@ class Runner:
                 except Exception:
                     pass
         try:  # the shipped policy's patterns compiled once: each fork finds them in re's cache
-            from audit.linkage.policy import load_policy
+            from audit.linkage.judging.policy import load_policy
 
             load_policy()
         except Exception:

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 from audit.errors import no_commands
 from audit.linkage.model import WHEEL_SEP, CheckReport, Finding
-from audit.linkage.policy import Policy
+from audit.linkage.judging.policy import Policy
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 

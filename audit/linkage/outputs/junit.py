@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 from audit.errors import no_commands, printable
 from audit.linkage.model import CheckReport
-from audit.linkage.policy import Policy
+from audit.linkage.judging.policy import Policy
 
 
 def xml_safe(text) -> str:

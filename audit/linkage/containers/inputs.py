@@ -19,15 +19,15 @@ from dataclasses import dataclass, field, replace
 
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.errors import InputError
-from audit.linkage.conda import _package_tar, extract_conda, is_conda
-from audit.linkage.conda import _safe as _conda_safe
-from audit.linkage.fs import HOST, FileSystem
+from audit.linkage.containers.conda import _package_tar, extract_conda, is_conda
+from audit.linkage.containers.conda import _safe as _conda_safe
+from audit.linkage.resolution.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
-from audit.linkage.native import AUDITED
+from audit.linkage.resolution.native import AUDITED
 from audit.linkage.parallel import cpu_count, map_ordered
-from audit.linkage.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
-from audit.linkage.resolve import Member, MemberSet, ResolveOptions
-from audit.linkage.static_archive import read_members
+from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
+from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
+from audit.linkage.containers.static_archive import read_members
 
 _MAX_WHEEL_MEMBERS = 200_000
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
@@ -236,7 +236,7 @@ class Inputs:
     def _image_files(self, arg: str):
         if self._again(arg):
             return
-        from audit.linkage.layers import ImageTree
+        from audit.linkage.containers.layers import ImageTree
 
         try:
             image = open_image(arg)

@@ -32,8 +32,8 @@ from collections import deque
 
 from audit.binary.model import BinaryInfo
 from audit.binformat import HEAD_BYTES, Kind, identify
-from audit.linkage.fs import HOST, FileSystem
-from audit.linkage.resolve import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, MAX_DEPTH
+from audit.linkage.resolution.fs import HOST, FileSystem
+from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, MAX_DEPTH
 
 PE_KINDS = (Kind.PE_DLL, Kind.PE_EXECUTABLE)
 MACHO_KINDS = (Kind.MACHO, Kind.MACHO_FAT)

@@ -25,7 +25,7 @@ import tomllib
 from audit.resources import data_root
 from audit.errors import PolicyError, printable
 from audit.files import read_regular_file
-from audit.linkage.patterns import (
+from audit.linkage.judging.patterns import (
     PatternError,
     combined_bytes_regex,
     compile_globs,

@@ -13,7 +13,7 @@ import html
 import os
 
 from audit.linkage.model import CheckReport, Finding
-from audit.linkage.output_text import escape
+from audit.linkage.outputs.text import escape
 
 
 def escape_data(text: str) -> str:

@@ -12,8 +12,8 @@ from operator import attrgetter, not_
 
 from audit.elf.model import ElfInfo, Forward, SymbolColumns
 from audit.linkage.model import Finding, Match
-from audit.linkage.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
-from audit.linkage.resolve import DepNode, Resolver
+from audit.linkage.judging.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
+from audit.linkage.resolution.ldso import DepNode, Resolver
 
 _MAX_EXAMPLES = 10
 _NOT_CODE = {"FILE", "SECTION"}  # symbol-table entries that name a source file or a section, not code

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
-from audit.linkage.image import Image, LayerRef, Region, verify_blob
+from audit.linkage.containers.image import Image, LayerRef, Region, verify_blob
 
 ELF_MAGIC = b"\x7fELF"
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
@@ -206,7 +206,7 @@ class ImageTree:
         """`path` with its parent directories taken through symlinks already in the tree, as
         extraction follows them (a layer's `lib/x/libfoo.so` over a lower `lib -> usr/lib` lands in
         /usr/lib/x); parents that do not exist yet are kept as named."""
-        from audit.linkage.resolve import Paths
+        from audit.linkage.resolution.ldso import Paths
 
         parts = path.strip("/").split("/")
         here = "/"
@@ -275,7 +275,7 @@ class ImageTree:
 
     def names_of(self, files: list[str]) -> list[str]:
         """`files` and every symlink of the tree that leads to one of them, sorted."""
-        from audit.linkage.resolve import Paths
+        from audit.linkage.resolution.ldso import Paths
 
         wanted, paths = set(files), Paths(None, self)
         links = [p for p, e in self.entries.items() if e.kind == "link" and paths.real(p) in wanted]
@@ -290,7 +290,7 @@ class ImageTree:
         return e.head[:n]
 
     def _real_entry(self, path: str) -> Entry | None:
-        from audit.linkage.resolve import Paths
+        from audit.linkage.resolution.ldso import Paths
 
         real = Paths(None, self).real(path)
         return self.entries.get(real) if real else None
@@ -322,7 +322,7 @@ class ImageTree:
         return data[:limit].decode("utf-8", errors="replace")
 
     def listdir(self, path: str) -> list[str] | None:
-        from audit.linkage.resolve import Paths
+        from audit.linkage.resolution.ldso import Paths
 
         real = Paths(None, self).real(path)
         if real is None or self.entries[real].kind != "dir":

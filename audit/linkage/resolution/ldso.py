@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from audit.elf.model import ElfInfo
-from audit.linkage.fs import HOST, FileSystem
-from audit.linkage.fs import glob as fs_glob
+from audit.linkage.resolution.fs import HOST, FileSystem
+from audit.linkage.resolution.fs import glob as fs_glob
 
 _MAX_LINKS = 40  # ELOOP after this many symlinks, like the kernel
 # Libraries in one NEEDED chain below the audited object. ld.so has no such bound, but real

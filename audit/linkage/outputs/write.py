@@ -11,7 +11,7 @@ import click
 
 from audit.errors import UsageError
 from audit.linkage.model import CheckReport
-from audit.linkage.policy import Policy
+from audit.linkage.judging.policy import Policy
 
 FORMATS = ("text", "json", "sarif", "junit", "github")
 
@@ -34,18 +34,18 @@ def parse_format(spec: str) -> OutputSpec:
 
 def render(report: CheckReport, policy: Policy, fmt: str, verbose: bool = False) -> str:
     if fmt == "text":
-        from audit.linkage.output_text import render_text
+        from audit.linkage.outputs.text import render_text
         return render_text(report, verbose)
     if fmt == "json":
-        from audit.linkage.output_json import render_json
+        from audit.linkage.outputs.json import render_json
         return render_json(report)
     if fmt == "sarif":
-        from audit.linkage.output_sarif import render_sarif
+        from audit.linkage.outputs.sarif import render_sarif
         return render_sarif(report, policy)
     if fmt == "junit":
-        from audit.linkage.output_junit import render_junit
+        from audit.linkage.outputs.junit import render_junit
         return render_junit(report, policy)
-    from audit.linkage.output_github import render_github
+    from audit.linkage.outputs.github import render_github
     return render_github(report)
 
 
@@ -89,7 +89,7 @@ def write_outputs(report: CheckReport, policy: Policy, specs: list[OutputSpec], 
         except OSError as exc:
             raise UsageError(f"cannot write {spec.file}: {exc.strerror or exc}") from None
     if any(s.format == "github" for s in specs):
-        from audit.linkage.output_github import append_step_summary
+        from audit.linkage.outputs.github import append_step_summary
         try:
             append_step_summary(report)
         except OSError as exc:
