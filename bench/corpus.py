@@ -1,10 +1,15 @@
 """The real-world corpus: download named wheels from the package index, audit each with
 `sovereign-audit check`, and compare what it reports with bench/corpus_expectations.toml, a
-file written by hand from independent evidence (readelf, nm, objdump, cuobjdump, strings).
+file written by hand from independent evidence (readelf, nm, objdump, cuobjdump, strings; for
+Windows and macOS wheels llvm-readobj, llvm-objdump, llvm-otool, llvm-nm).
 
     python3 bench/corpus.py                       # every wheel, a table on stdout
     python3 bench/corpus.py --only numpy,orjson   # a subset
     python3 bench/corpus.py --write docs/corpus.md
+    python3 bench/corpus.py --platform windows,macos   # the Windows and macOS wheels only
+
+A wheel of another platform is downloaded for that platform (pip's --platform, from the wheel
+file's own tags or its `platform` field), whatever machine runs the benchmark.
 
 A finding is scored when it is the file's own evidence (the audited file itself: soname, needed,
 verneed, symbols, strings, device kernels); findings reached through the tree (transitive, rpath,
@@ -15,7 +20,7 @@ FP reported and not expected ("wrong mechanism" when the file does hold that com
 another mechanism). An expectation marked `gap` and a `[[wheels.tolerate]]` entry are known
 misses and known wrong findings: they are still counted and shown, marked known.
 
-This is a benchmark (downloads of ~2.6 GB, minutes of auditing), not a test; tests/test_corpus.py
+This is a benchmark (downloads of ~4.6 GB, minutes of auditing), not a test; tests/test_corpus.py
 runs two small wheels of it.
 """
 
@@ -40,6 +45,7 @@ DEFAULT_CACHE = Path(os.environ.get("SOVEREIGN_AUDIT_CORPUS", "/work/cache/wheel
 # The audited file's own evidence. transitive / unresolved / mismatch are judged where the library
 # itself is audited (it is a member of the same wheel); rpath is a note (severity warn: a search
 # directory the object may dlopen from), not a component's presence.
+PLATFORMS = ("linux", "windows", "macos")
 SCORED = {"soname", "needed", "verneed", "static-symbol", "imported-symbol", "dlopen-string", "dlsym-string",
           "assembled-name", "device-kernel"}
 
@@ -71,6 +77,8 @@ class Wheel:
     expects: list[Expect] = field(default_factory=list)
     tolerate: list[Tolerate] = field(default_factory=list)
     index_url: str | None = None
+    platform: str = "linux"  # linux | windows | macos: the binaries' format (ELF, PE, Mach-O)
+    pip_platform: list[str] = field(default_factory=list)  # pip --platform tags; default: the file's
 
 
 def load_expectations(path: Path = EXPECTATIONS) -> list[Wheel]:
@@ -79,7 +87,8 @@ def load_expectations(path: Path = EXPECTATIONS) -> list[Wheel]:
     for w in doc["wheels"]:
         wheels.append(Wheel(
             name=w["name"], requirement=w["requirement"], file=w["file"], clean=w.get("clean", False),
-            note=w.get("note", ""), index_url=w.get("index-url"),
+            note=w.get("note", ""), index_url=w.get("index-url"), platform=_platform(w),
+            pip_platform=list(w.get("pip-platform", [])),
             expects=[Expect(e["component"], e["mechanism"], list(e["files"]), e["evidence"], e.get("gap"))
                      for e in w.get("expect", [])],
             tolerate=[Tolerate(t["component"], t["mechanism"], list(t["files"]), t["reason"])
@@ -100,7 +109,7 @@ def fetch(wheel: Wheel, cache: Path, find_links: list[str]) -> Path:
             return Path(d) / wheel.file
     cache.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(cache),
-           *_target_flags(wheel.file), wheel.requirement]
+           *_target_flags(wheel.file, wheel.pip_platform), wheel.requirement]
     if wheel.index_url:
         cmd += ["--index-url", wheel.index_url]
     for d in find_links:
@@ -112,11 +121,22 @@ def fetch(wheel: Wheel, cache: Path, find_links: list[str]) -> Path:
     return target
 
 
-def _target_flags(filename: str) -> list[str]:
-    """pip's --python-version/--abi/--platform from the wheel's own tags, so every machine
-    downloads the very file the expectations describe (not the build for its own Python)."""
+def _platform(w: dict) -> str:
+    """The wheel's platform: its `platform` field, else read from the file's platform tag."""
+    if "platform" in w:
+        if w["platform"] not in PLATFORMS:
+            raise ValueError(f"{w['name']}: platform {w['platform']!r} is not one of {', '.join(PLATFORMS)}")
+        return w["platform"]
+    tag = w["file"][:-len(".whl")].rsplit("-", 1)[-1]
+    return "windows" if tag.startswith("win") else "macos" if tag.startswith("macosx") else "linux"
+
+
+def _target_flags(filename: str, platforms: list[str] | None = None) -> list[str]:
+    """pip's --python-version/--abi/--platform from the wheel's own tags (or the `pip-platform`
+    tags given), so every machine downloads the very file the expectations describe (not the
+    build for its own Python or its own operating system)."""
     _name, _ver, py, abi, plat = filename[:-len(".whl")].rsplit("-", 4)
-    flags = ["--abi", abi] + [x for p in plat.split(".") for x in ("--platform", p)]
+    flags = ["--abi", abi] + [x for p in (platforms or plat.split(".")) for x in ("--platform", p)]
     if py.startswith("cp") and py[2:].isdigit():
         flags += ["--python-version", f"{py[2]}.{py[3:]}", "--implementation", "cp"]
     return flags
@@ -222,13 +242,14 @@ def component_table(rows: list[Row]) -> list[str]:
 
 
 def wheel_table(audits: list[Audit], rows: list[Row]) -> list[str]:
-    lines = ["| wheel | ELF files | exit | expected | TP | FN | FP | time (s) | peak RSS (MB) |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| wheel | platform | binaries | exit | expected | TP | FN | FP | time (s) | peak RSS (MB) |",
+             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for a in audits:
         mine = [r for r in rows if r.wheel == a.wheel.name]
         n = {o: sum(r.outcome == o for r in mine) for o in ("TP", "FN", "FP")}
         want = "pass (clean control)" if a.wheel.clean else "fail"
-        lines.append(f"| {a.wheel.file} | {len(a.files)} | {a.exit_code} | {want} | {n['TP']} | {n['FN']} | "
+        lines.append(f"| {a.wheel.file} | {a.wheel.platform} | {len(a.files)} | {a.exit_code} | {want} | "
+                     f"{n['TP']} | {n['FN']} | "
                      f"{n['FP']} | {a.seconds:.1f} | {a.max_rss_mb:.0f} |")
     return lines
 
@@ -279,7 +300,10 @@ DOC_HEAD = """# The real-world corpus
 `make corpus` (bench/corpus.py) downloads these wheels from the package index, audits each with
 `sovereign-audit check`, and compares the findings with bench/corpus_expectations.toml. That
 file is written by hand from evidence gathered without this tool (readelf, nm, objdump,
-cuobjdump, strings); each expectation carries its evidence. A row is scored on the audited
+cuobjdump, strings; for the Windows and macOS wheels llvm-readobj-15 --coff-imports,
+llvm-objdump-15 -p, llvm-otool-15 -L / -l, llvm-nm-15, and cuobjdump on a DLL's `.nv_fatb`
+section cut out with its offsets from llvm-readobj-15 --sections); each expectation carries its
+evidence. A row is scored on the audited
 file's own evidence (soname, needed, verneed, symbols, strings, device kernels); what a file
 reaches through its tree is scored where the library itself is audited, unless an expectation
 names it (onnxruntime's dlopen of its CUDA provider). TP: expected and reported by that
@@ -306,6 +330,7 @@ def with_last_run(doc: Path, section: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma-separated wheel names from the expectations file")
+    ap.add_argument("--platform", help=f"comma-separated platforms ({', '.join(PLATFORMS)}): only their wheels")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where wheels are downloaded (kept)")
     ap.add_argument("--find-links", action="append", default=[], metavar="DIR",
                     help="a folder that may already hold a wheel (e.g. torch's CPU build); repeatable")
@@ -321,6 +346,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: not in {args.expectations}: {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
         wheels = [w for w in wheels if w.name in names]
+    if args.platform:
+        plats = set(args.platform.split(","))
+        if plats - set(PLATFORMS):
+            print(f"error: --platform: not one of {', '.join(PLATFORMS)}: {', '.join(sorted(plats - set(PLATFORMS)))}",
+                  file=sys.stderr)
+            return 2
+        wheels = [w for w in wheels if w.platform in plats]
     work = args.work or args.cache / "reports"
     work.mkdir(parents=True, exist_ok=True)
     audits, rows = [], []
@@ -331,10 +363,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 3
         a = audit(w, path, work)
-        print(f"{w.name}: exit {a.exit_code}, {len(a.files)} ELF files, {a.seconds:.1f} s", file=sys.stderr)
+        print(f"{w.name}: exit {a.exit_code}, {len(a.files)} binaries, {a.seconds:.1f} s", file=sys.stderr)
         audits.append(a)
         rows += score(a)
-    command = "python3 bench/corpus.py" + (f" --only {args.only}" if args.only else "")
+    command = "python3 bench/corpus.py" + (f" --only {args.only}" if args.only else "") \
+        + (f" --platform {args.platform}" if args.platform else "")
     text = report(audits, rows, command)
     print(text)
     if args.write:
