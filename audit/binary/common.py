@@ -10,16 +10,15 @@ vectorised `strings_in`, handed the regions.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import mmap
 import os
 import re
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from audit.elf.model import StringHit, SymbolColumns
+from audit.elf.reader import open_regular
 from audit.elf.parse import SHF_ALLOC, SHT_PROGBITS, Malformed, decode, release
 from audit.elf.strings import strings_in
 from audit.errors import InputError
@@ -55,24 +54,10 @@ class Region:
 
 def open_mapped(path: str, what: str):
     """(mmap, size) of a regular, non-empty file; InputError otherwise (never blocks on a FIFO)."""
+    article = "an" if what[:1].lower() in "aeiou" else "a"
+    fd, size = open_regular(path, f"{article} {what} file")
     try:
-        st = os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise InputError(f"{path}: symlink loop") from None
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{path}: is a directory")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{path}: not a regular file")
-    if st.st_size == 0:
-        raise InputError(f"{path}: empty file (0 bytes), not a {what} file")
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), st.st_size
+        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ), size
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: cannot map file: {exc}") from None
     finally:

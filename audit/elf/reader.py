@@ -77,8 +77,9 @@ def is_elf(path: str | os.PathLike) -> bool:
         return False
 
 
-def _open(path: str) -> tuple[int, int]:
-    """(fd, size) of a regular, non-empty file; InputError otherwise (never blocks on a FIFO)."""
+def open_regular(path: str, what: str = "an ELF file") -> tuple[int, int]:
+    """(fd, size) of a regular, non-empty file; InputError otherwise (never blocks on a FIFO).
+    `what` names the format an empty file is not (every format's reader opens files here)."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -90,7 +91,7 @@ def _open(path: str) -> tuple[int, int]:
     if not stat.S_ISREG(st.st_mode):
         raise InputError(f"{path}: not a regular file")
     if st.st_size == 0:
-        raise InputError(f"{path}: empty file (0 bytes), not an ELF file")
+        raise InputError(f"{path}: empty file (0 bytes), not {what}")
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
@@ -112,7 +113,7 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
     may start on them); neither is called if no helper reads. `sha256=False`: the file is not
     hashed (ElfInfo.sha256 stays ""), for a caller that shows no hash. Raises InputError."""
     path = os.fspath(path)
-    fd, size = _open(path)
+    fd, size = open_regular(path)
     try:
         try:
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
@@ -136,7 +137,7 @@ def read_assembled_names(path: str) -> list[StringHit]:
     """Library names assembled in the code of the ELF file at `path` (audit.elf.immediates);
     [] if it cannot be read again (it was read once already: a change since is not chased)."""
     try:
-        fd, _size = _open(path)
+        fd, _size = open_regular(path)
     except InputError:
         return []
     try:
