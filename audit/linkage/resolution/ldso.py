@@ -326,6 +326,33 @@ def default_dirs(bits: int, machine: int) -> list[str]:
 # ---------------------------------------------------------------- the tree
 
 
+
+def attach(node: DepNode, child: DepNode, key: str, edge: str, loaded: dict, by_real: dict, chain: tuple,
+           queue, by_soname: bool = False) -> None:
+    """Add a resolved library under `node` (every resolver builds its tree the same way): a file
+    already in the tree is shown as loaded and not walked again (a dlopen of it adds nothing); a
+    new one is walked next, within MAX_DEPTH. `loaded` maps names (and, `by_soname`, sonames) to
+    the node that loaded them; `by_real` real paths to their first node."""
+    first = by_real.get(child.realpath) if child.realpath else None
+    if first is not None:
+        loaded[key] = first
+        if edge != "dlopen":
+            child.status, child.how, child.note = "loaded", "loaded", f"same file as {first.name}"
+            node.children.append(child)
+        return
+    node.children.append(child)
+    loaded[key] = child
+    if child.realpath:
+        by_real[child.realpath] = child
+    if by_soname and child.soname:
+        loaded.setdefault(child.soname, child)
+    if child.status in ("inspected", "unlisted"):
+        if len(chain) > MAX_DEPTH:
+            raise TreeTooLarge(f"dependency chain deeper than {MAX_DEPTH} libraries "
+                               f"(at {child.name}, needed by {node.name})")
+        queue.append((child, chain + (child,)))
+
+
 class Resolver:
     """Builds dependency trees for audited objects; one per check run (caches ld.so.conf)."""
 
@@ -379,25 +406,7 @@ class Resolver:
                     count += 1
                 else:
                     child = self._resolve(needed, node, chain, ident, warnings, members)
-                if child.realpath and child.realpath in by_real:
-                    first = by_real[child.realpath]
-                    loaded[needed] = first
-                    if edge == "dlopen":
-                        continue
-                    child.status, child.how, child.note = "loaded", "loaded", f"same file as {first.name}"
-                    node.children.append(child)
-                    continue
-                node.children.append(child)
-                loaded[needed] = child
-                if child.realpath:
-                    by_real[child.realpath] = child
-                if child.soname:
-                    loaded.setdefault(child.soname, child)
-                if child.status in ("inspected", "unlisted"):
-                    if len(chain) > MAX_DEPTH:
-                        raise TreeTooLarge(f"dependency chain deeper than {MAX_DEPTH} libraries "
-                                           f"(at {child.name}, needed by {node.name})")
-                    queue.append((child, chain + (child,)))
+                attach(node, child, needed, edge, loaded, by_real, chain, queue, by_soname=True)
         return rootnode, warnings
 
     def _resolve(self, needed: str, requester: DepNode, chain, ident, warnings: list[str],

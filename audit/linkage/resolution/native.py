@@ -9,7 +9,8 @@ Resolver (resolve.py) and answer the same questions judging asks of a resolver (
 
 Windows (the loader's search for a DLL that is neither an API set nor a KnownDLL, inside the
 audited set): the requesting DLL's own folder, the wheel's or folder's `<pkg>.libs/` folders
-(delvewheel puts the DLLs it bundles there and adds them with os.add_dll_directory), then
+(delvewheel puts the DLLs it bundles there and adds them with os.add_dll_directory), a conda
+package's `Library/bin/` (where conda puts DLLs, on the search path of its Python), then
 --ldpath directories, then the audited set's other members by name. Names are compared without
 regard to case. API sets (`api-ms-win-*`, `ext-ms-*`) and KnownDLLs are the system's own: the
 loader never takes them from an application's folder. Another trusted name (a C runtime, the
@@ -33,7 +34,7 @@ from collections import deque
 from audit.binary.model import BinaryInfo
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.linkage.resolution.fs import HOST, FileSystem
-from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, MAX_DEPTH
+from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, attach
 
 PE_KINDS = (Kind.PE_DLL, Kind.PE_EXECUTABLE)
 MACHO_KINDS = (Kind.MACHO, Kind.MACHO_FAT)
@@ -165,22 +166,7 @@ class _NativeResolver:
                 child = self.resolve(name, kind, node, chain, members, warnings, edge == "dlopen")
                 if child is None:
                     continue
-                if child.realpath and child.realpath in by_real:
-                    loaded[key] = by_real[child.realpath]
-                    if edge == "dlopen":
-                        continue
-                    child.status, child.how, child.note = "loaded", "loaded", f"same file as {by_real[child.realpath].name}"
-                    node.children.append(child)
-                    continue
-                node.children.append(child)
-                loaded[key] = child
-                if child.realpath:
-                    by_real[child.realpath] = child
-                if child.status in ("inspected", "unlisted"):
-                    if len(chain) > MAX_DEPTH:
-                        raise TreeTooLarge(f"dependency chain deeper than {MAX_DEPTH} libraries "
-                                           f"(at {child.name}, needed by {node.name})")
-                    queue.append((child, chain + (child,)))
+                attach(node, child, key, edge, loaded, by_real, chain, queue)
         return root, warnings
 
     def finish(self, node: DepNode, name: str, root_info) -> DepNode:
@@ -273,7 +259,7 @@ class WindowsResolver(_NativeResolver):
     def _search(self, base: str, requester: DepNode, members: MemberSet | None, warnings, how_asked):
         folded = base.casefold()
         dirs = [("own folder", os.path.dirname(os.path.abspath(requester.path or requester.realpath or ".")))]
-        dirs += [("pkg.libs", d) for d in self._libs_dirs(members)]
+        dirs += self._libs_dirs(members)
         dirs += [("ldpath", d) for d in self.options.ldpath]
         for how, d in dirs:
             stored = self._listing(d).get(folded)
@@ -304,15 +290,19 @@ class WindowsResolver(_NativeResolver):
             self.memo[key] = (members, index)  # the set kept alive while its id is a key
         return self.memo[key][1]
 
-    def _libs_dirs(self, members: MemberSet | None) -> list[str]:
-        """The `<pkg>.libs` folders among the audited set's files (delvewheel's), sorted."""
+    def _libs_dirs(self, members: MemberSet | None) -> list[tuple[str, str]]:
+        """(how, folder): the `<pkg>.libs` folders among the audited set's files (delvewheel's),
+        then its `Library/bin` folders (a conda package's or environment's DLLs, on the PATH
+        conda's Python searches), each sorted."""
         if members is None:
             return []
         key = ("libs-dirs", id(members))
         if key not in self.memo:
-            dirs = sorted({os.path.dirname(m.path) for hits in members._by_name.values() for m in hits
-                           if os.path.basename(os.path.dirname(m.path)).endswith(".libs")})
-            self.memo[key] = (members, dirs)
+            folders = {os.path.dirname(m.path) for hits in members._by_name.values() for m in hits}
+            libs = sorted(d for d in folders if os.path.basename(d).endswith(".libs"))
+            conda = sorted(d for d in folders if os.path.basename(d).casefold() == "bin"
+                           and os.path.basename(os.path.dirname(d)).casefold() == "library")
+            self.memo[key] = (members, [("pkg.libs", d) for d in libs] + [("Library/bin", d) for d in conda])
         return self.memo[key][1]
 
 
