@@ -1,8 +1,10 @@
 """Conda packages as inputs: `.conda` (a zip holding pkg-*.tar.zst and info-*.tar.zst) and the
-older `.tar.bz2`. The package's ELF files and the symlinks between them are written to a
-temporary folder laid out as the package would be installed into a prefix (lib/, bin/, ...),
-then audited like a wheel's members: RUNPATH $ORIGIN/../lib finds the package's own lib/, a
-NEEDED ld.so does not reach falls back to the package's members, then to `--conda-prefix`'s lib/.
+older `.tar.bz2`. The package's binaries of an audited format (ELF, PE, Mach-O) and the
+symlinks between them are written to a temporary folder laid out as the package would be
+installed into a prefix (lib/, bin/, Library/bin/, ...), then audited like a wheel's members:
+RUNPATH $ORIGIN/../lib finds the package's own lib/, a NEEDED ld.so does not reach falls back to
+the package's members, then to `--conda-prefix`'s lib/; a DLL's imports are searched in its own
+folder and the package's Library/bin/, a dylib's @rpath/@loader_path inside the package.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.errors import InputError
+from audit.linkage.resolution.native import AUDITED
 
 _MAX_MEMBERS = 500_000
 _MAX_HOPS = 40  # symlinks followed in one path, as ld.so's kernel allows (ELOOP)
@@ -47,7 +50,7 @@ def _package_tar(path: str) -> Iterator[tarfile.TarFile]:
 
 
 def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> list[Extracted]:
-    """Write the package's ELF files and the links between them under `dest` (a folder this
+    """Write the package's audited binaries (ELF, PE, Mach-O) and the links between them under `dest` (a folder this
     creates; a private one for the bytes meanwhile is made beside it), in archive order. Raises InputError for an unreadable or hostile package, or one whose ELF files unpack
     to more than `member_bytes` each or `total_bytes` in all (check's archive limits).
 
@@ -77,7 +80,7 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         fh = tf.extractfile(m)
                         head = fh.read(HEAD_BYTES)
                         kind = identify(head, m.size)
-                        if kind is not Kind.ELF:
+                        if kind not in AUDITED:  # ELF, PE (Library/bin/*.dll), Mach-O (lib/*.dylib)
                             tree.add(name, _Node("file"))  # replaces what was there; not written
                             if kind.binary:
                                 out.append(Extracted(name, None, False, f"{kind.value}: format not audited", kind))

@@ -7,11 +7,13 @@ Nothing here judges a file; a member that cannot be read becomes an Input with a
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import posixpath
 import re
 import stat
+import tarfile
 import tempfile
 import zipfile
 import zlib
@@ -305,6 +307,11 @@ class Inputs:
             return
         self.seen.add(real)
         kind = identify(head, size)
+        if not explicit and not kind.binary and host.endswith(_COMPRESSED_TAR):
+            # an sdist, or an image that must be decompressed to be read: its members' first bytes
+            # say whether it holds a binary
+            yield from self._sniffed_tar(report, host, "compressed_tar")
+            return
         if kind in AUDITED:  # ELF, PE (DLL, EXE, .pyd), Mach-O (thin or universal)
             yield Input(report, host, explicit)
         elif kind is Kind.STATIC_ARCHIVE:  # its object files are linked into a build: each is audited
@@ -313,21 +320,38 @@ class Inputs:
             yield Input(report, None, True, not_audited(kind))
         elif explicit:
             yield Input(report, None, True, "not an ELF file" + (" (empty)" if not magic else ""))
-        elif host.endswith(_COMPRESSED_TAR):  # an sdist, or an image that must be decompressed to be read
-            self.skip("compressed_tar")
         else:
             self.skip("non_elf")
 
     def _tar_in_folder(self, host: str):
-        """A tar met in a folder: an image is audited as when named; another tar is counted and
-        warned about (its files are not audited)."""
+        """A tar met in a folder: an image is audited as when named; another tar holding no binary
+        is counted and warned about; one holding a binary is an error (its files are not audited)."""
         if tar_kind(host) == "image":
             yield from self._image(host)
             return
         self.seen.add(self._real(host))
-        self.skip("tar")
-        self.warnings.append(f"{host}: tar archive that is not a container image (no manifest.json or "
-                             "index.json), not audited")
+        before = self.skipped.get("tar", 0)
+        yield from self._sniffed_tar(host, host, "tar")
+        if self.skipped.get("tar", 0) > before:
+            self.warnings.append(f"{host}: tar archive that is not a container image (no manifest.json or "
+                                 "index.json), not audited")
+
+    def _sniffed_tar(self, report: str, host: str, why: str):
+        """A tar (plain or compressed) met in a folder: counted as skipped (`why`) when none of its
+        members is a binary, else one error naming the first binary."""
+        try:
+            with open(host, "rb") as fh:
+                found = sniff_tar(fh, os.fstat(fh.fileno()).st_size, self.limits)
+        except InputError as exc:
+            yield Input(report, None, True, exc.message)
+            return
+        except OSError as exc:
+            yield Input(report, None, True, f"cannot read: {exc.strerror or exc}")
+            return
+        if found:
+            yield Input(report, None, True, tar_error(*found))
+        else:
+            self.skip(why)
 
     def _walk(self, top: str):
         unlisted: list[Input] = []
@@ -388,10 +412,12 @@ class Inputs:
             elf: set[str] = set()
             unreadable: dict[str, str] = {}
             archives: set[str] = set()
-            for names, bad, ar in map_ordered(_ElfSniffer(host), chunks, jobs):
+            tars: dict[str, str] = {}
+            for names, bad, ar, tr in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
                 elf |= names
                 unreadable.update(bad)
                 archives |= ar
+                tars.update(tr)
             todo = []
             total = 0
             for m in members:
@@ -404,7 +430,7 @@ class Inputs:
                     errors.append(Input(inner, None, True, unreadable[m.filename]))
                     continue
                 if m.filename not in elf and m.filename not in archives:  # a static archive is unpacked, then read
-                    self.skip("non_elf")
+                    self.skip(tars.get(m.filename, "non_elf"))  # a tar holding no binary: counted as one
                     continue
                 why = self.limits.refuse(m.file_size, m.compress_size)
                 if why:
@@ -563,29 +589,40 @@ def _member_error(exc: BaseException) -> str:
 
 
 class _ElfSniffer:
-    """The names of the members (of one chunk) that are ELF files; why each other member is an
-    error: its start cannot be read, or it is a binary of a format not audited (it is reported,
-    the others still audited); and the names of the static archives."""
+    """The names of the members (of one chunk) that are binaries of an audited format; why each
+    other member is an error: its start cannot be read, it is a binary of a format not audited,
+    or a tar holding a binary (it is reported, the others still audited); the names of the static
+    archives; and the tars holding no binary ("tar" or "compressed_tar": counted as skipped)."""
 
-    def __init__(self, host: str):
-        self.host = host
+    def __init__(self, host: str, limits: ArchiveLimits | None = None):
+        self.host, self.limits = host, limits or ArchiveLimits()
 
-    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str]]:
+    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str], dict[str, str]]:
         zf = _Zip.get(self.host)
-        out, bad, archives = set(), {}, set()
+        out, bad, archives, tars = set(), {}, set(), {}
         for m in chunk:
             try:
                 with zf.open(m) as fh:
-                    kind = identify(fh.read(HEAD_BYTES), m.file_size)
+                    head = fh.read(HEAD_BYTES)
+                kind = identify(head, m.file_size)
                 if kind in AUDITED:
                     out.add(m.filename)
                 elif kind is Kind.STATIC_ARCHIVE:
                     archives.add(m.filename)
                 elif kind.binary:  # reported as an error: a binary the audit cannot read yet
                     bad[m.filename] = not_audited(kind)
+                elif looks_like_tar(head) or m.filename.endswith(_COMPRESSED_TAR):
+                    with zf.open(m) as fh:
+                        found = sniff_tar(fh, m.compress_size, self.limits)
+                    if found:
+                        bad[m.filename] = tar_error(*found)
+                    else:
+                        tars[m.filename] = "tar" if looks_like_tar(head) else "compressed_tar"
             except _MEMBER_ERRORS as exc:
                 bad[m.filename] = _member_error(exc)
-        return out, bad, archives
+            except InputError as exc:
+                bad[m.filename] = exc.message
+        return out, bad, archives, tars
 
 
 class _Unpacker:
@@ -626,6 +663,83 @@ def _members_of(archive: str, inputs):
 
 def not_audited(kind: Kind) -> str:
     return f"{kind.value}: format not audited"
+
+
+_MAX_TAR_MEMBERS = 200_000  # members of a tar met in a folder or wheel, whose first bytes are read
+_TAR_COMPRESSION = ((b"\x1f\x8b", "gz"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bz2"), (b"\x28\xb5\x2f\xfd", "zst"))
+
+
+class _Bounded:
+    """Passes reads through, refusing to pass more than `limit` bytes (a stream that inflates
+    without end); no single read asks for more than the limit allows."""
+
+    def __init__(self, raw, limit: int, why: str):
+        self.raw, self.limit, self.why, self.count = raw, limit, why, 0
+
+    def read(self, n: int = -1) -> bytes:
+        left = self.limit - self.count + 1
+        n = left if n is None or n < 0 else min(n, left)
+        data = self.raw.read(n)
+        self.count += len(data)
+        if self.count > self.limit:
+            raise InputError(self.why)
+        return data
+
+
+def sniff_tar(fh, compressed: int, limits: ArchiveLimits) -> tuple[int, str] | None:
+    """(how many binaries, the first one's name) of the tar read from `fh` (plain, gzip, xz, bzip2
+    or zstd; known by its first bytes), or None when no member is a binary. Only each regular
+    member's first bytes are looked at; the stream is bounded as an image layer's: the smaller of
+    the archive limit and the member ratio times the compressed size (never below 64 MiB), and
+    200,000 members. Raises InputError for an unreadable tar or one past a limit."""
+    magic = fh.read(6)
+    fh.seek(0)
+    how = next((name for m, name in _TAR_COMPRESSION if magic.startswith(m)), None)
+    by_ratio = max(_RATIO_FLOOR, int(limits.ratio * max(compressed, 1)))
+    limit, why = ((by_ratio, f"tar inflates more than {limits.ratio:g}:1 ({compressed} bytes compressed; "
+                             "--max-member-ratio)") if by_ratio < limits.total_bytes else
+                  (limits.total_bytes, f"tar unpacks to more than {limits.total_bytes} bytes (--max-archive-size)"))
+    count, first = 0, None
+    try:
+        if how == "zst":
+            import zstandard
+
+            raw = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+        elif how is not None:
+            import bz2
+            import gzip
+            import lzma
+
+            raw = {"gz": lambda: gzip.GzipFile(fileobj=fh, mode="rb"), "xz": lambda: lzma.LZMAFile(fh),
+                   "bz2": lambda: bz2.BZ2File(fh)}[how]()
+        else:  # read where it lies: its size bounds it; member data is stepped over
+            raw = fh
+        in_place = how is None and isinstance(fh, io.BufferedReader)  # a file here, not an archive's member
+        stream = fh if in_place else _Bounded(raw, limit, why)
+        with tarfile.open(fileobj=stream, mode="r:" if in_place else "r|") as tf:
+            for n, m in enumerate(tf):
+                if n >= _MAX_TAR_MEMBERS:
+                    raise InputError(f"tar has more than {_MAX_TAR_MEMBERS} members")
+                if not m.isreg():
+                    continue
+                src = tf.extractfile(m)
+                if identify(src.read(HEAD_BYTES), m.size).binary:
+                    count += 1
+                    first = first or m.name
+    except InputError:
+        raise
+    except (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, MemoryError) as exc:
+        raise InputError(f"cannot read tar: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+    except Exception as exc:  # zstandard.ZstdError, lzma's and bz2's own
+        if type(exc).__module__.startswith(("zstandard", "_lzma", "lzma", "_bz2")):
+            raise InputError(f"cannot read tar: {' '.join(str(exc).split()) or type(exc).__name__}") from None
+        raise
+    return (count, first) if count else None
+
+
+def tar_error(count: int, first: str) -> str:
+    return (f"tar holding binaries ({count}): not audited; unpack it and audit the folder "
+            f"(first: {first})")
 
 
 def _head(path: str) -> tuple[bytes, int]:

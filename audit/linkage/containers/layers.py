@@ -23,8 +23,8 @@ from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
 from audit.linkage.containers.image import Image, LayerRef, Region, verify_blob
+from audit.linkage.resolution.native import AUDITED, MACHO_KINDS, PE_KINDS
 
-ELF_MAGIC = b"\x7fELF"
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
 _KEEP = 1 << 20  # small files kept whole from compressed layers: /etc/ld.so.conf{,.d/*}
 _MAX_ENTRIES = 2_000_000
@@ -243,10 +243,10 @@ class ImageTree:
 
     # -- what the audit reads ----------------------------------------------------------------
     def elf_files(self) -> list[tuple[str, Entry, bool]]:
-        """(path, entry, first use of its bytes) of every regular ELF file, sorted by path; of
-        hard-linked names, the member's own name comes first."""
+        """(path, entry, first use of its bytes) of every regular file of an audited format (ELF,
+        PE, Mach-O), sorted by path; of hard-linked names, the member's own name comes first."""
         paths = [p for p in sorted(self.entries)
-                 if self.entries[p].kind == "file" and self._head(self.entries[p], 4) == ELF_MAGIC]
+                 if self.entries[p].kind == "file" and self._kind(self.entries[p]) in AUDITED]
         first: dict[tuple[int, int], str] = {}
         for p in paths:
             e = self.entries[p]
@@ -257,18 +257,15 @@ class ImageTree:
 
     def other_binaries(self) -> list[tuple[str, Entry, Kind]]:
         """(path, entry, kind) of every regular file of the final tree that is a binary of a
-        format the audit does not read (PE, Mach-O, static archives, ...), sorted by path; one name
+        format the audit does not read on its own (static archives, COFF objects, ...), sorted by path; one name
         of each hard-linked set."""
         out, seen = [], set()
         for p in sorted(self.entries):
             e = self.entries[p]
             if e.kind != "file" or (e.layer, e.member) in seen:
                 continue
-            head = self._head(e, _HEAD)
-            if head[:2] == b"MZ":
-                head = self._head(e, HEAD_BYTES)
-            kind = identify(head, e.size)
-            if kind.binary and kind is not Kind.ELF:
+            kind = self._kind(e)
+            if kind.binary and kind not in AUDITED:
                 seen.add((e.layer, e.member))
                 out.append((p, e, kind))
         return out
@@ -283,6 +280,12 @@ class ImageTree:
 
     def layer_of(self, entry: Entry) -> dict:
         return self.image.layers[entry.layer].describe()
+
+    def _kind(self, e: Entry) -> Kind:
+        head = self._head(e, _HEAD)
+        if head[:2] == b"MZ":  # a PE header lies further in
+            head = self._head(e, HEAD_BYTES)
+        return identify(head, e.size)
 
     def _head(self, e: Entry, n: int) -> bytes:
         if e.head is None or (len(e.head) < n and len(e.head) < e.size and self.compression[e.layer] is None):
@@ -340,14 +343,14 @@ class ImageTree:
         return e is not None and self.compression[e.layer] is None
 
     def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
-        from audit.elf.reader import assembled_names_in, read_elf_buffer
+        from audit.elf.reader import assembled_names_in
 
         e = self._real_entry(path)
         name = f"{self.image.label}!{path}"
         if e is None or e.kind != "file":
             raise InputError(f"{name}: not a regular file in the image")
         if self.compression[e.layer] is None:
-            info = read_elf_buffer(name, self._bytes(e), symbol_pattern, api_prefixes=api_prefixes)
+            info = _read_buffer(name, self._bytes(e), symbol_pattern, api_prefixes)
         else:
             key = (e.layer, e.member)
             if key not in self._parsed:
@@ -355,8 +358,9 @@ class ImageTree:
             info = self._parsed.get(key) or InputError(f"{name}: could not be read back from its layer")
             if isinstance(info, Exception):
                 raise info
-        # the code scan for assembled library names runs on demand (rarely): the bytes are read again
-        info.read_assembled_names = lambda: assembled_names_in(self._bytes(e))
+        if isinstance(info, ElfInfo):
+            # the code scan for assembled library names runs on demand (rarely): the bytes are read again
+            info.read_assembled_names = lambda: assembled_names_in(self._bytes(e))
         return info
 
     def _bytes(self, e: Entry) -> bytes:
@@ -374,9 +378,7 @@ class ImageTree:
         return b""
 
     def _parse_layer(self, i: int, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> None:
-        """Decompress layer i again; parse each of its ELF files that the final tree still shows."""
-        from audit.elf.reader import read_elf_buffer
-
+        """Decompress layer i again; parse each of its audited files that the final tree still shows."""
         wanted = {e.member: path for path, e, _ in reversed(self.elf_files()) if e.layer == i}
         layer = self.image.layers[i]
         try:
@@ -385,13 +387,32 @@ class ImageTree:
                     if n in wanted:
                         name = f"{self.image.label}!{wanted[n]}"
                         try:
-                            self._parsed[(i, n)] = read_elf_buffer(name, tf.extractfile(m).read(), symbol_pattern,
-                                                                   api_prefixes=api_prefixes)
+                            self._parsed[(i, n)] = _read_buffer(name, tf.extractfile(m).read(), symbol_pattern,
+                                                                api_prefixes)
                         except InputError as exc:
                             self._parsed[(i, n)] = exc
         except Exception as exc:  # it was readable in the first pass: the file changed under us
             for n, path in wanted.items():
                 self._parsed.setdefault((i, n), InputError(f"{self.image.label}!{path}: cannot read: {_line(exc)}"))
+
+
+def _read_buffer(name: str, data: bytes, symbol_pattern, api_prefixes: tuple[bytes, ...]):
+    """A file of the image read by its format's reader, as read_binary reads one on this machine:
+    an ElfInfo, a PE file's BinaryInfo, a Mach-O file's BinaryInfo (a list, one per slice, for a
+    universal binary)."""
+    kind = identify(data[:HEAD_BYTES], len(data))
+    if kind in PE_KINDS:
+        from audit.pe.reader import read_pe_buffer
+
+        return read_pe_buffer(name, data, len(data), symbol_pattern, api_prefixes)
+    if kind in MACHO_KINDS:
+        from audit.macho.reader import read_macho_buffer
+
+        slices = read_macho_buffer(name, data, len(data), symbol_pattern, api_prefixes)
+        return slices if len(slices) > 1 else slices[0]
+    from audit.elf.reader import read_elf_buffer
+
+    return read_elf_buffer(name, data, symbol_pattern, api_prefixes=api_prefixes)
 
 
 def _digest_first(label: str, layer: LayerRef, digest: Future, kind: str | None) -> None:
