@@ -316,15 +316,23 @@ largest of that process and its workers (as wait4 reports it).
 """
 
 
-def with_last_run(doc: Path, section: str) -> str:
-    """The document with its "## Last run" section replaced by `section`: what follows it (the
-    history of earlier runs, written by hand) is kept. A new document starts from DOC_HEAD."""
+def with_last_run(doc: Path, section: str, heading: str = "## Last run") -> str:
+    """The document with its `heading` section ("## Last run", or "## Last run (windows, macos)"
+    for a run of some platforms only) replaced by `section`: what follows it (the history of
+    earlier runs, written by hand) and the other platforms' sections are kept. A section not
+    there yet goes after the last "## Last run" section; a new document starts from DOC_HEAD."""
     old = doc.read_text() if doc.exists() else ""
-    start = old.find("## Last run\n")
-    if start < 0:
+    start = old.find(heading + "\n")
+    if start >= 0:
+        end = old.find("\n## ", start + 1)
+        return old[:start] + section + ("" if end < 0 else old[end:])
+    last = old.rfind("## Last run")
+    if last < 0:
         return DOC_HEAD + section
-    end = old.find("\n## ", start + 1)
-    return old[:start] + section + ("" if end < 0 else old[end:])
+    end = old.find("\n## ", last + 1)
+    if end < 0:
+        return old.rstrip("\n") + "\n\n" + section
+    return old[:end + 1] + section + old[end:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(audits, rows, command)
     print(text)
     if args.write:
-        args.write.write_text(with_last_run(args.write, "## Last run\n\n" + text))
+        heading = "## Last run" + (f" ({', '.join(sorted(set(args.platform.split(','))))})" if args.platform else "")
+        args.write.write_text(with_last_run(args.write, heading + "\n\n" + text, heading))
     bad = unexplained(audits, rows)
     for line in bad:
         print(f"unexplained: {line}", file=sys.stderr)
