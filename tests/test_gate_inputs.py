@@ -228,24 +228,26 @@ def test_wheel_with_an_elf_file_and_a_dll_audits_both(built, dll, tmp_path):
     assert verdicts == {f"{whl}!/demo/libclean.so": "pass", f"{whl}!/demo/f.dll": "pass"}
 
 
-def test_conda_package_with_a_dll_is_an_error(built, dll, tmp_path):
+def test_conda_package_with_an_elf_file_and_a_dll_audits_both(built, dll, tmp_path):
     pkg = tar_bz2(tmp_path / "demo-1.0-0.tar.bz2", [("lib/libclean.so", "file", built["clean"].read_bytes()),
                                                     ("Library/bin/f.dll", "file", dll.read_bytes())])
-    proc = cli("check", pkg)
-    assert_input_error(proc, "PE/COFF DLL (Windows): format not audited")
-    assert f"{pkg}!/Library/bin/f.dll" in proc.stdout
+    proc = cli("check", "--format", "json", pkg)
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    verdicts = {f["path"]: f["verdict"] for f in json.loads(proc.stdout)["files"]}
+    assert verdicts == {f"{pkg}!/lib/libclean.so": "pass", f"{pkg}!/Library/bin/f.dll": "pass"}
 
 
 @pytest.mark.parametrize("how", [None, "gzip"])
-def test_image_with_an_elf_file_and_a_dll_is_an_error(built, dll, tmp_path, how):
+def test_image_with_an_elf_file_and_a_dll_audits_both(built, dll, tmp_path, how):
     from image_fixtures import layer_tar, oci_layout
 
     layer = layer_tar([("file", "usr/lib/libclean.so", built["clean"].read_bytes()),
                        ("file", "opt/app/f.dll", dll.read_bytes())])
     img = oci_layout(tmp_path / "img", [layer], how=how, as_tar=True)
-    proc = cli("check", img)
-    assert_input_error(proc, "PE/COFF DLL (Windows): format not audited")
-    assert f"{img}!/opt/app/f.dll" in proc.stdout
+    proc = cli("check", "--format", "json", img)
+    assert proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    verdicts = {f["path"]: f["verdict"] for f in json.loads(proc.stdout)["files"]}
+    assert verdicts == {f"{img}!/usr/lib/libclean.so": "pass", f"{img}!/opt/app/f.dll": "pass"}
 
 
 # ---------------------------------------------------------------- bounded
