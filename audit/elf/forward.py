@@ -16,6 +16,13 @@ one forwards to:
   on x86-64 a wrapper is: a body that hands its own name straight to dlsym (its PLT entry or
   GOT slot), stores the result and calls through it.
 
+- "trampoline": an Implib.so-style lazy trampoline (x86-64): `cmpq $0, table+8*i(%rip); je 2f;
+  1: jmp *table+8*i(%rip); 2: push $i; call resolve; ...`: the slot is one of a table of
+  pointers in writable data that no relocation binds, filled on the first call by a resolver
+  that dlopens the library and asks dlsym for the name (JAX/XLA's CUDA plugins define all of
+  cuBLAS so, needing only libc and libdl). The target is the table's slot (`table[i]`), named by
+  .symtab where it names the table.
+
 A jump to code defined in this file is followed (two hops at most); if it ends in real code,
 the symbol is not a forwarder. Only short, fixed instruction shapes are recognised: a body that
 does anything else (moves arguments, computes) is left as what the symbol table says.
@@ -50,6 +57,9 @@ _DLSYM_BODY_MAX = 1024  # bodies searched for the lazy dlsym shape (whole, up to
 _ARG_WINDOW = 24  # bytes after loading a name's address in which the call that takes it must start
 _WINDOW = 1 << 23  # bytes of the file whose function bodies are screened (and released) at a time
 _HOPS = 2  # jumps to code in this file that are followed
+_TRAMP_MAX = 64  # an Implib.so trampoline's st_size is at most this (0: unsized, as it is generated)
+_TRAMP_READ = 40  # bytes read of one: endbr64, cmpq, je, jmp, push, call
+SHT_SYMTAB = 2
 
 # x86-64 encodings
 _ENDBR64 = b"\xf3\x0f\x1e\xfa"
@@ -149,6 +159,7 @@ class _Context:
         self.starts = [s.addr for s in secs]
         self._relocs: tuple[np.ndarray, np.ndarray] | None = None
         self._dlsym_plt: set[int] | None = None
+        self._symtab: dict[int, str] | None = None
         self.u8 = np.frombuffer(img.buf, dtype=np.uint8)
 
     # -- screening, in bulk --------------------------------------------------------------
@@ -234,6 +245,16 @@ class _Context:
                 ok = (lastw == _A64_RET) & ((words & 0xFC000000) == 0x94000000).any(axis=1)
             mask[small[ok]] = True
         mask[r] |= tail
+        if self.x86:  # an Implib.so trampoline: cmpq $0, d(%rip) (48 83 3d d32 00), then je
+            t = np.flatnonzero((offs >= 0) & (offs + _TRAMP_READ <= self.img.size) & (size <= _TRAMP_MAX))
+            if len(t):
+                head = self.u8[offs[t][:, None] + np.arange(14)]
+                i = np.arange(len(t))
+                skip = np.where((head[:, 0] == 0xF3) & (head[:, 1] == 0x0F) & (head[:, 2] == 0x1E)
+                                & (head[:, 3] == 0xFA), 4, 0)
+                ok = ((head[i, skip] == 0x48) & (head[i, skip + 1] == 0x83) & (head[i, skip + 2] == 0x3D)
+                      & (head[i, skip + 7] == 0) & ((head[i, skip + 8] == 0x74) | (head[i, skip + 8] == 0x0F)))
+                mask[t[ok]] = True
         return mask
 
     def _lazy_window(self, offs, value, size, lo, hi) -> np.ndarray:
@@ -314,6 +335,10 @@ class _Context:
         head = self.code(addr, _HEAD)
         if head is None:
             return None
+        if self.x86 and not hops:
+            tramp = self.trampoline(addr)
+            if tramp is not None:
+                return tramp
         step = (_x86_step if self.x86 else _a64_step)(head, addr)
         if step is None:
             return None
@@ -323,6 +348,75 @@ class _Context:
         if hops >= _HOPS:
             return None
         return self.forward(where, hops + 1)  # a jump to a PLT entry or to another stub
+
+    def trampoline(self, addr: int) -> tuple[str, str, int] | None:
+        """(table[i], "trampoline", slot) if the code at `addr` is an Implib.so-style lazy
+        trampoline (see the module docstring): the compare and the jump name one slot, in
+        writable data that is not a GOT and that no relocation binds to a symbol, and the path
+        taken while it is empty pushes the slot's index and calls a resolver in this file."""
+        code = self.code(addr, _TRAMP_READ)
+        if code is None:
+            return None
+        i = 4 if code.startswith(_ENDBR64) else 0
+        if code[i:i + 3] != b"\x48\x83\x3d" or len(code) < i + 8 or code[i + 7] != 0:
+            return None
+        slot = addr + i + 8 + struct.unpack_from("<i", code, i + 3)[0]
+        i += 8
+        if code[i] == 0x74:  # je rel8
+            slow, i = i + 2 + struct.unpack_from("<b", code, i + 1)[0], i + 2
+        elif code[i:i + 2] == b"\x0f\x84" and len(code) >= i + 6:  # je rel32
+            slow, i = i + 6 + struct.unpack_from("<i", code, i + 2)[0], i + 6
+        else:
+            return None
+        if code[i:i + 2] != b"\xff\x25" or len(code) < i + 6 \
+                or addr + i + 6 + struct.unpack_from("<i", code, i + 2)[0] != slot:
+            return None
+        # the slow path: push $index (6a imm8 or 68 imm32), then call rel32 to code in this file
+        if not 0 <= slow <= len(code) - 7:
+            return None
+        if code[slow] == 0x6A:
+            index, at = code[slow + 1], slow + 2
+        elif code[slow] == 0x68 and slow + 10 <= len(code):
+            index, at = struct.unpack_from("<I", code, slow + 1)[0], slow + 5
+        else:
+            return None
+        if code[at] != 0xE8 or len(code) < at + 5:
+            return None
+        resolver = self.section_at(addr + at + 5 + struct.unpack_from("<i", code, at + 1)[0])
+        if resolver is None or not resolver.flags & SHF_EXECINSTR or resolver.name.startswith(".plt"):
+            return None
+        s = self.section_at(slot)
+        if s is None or not s.flags & SHF_WRITE or s.flags & SHF_EXECINSTR or s.name.startswith(".got") \
+                or self.reloc_symbol(slot) is not None:
+            return None
+        base = slot - 8 * index
+        table = self.symbol_at(base) if self.section_at(base) is s else None
+        return (f"{table}[{index}]" if table else f"table @0x{base:x}[{index}]"), "trampoline", slot
+
+    def symbol_at(self, addr: int) -> str | None:
+        """The name of a data symbol (object or no type) of .symtab at exactly `addr`, if any."""
+        if self._symtab is None:
+            self._symtab = {}
+            dt = np.dtype([("st_name", "<u4"), ("st_info", "u1"), ("st_other", "u1"), ("st_shndx", "<u2"),
+                           ("st_value", "<u8"), ("st_size", "<u8")])
+            img = self.img
+            for sec in img.sections:
+                if sec.type != SHT_SYMTAB or not sec.size or sec.offset + sec.size > img.size \
+                        or not 0 <= sec.link < len(img.sections):
+                    continue
+                strs = img.sections[sec.link]
+                if strs.offset + strs.size > img.size:
+                    continue
+                syms = np.frombuffer(img.buf, dtype=dt, count=sec.size // dt.itemsize, offset=sec.offset)
+                data = syms[np.isin(syms["st_info"] & 0xF, [0, 1]) & (syms["st_shndx"] != SHN_UNDEF)
+                            & (syms["st_name"] != 0)]
+                for value, name in zip(data["st_value"].tolist(), data["st_name"].tolist()):
+                    if name < strs.size and value not in self._symtab:
+                        at = strs.offset + name
+                        end = img.buf.find(b"\0", at, strs.offset + strs.size)
+                        if end > at:
+                            self._symtab[value] = bytes(img.buf[at:end]).decode("utf-8", "backslashreplace")
+        return self._symtab.get(addr)
 
     def through_slot(self, slot: int, via: str) -> tuple[str, str, int] | None:
         sym = self.reloc_symbol(slot)

@@ -11,6 +11,13 @@ and unwind tables, whatever their sections claim to be: a data section can be fl
 machine code rarely holds "lib", so that costs one fast regex pass (~0.15 s per 280 MB of code).
 One bytes regex runs over each section's data in bulk.
 
+A name is a string dlopen can be given only where it is the whole string around it: the text
+run (printable bytes, up to a NUL or any other byte) holds no whitespace. A name inside prose
+(gflags help text "Specify path for loading libcublas.so.", a build-information line "Extra
+dependencies: /usr/lib64/libopenblasp.so dl m") is a mention: kept, with the text around it,
+but no loader is given it (LibraryString.mention). A path, a version or printf suffix
+("libcublas.so.%d") keep a name whole.
+
 Fail closed: a section that lies outside the file, or more than MAX_HITS names of a kind, makes
 the file unreadable (Malformed), never a partial list beside a pass. `strings_in` scans byte
 ranges of any buffer, for readers of other formats.
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import re
 import struct
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,6 +47,69 @@ SKIP_SECTIONS = {".interp", ".hip_fatbin", ".nv_fatbin", ".hipFatBinSegment", ".
 SHF_COMPRESSED = 0x800
 _CH_TYPES = {1: "zlib", 2: "zstd"}  # ELFCOMPRESS_ZLIB, ELFCOMPRESS_ZSTD
 MAX_HITS = 10_000  # per file and kind; more makes the file an error (Malformed), never a partial list
+
+
+@dataclass(frozen=True)
+class LibraryString(StringHit):
+    """A library-name hit with the text run it lies in (`context`: cut to CONTEXT_CUT bytes on
+    each side of the name, control and non-ASCII bytes escaped) and whether that run is prose
+    around the name (`mention`) rather than the name or a path ending in it."""
+
+    context: str = ""
+    mention: bool = False
+
+
+CONTEXT_CUT = 40  # bytes of the text run kept on each side of a name
+_AROUND = 512  # bytes looked at on each side of a name for the end of its text run
+_TEXT = frozenset(range(0x20, 0x7F)) | {0x09, 0x0A, 0x0D}  # bytes of a text run (printable, tab, newlines)
+_SPACE = re.compile(rb"[ \t\n\r]")
+
+
+def is_mention(hit) -> bool:
+    """True for a library name read inside prose (LibraryString.mention): not a loadable name."""
+    return bool(getattr(hit, "mention", False))
+
+
+def _escaped(raw: bytes) -> str:
+    """Bytes of a text run, printable: control and non-ASCII bytes as \\xNN, \\n, \\t."""
+    out = []
+    for b in raw:
+        if b == 0x0A:
+            out.append("\\n")
+        elif b == 0x09:
+            out.append("\\t")
+        elif b == 0x5C:
+            out.append("\\\\")
+        elif 0x20 <= b < 0x7F:
+            out.append(chr(b))
+        else:
+            out.append(f"\\x{b:02x}")
+    return "".join(out)
+
+
+def text_run(buf, at: int, end: int, lo: int, hi: int) -> tuple[bytes, bytes]:
+    """(text before, text after) the name buf[at:end]: the run of text bytes (_TEXT) on each side,
+    up to a NUL or other byte, `lo`/`hi` (the range's bounds) or _AROUND bytes."""
+    left = bytes(buf[max(lo, at - _AROUND):at])
+    right = bytes(buf[end:min(hi, end + _AROUND)])
+    i = len(left)
+    while i and left[i - 1] in _TEXT:
+        i -= 1
+    j = 0
+    while j < len(right) and right[j] in _TEXT:
+        j += 1
+    return left[i:], right[:j]
+
+
+def judge_name(buf, at: int, end: int, lo: int, hi: int) -> tuple[str, bool]:
+    """(context, mention) of the library name buf[at:end] in buf[lo:hi] (see the module docstring)."""
+    before, after = text_run(buf, at, end, lo, hi)
+    mention = bool(_SPACE.search(before) or _SPACE.search(after))
+    cut_b = before[-CONTEXT_CUT:]
+    cut_a = after[:CONTEXT_CUT]
+    context = (("..." if len(cut_b) < len(before) else "") + _escaped(cut_b + bytes(buf[at:end]) + cut_a)
+               + ("..." if len(cut_a) < len(after) else ""))
+    return context, mention
 
 
 def scannable(img: ElfImage):
@@ -86,7 +157,7 @@ def library_strings(img: ElfImage, warnings: list[str]) -> list[StringHit]:
         pos, end = sec.offset, sec.offset + sec.size
         while pos < end:  # a step resident at a time; the next resumes after the last name run
             hi = min(pos + _CODE_STEP, end)
-            last = _scan(img.buf, pos, hi, label(sec), 0, hits, limit=min(end, hi + 260))
+            last = _scan(img.buf, pos, hi, label(sec), 0, hits, limit=min(end, hi + 260), bounds=(sec.offset, end))
             release(img.buf, pos, hi)
             pos = max(hi, last)
     return hits
@@ -102,11 +173,13 @@ def _inside(size: int, sec) -> None:
 
 
 def _scan(buf, start: int, end: int, section: str, base: int, hits: list[StringHit],
-          at_base: bool = False, limit: int | None = None) -> int:
+          at_base: bool = False, limit: int | None = None, bounds: tuple[int, int] | None = None) -> int:
     """Library names starting in buf[start:end] (read on to `limit`, default `end`) added to
     `hits` (offsets from `base`, or `base` itself with `at_base`: decompressed bytes have no file
-    offset); Malformed once there are more than MAX_HITS. Returns where the last run ended."""
+    offset), each with its text run (judge_name, within `bounds`, default (start, limit or end));
+    Malformed once there are more than MAX_HITS. Returns where the last run ended."""
     last = start
+    lo, hi = bounds or (start, end if limit is None else limit)
     for m in _RUN_RE.finditer(buf, start, end if limit is None else limit):
         if m.start() >= end:
             break
@@ -115,8 +188,10 @@ def _scan(buf, start: int, end: int, section: str, base: int, hits: list[StringH
             if len(hits) >= MAX_HITS:
                 raise Malformed(f"more than {MAX_HITS} library-name strings (the limit): "
                                 "they cannot all be listed")
-            hits.append(StringHit(section=section, offset=base if at_base else base + m.start() + rel,
-                                  text=decode(name)))
+            at = m.start() + rel
+            context, mention = judge_name(buf, at, at + len(name), lo, hi)
+            hits.append(LibraryString(section=section, offset=base if at_base else base + at,
+                                      text=decode(name), context=context, mention=mention))
     return last
 
 

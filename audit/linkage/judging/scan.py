@@ -6,11 +6,14 @@ denied library the object may load at run time).
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import os
+import re
 from itertools import compress, filterfalse, repeat
 from operator import attrgetter, not_
 
 from audit.elf.model import ElfInfo, Forward, SymbolColumns
+from audit.elf.strings import is_mention
 from audit.linkage.model import Finding, Match
 from audit.linkage.judging.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
 from audit.linkage.resolution.ldso import DepNode, Resolver
@@ -159,9 +162,19 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
                 matches=[Match(every, tables, detail=detail)])
 
     for (rid, text), hits in strings.items():
-        add(policy.rule(rid), "dlopen-string", text, f"{hits[0].section} @0x{hits[0].offset:x}", count=len(hits),
-            offset=hits[0].offset if in_file is None else None,
-            detail=f"imports {loader}" if loader else "no code-loading import seen")
+        names = [h for h in hits if not is_mention(h)]
+        shown = (names or hits)[0]
+        said = getattr(shown, "context", "")
+        quote = f': "{said}"' if said and said != text else ""
+        if names:  # the whole string: a name a loader can be given
+            detail = (f"imports {loader}" if loader else
+                      "no code-loading import seen: nothing in this object loads it by name") + quote
+        else:
+            detail = (f"mentioned in text, not a string a loader is given ({len(hits)} place(s)){quote}")
+        add(policy.rule(rid), "dlopen-string", text, f"{shown.section} @0x{shown.offset:x}", count=len(names or hits),
+            offset=shown.offset if in_file is None else None, detail=detail)
+        if not names or not loader:  # a note: nothing here is shown to load it
+            findings[-1].severity = "warn"
 
     runtime_findings(info, policy, findings, add, loader)
 
@@ -236,16 +249,30 @@ def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add
     """
     if not info.api_strings:
         return
-    explained = {f.rule for f in findings if f.kind in ("static-symbol", "imported-symbol", "verneed", "dlopen-string")}
-    by_name = policy.classify_symbols(h.text for h in info.api_strings)
+    # a note (a mention in text, a name nothing here loads) explains nothing
+    explained = {f.rule for f in findings if f.kind in ("static-symbol", "imported-symbol", "verneed", "dlopen-string")
+                 and not (f.kind == "dlopen-string" and f.severity == "warn")}
+    api = [h for h in info.api_strings if not _ENV_LIKE.fullmatch(h.text)]
+    by_name = policy.classify_symbols(h.text for h in api)
     first: dict[str, object] = {}
     groups: dict[str, list[str]] = {}
-    for hit in info.api_strings:
+    for hit in api:
         rule = by_name.get(hit.text)
         if rule is not None and rule.id not in explained and hit.text not in groups.get(rule.id, ()):
             groups.setdefault(rule.id, []).append(hit.text)
             first.setdefault(rule.id, hit)
     resolved = {rid: sorted(names) for rid, names in groups.items() if len(names) >= 2}
+    for rid in sorted(resolved):
+        own = _compiled_in(info, policy.rule(rid))
+        if own:  # the vendor's code is in this file: its API names are its own strings
+            names = resolved.pop(rid)
+            types, at = own
+            where = f"data @0x{at:x} (type names)"
+            add(policy.rule(rid), "static-symbol", types[0], where, count=len(types),
+                matches=[Match(types, where)],
+                detail=f"compiled in: {len(types)} C++ type name(s) of the vendor's namespace are in the data "
+                       f"({', '.join(types[:3])}); {len(names)} of its API names are strings too "
+                       f"({', '.join(names[:3])}), and nothing imports them")
     for rid, names in resolved.items():
         hit = first[rid]
         where = f"{hit.section} @0x{hit.offset:x}"
@@ -264,6 +291,51 @@ def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add
             count=len(hits), detail=f"built in code from instruction immediates; imports {loader}{also}")
 
 
+# An environment variable or constant (MKL_NUM_THREADS, MKL_DYNAMIC): capitals, digits and
+# underscores only. The C APIs looked up with dlsym spell their names in mixed or lower case
+# (cublasCreate_v2, mkl_sgemm, MKL_Set_Num_Threads).
+_ENV_LIKE = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+")
+# A C++ type name in data (typeinfo name, a mangled nested name without "_Z"): "N4dnnl4impl3cpu...E"
+_TYPE_NAME = rb"[A-Za-z0-9_]{4,400}"
+_MIN_TYPE_NAMES = 2
+
+
+def _type_prefixes(rule) -> list[bytes]:
+    """Nested-name prefixes of a rule's C++ namespace patterns (`_ZN4dnnl*` -> b"N4dnnl"):
+    how the namespace's type names (typeinfo names) begin."""
+    out = []
+    for p in rule.match_symbols:
+        if p.startswith(("_ZN", "_ZNK")) and p.endswith("*") and not any(c in p[:-1] for c in "*?["):
+            head = p[2:-1].replace("NK", "N", 1)
+            if head not in out and len(head) > 3:
+                out.append(head)
+    return [h.encode("ascii") for h in out]
+
+
+def _compiled_in(info: ElfInfo, rule) -> tuple[list[str], int] | None:
+    """(type names, file offset of the first) of the rule's C++ namespace among the file's
+    NUL-delimited strings, if there are at least _MIN_TYPE_NAMES: the vendor's classes are
+    defined in this file (their typeinfo names: oneDNN's N4dnnl4impl... in a library that
+    builds oneDNN in and imports nothing of it). None if there are fewer, or the file cannot be
+    read again."""
+    heads = _type_prefixes(rule)
+    if not heads or not info.path:
+        return None
+    pattern = re.compile(rb"(?<=\x00)(?:" + b"|".join(re.escape(h) for h in heads) + rb")" + _TYPE_NAME + rb"(?=\x00)")
+    try:
+        with open(info.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            found: dict[str, int] = {}
+            for m in pattern.finditer(mm):
+                found.setdefault(m.group().decode("ascii"), m.start())
+                if len(found) >= 100_000:
+                    break
+    except (OSError, ValueError):
+        return None
+    if len(found) < _MIN_TYPE_NAMES:
+        return None
+    return sorted(found), min(found.values())
+
+
 def _defined_as(policy: Policy, name: str, fw: Forward | None) -> tuple[str, str | None]:
     """(kind, how) of a defined vendor name: a static copy, or a stub that forwards the call.
 
@@ -277,6 +349,8 @@ def _defined_as(policy: Policy, name: str, fw: Forward | None) -> tuple[str, str
         return "static-symbol", None
     if fw.via == "dlsym":
         return "dlopen-string", "dlsym"
+    if fw.via == "trampoline":  # a lazy trampoline: its table's slot is filled by dlsym on first call
+        return "dlopen-string", "trampoline"
     if policy.rule_for_symbol(fw.target) is not None or name.rstrip("_") in fw.target:
         return "imported-symbol", "stub"
     return "static-symbol", None
@@ -289,6 +363,13 @@ def _stub_detail(via: str, stubs: list[Forward], count: int, libs: list[str]) ->
         where = f"; the library is loaded by name ({', '.join(libs[:3])})" if libs else ""
         return (f"{count} defined function(s) are stubs that jump through a pointer filled at run time by "
                 f"dlsym of their own name, not copies: {text}{where}")
+    if via == "trampoline":
+        tables = sorted({f.target.rsplit("[", 1)[0] for f in stubs})
+        text = ", ".join(f"{f.symbol} -> {f.target} @0x{f.slot:x}" for f in stubs)
+        where = f"; the library is loaded by name ({', '.join(libs[:3])})" if libs else ""
+        return (f"{count} defined function(s) are lazy-loading trampolines (Implib.so shape) through the "
+                f"trampoline table {', '.join(tables)}, whose slots are filled at run time by dlopen and dlsym, "
+                f"not copies: {text}{where}")
     text = ", ".join(f"{f.symbol} -> {f.target}{'@plt' if f.via == 'plt' else ' (GOT)'}" for f in stubs)
     return f"{count} defined function(s) are forwarding stubs to imports, not copies: {text}"
 

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from audit.elf.model import ElfInfo
+from audit.elf.strings import is_mention
 from audit.linkage.resolution.fs import HOST, FileSystem
 from audit.linkage.resolution.fs import glob as fs_glob
 
@@ -575,8 +576,9 @@ class TreeTooLarge(Exception):
 
 
 def dlopen_names(info: ElfInfo) -> list[str]:
-    """Library file names (no '/') in the object's data, first occurrence order: what it may dlopen."""
-    return list(dict.fromkeys(h.text for h in info.library_strings if "/" not in h.text))
+    """Library file names (no '/') in the object's data, first occurrence order: what it may dlopen.
+    A name mentioned in text (prose, help text: audit.elf.strings.is_mention) is not one."""
+    return list(dict.fromkeys(h.text for h in info.library_strings if "/" not in h.text and not is_mention(h)))
 
 
 def _origin(node: DepNode) -> str:
