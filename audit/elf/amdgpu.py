@@ -25,7 +25,10 @@ CCOB_METHODS = {0: "zlib", 1: "zstd"}
 # reads the gaps between bundles and never the code objects the walk steps over.
 _MAGIC_RE = re.compile(re.escape(BUNDLE_MAGIC) + b"|" + CCOB_MAGIC)
 
-# EF_AMDGPU_MACH (e_flags & 0xff), from LLVM's BinaryFormat/ELF.h.
+# EF_AMDGPU_MACH (e_flags & 0xff): LLVM's BinaryFormat/ELF.h, current through gfx1250/gfx1251 and
+# gfx13 (llvm/test/CodeGen/AMDGPU/elf-header-flags-mach.ll lists each target with its value).
+# gfx940 (0x40) and gfx941 (0x4b) are reserved in LLVM now but were emitted by LLVM 15-18: objects
+# built then still carry them. A value absent here is a target this table does not know yet.
 AMDGPU_MACH = {
     0x20: "gfx600", 0x21: "gfx601", 0x22: "gfx700", 0x23: "gfx701", 0x24: "gfx702",
     0x25: "gfx703", 0x26: "gfx704", 0x28: "gfx801", 0x29: "gfx802", 0x2A: "gfx803",
@@ -35,10 +38,12 @@ AMDGPU_MACH = {
     0x3A: "gfx602", 0x3B: "gfx705", 0x3C: "gfx805", 0x3D: "gfx1035", 0x3E: "gfx1034",
     0x3F: "gfx90a", 0x40: "gfx940", 0x41: "gfx1100", 0x42: "gfx1013", 0x43: "gfx1150",
     0x44: "gfx1103", 0x45: "gfx1036", 0x46: "gfx1101", 0x47: "gfx1102", 0x48: "gfx1200",
-    0x4A: "gfx1151", 0x4B: "gfx941", 0x4C: "gfx942", 0x4E: "gfx1201", 0x4F: "gfx950",
-    0x51: "gfx9-generic", 0x52: "gfx10-1-generic", 0x53: "gfx10-3-generic",
-    0x54: "gfx11-generic", 0x55: "gfx1152", 0x58: "gfx1153", 0x59: "gfx12-generic",
-    0x5F: "gfx9-4-generic",
+    0x49: "gfx1250", 0x4A: "gfx1151", 0x4B: "gfx941", 0x4C: "gfx942", 0x4E: "gfx1201",
+    0x4F: "gfx950", 0x50: "gfx1310", 0x51: "gfx9-generic", 0x52: "gfx10-1-generic",
+    0x53: "gfx10-3-generic", 0x54: "gfx11-generic", 0x55: "gfx1152", 0x57: "gfx1154",
+    0x58: "gfx1153", 0x59: "gfx12-generic", 0x5A: "gfx1251", 0x5B: "gfx12-5-generic",
+    0x5C: "gfx1172", 0x5D: "gfx1170", 0x5E: "gfx1171", 0x5F: "gfx9-4-generic",
+    0x62: "gfx11-7-generic", 0x63: "gfx13-generic",
 }
 ELFOSABI_AMDGPU_HSA = 64
 _FEATURE_V4 = {1: "", 2: "-", 3: "+"}  # 0 unsupported, 1 any (no suffix), 2 off, 3 on
