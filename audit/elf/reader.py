@@ -40,16 +40,16 @@ from operator import not_
 import numpy as np
 
 from audit.elf import hashing, prescan, segments
-from audit.elf.amdgpu import read_hip_fatbin
+from audit.elf.amdgpu import amdgpu_target, code_object_info, read_hip_fatbin
 from audit.elf.content import device_at_targets, device_in_data, wrapper_targets
 from audit.elf.dynamic import (read_build_id, read_dynamic, read_interpreter, read_version_defs,
                                read_version_needs)
 from audit.elf.forward import read_forwarders
 from audit.elf.immediates import assembled_names
-from audit.elf.model import ElfInfo, Forward, StringHit, SymbolColumns
-from audit.elf.nvidia import read_nv_fatbin
-from audit.elf.parse import (PT_LOAD, SHF_ALLOC, SHF_EXECINSTR, SHN_UNDEF, SHT_GNU_VERSYM, SHT_NOBITS,
-                             SHT_PROGBITS, ElfImage, Malformed, release)
+from audit.elf.model import DeviceCode, ElfInfo, Forward, StringHit, SymbolColumns
+from audit.elf.nvidia import cubin_kernels, read_nv_fatbin
+from audit.elf.parse import (EM_AMDGPU, EM_CUDA, PT_LOAD, SHF_ALLOC, SHF_EXECINSTR, SHN_UNDEF, SHT_GNU_VERSYM,
+                             SHT_NOBITS, SHT_PROGBITS, ElfImage, Malformed, release)
 from audit.elf.strings import SKIP_SECTIONS, identifier_strings, library_strings, scannable
 from audit.elf.symbols import load_tables, names_at, select, symbol_columns
 from audit.elf.textscan import scan_plan
@@ -386,6 +386,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
             reader = read_hip_fatbin if sec.name == ".hip_fatbin" else read_nv_fatbin
             device += reader(img.buf, sec.offset, sec.offset + sec.size, sec.name)  # in place
     device += _device_elsewhere(img, synthetic)
+    device += _device_file(img)
     warnings += lib_warn
 
     return ElfInfo(
@@ -408,6 +409,36 @@ def _device_elsewhere(img: ElfImage, synthetic: bool) -> list:
         return device_in_data(img, places)
     named = [(sec.offset, sec.offset + sec.size) for sec in img.sections if _is_device_section(sec)]
     return device_at_targets(img, targets, named, places)
+
+
+def _device_file(img: ElfImage) -> list[DeviceCode]:
+    """The file itself as device code when it is one: a standalone cubin (EM_CUDA: what
+    TensorRT-LLM and FlashInfer ship as `.cubin` files) or an AMDGPU code object (EM_AMDGPU, a
+    `.hsaco`/`.co`), so its kernels are judged as kernels wherever the file sits. One entry for
+    the whole file (section "file", offset 0), its target from e_flags; a file whose kernels
+    cannot be read is an entry with `error` (fail closed), never a pass."""
+    if img.e_machine == EM_CUDA:
+        kind, target = "cubin", cuda_target(img.e_flags, img.abiversion)
+        read = cubin_kernels
+    elif img.e_machine == EM_AMDGPU:
+        kind, target = "amdgcn-code-object", amdgpu_target(img.e_flags, img.osabi, img.abiversion)
+        read = lambda buf: code_object_info(buf)[1]  # noqa: E731
+    else:
+        return []
+    base = dict(container="file", section="file", offset=0, size=img.size, kind=kind, target=target)
+    try:
+        return [DeviceCode(kernels=read(memoryview(img.buf)), **base)]
+    except _MALFORMED as exc:
+        return [DeviceCode(error=f"{kind} unreadable: {exc}", **base)]
+
+
+def cuda_target(e_flags: int, abiversion: int) -> str:
+    """`sm_<N>` of a cubin from its e_flags (LLVM's BinaryFormat/ELF.h, EM_CUDA): ELF ABI version 8
+    (ELFABIVERSION_CUDA_V2, CUDA 12.8 on) keeps the SM number in bits 8-15; version 7 and older in
+    bits 0-7, with 0x800 (EF_CUDA_ACCELERATORS) for an `a` target such as sm_90a."""
+    if abiversion >= 8:
+        return f"sm_{(e_flags >> 8) & 0xFF}"
+    return f"sm_{e_flags & 0xFF}" + ("a" if e_flags & 0x800 else "")
 
 
 def _is_device_section(sec) -> bool:
