@@ -35,6 +35,8 @@ extern int cublasSgemm_v2(void);
 int fk_call(void) { return cublasSgemm_v2(); }
 """
 PLAIN_C = "int fk_plain(int x) { return x + 1; }\n"
+# imports dlopen but names no library: the name it loads is only in the section under test
+LOADER_C = "#include <dlfcn.h>\nvoid *fk_load(const char *name) { return dlopen(name, RTLD_NOW); }\n"
 TENSILE_KERNEL = "Cijk_Ailk_Bljk_SB_MT64x64"
 TENSILE_HIP = """
 #include <hip/hip_runtime.h>
@@ -210,7 +212,7 @@ def _chdr(ch_type: int, size: int) -> bytes:
 
 
 def compressed_section_lib(tmp_path: Path, declared: int | None) -> Path:
-    lib = build(tmp_path, "plain", PLAIN_C)
+    lib = build(tmp_path, "loader", LOADER_C)
     text = b"\0" * 64 + b"libcublas.so.12\0" + b"\0" * 64
     content = _chdr(1, len(text) if declared is None else declared) + zlib.compress(text)
     out = add_section(lib, tmp_path / "libz.so", ".rodata.z", content)
