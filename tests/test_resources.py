@@ -24,4 +24,4 @@ def test_policies_and_templates_found_without_install(tmp_path):
     out = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path), *site.getsitepackages()],
                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["['sovereign']", "True", "True"]
+    assert out.stdout.split() == ["['sovereign',", "'strict']", "True", "True"]
