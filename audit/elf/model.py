@@ -143,6 +143,9 @@ class ElfInfo:
     # vendor API names as strings (what dlsym is given); read only for an object that imports
     # dlsym/dlvsym, when the caller names the API prefixes to look for
     api_strings: list[StringHit] = field(default_factory=list)
+    # whole strings in the data that start with one of the caller's markers (text only a vendor's
+    # own code holds: "libblis: %s (line %lu):\n"); read only when the caller names markers
+    marker_strings: list[StringHit] = field(default_factory=list)
     device_code: list[DeviceCode] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # Library names assembled in code from instruction immediates (audit.elf.immediates), read on
@@ -153,4 +156,6 @@ class ElfInfo:
     def to_dict(self) -> dict:
         d = asdict(replace(self, symbols=list(self.symbols)))
         d.pop("read_assembled_names")
+        if not d["marker_strings"]:  # looked for only at a policy's request: no key where none are kept
+            d.pop("marker_strings")
         return d

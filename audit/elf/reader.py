@@ -101,7 +101,8 @@ def open_regular(path: str, what: str = "an ELF file") -> tuple[int, int]:
 
 def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
              api_prefixes: tuple[bytes, ...] = (), meanwhile: Callable[[bool], object] | None = None,
-             on_symbols: Callable[[SymbolColumns], object] | None = None, sha256: bool = True) -> ElfInfo:
+             on_symbols: Callable[[SymbolColumns], object] | None = None, sha256: bool = True,
+             markers: tuple[bytes, ...] = ()) -> ElfInfo:
     """Read one ELF file. Keeps imports always and other symbols when their (bytes) names match
     `symbol_pattern` (searched anywhere in the name; see audit.elf.symbols). Where the object
     imports dlsym/dlvsym, strings in its data that are identifiers starting with one of
@@ -111,7 +112,9 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
     be left), and
     `on_symbols(symbols)` once the kept symbols are known while a helper still reads (the caller
     may start on them); neither is called if no helper reads. `sha256=False`: the file is not
-    hashed (ElfInfo.sha256 stays ""), for a caller that shows no hash. Raises InputError."""
+    hashed (ElfInfo.sha256 stays ""), for a caller that shows no hash. The whole strings in its
+    data that start with one of `markers` (a policy's marker texts) are kept as `marker_strings`,
+    read in the data-string pass (audit.elf.strings.marker_strings). Raises InputError."""
     path = os.fspath(path)
     fd, size = open_regular(path)
     try:
@@ -123,7 +126,7 @@ def read_elf(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None =
         os.close(fd)
     try:
         info = read_elf_buffer(path, mm, symbol_pattern, hash_path=path, api_prefixes=api_prefixes,
-                               meanwhile=meanwhile, on_symbols=on_symbols, sha256=sha256)
+                               meanwhile=meanwhile, on_symbols=on_symbols, sha256=sha256, markers=markers)
         info.read_assembled_names = functools.partial(read_assembled_names, path)
         return info
     finally:
@@ -160,7 +163,8 @@ def assembled_names_in(buf) -> list[StringHit]:
 def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = None, *,
                     hash_path: str | None = None, api_prefixes: tuple[bytes, ...] = (),
                     meanwhile: Callable[[bool], object] | None = None,
-                    on_symbols: Callable[[SymbolColumns], object] | None = None, sha256: bool = True) -> ElfInfo:
+                    on_symbols: Callable[[SymbolColumns], object] | None = None, sha256: bool = True,
+                    markers: tuple[bytes, ...] = ()) -> ElfInfo:
     """read_elf on bytes already in memory (an archive member); `name` labels it in messages.
     `buf` must offer find/rfind (bytes, mmap): the string scans use them. The sha256 is of
     `buf`, or of the file at `hash_path` read plainly (then mapped pages are not all touched);
@@ -179,7 +183,7 @@ def read_elf_buffer(name: str, buf, symbol_pattern: re.Pattern[bytes] | None = N
     if hasher is not None:
         hasher.start()
     try:
-        info = _parse(name, buf, symbol_pattern, api_prefixes, pre, sel, meanwhile, on_symbols)
+        info = _parse(name, buf, symbol_pattern, api_prefixes, pre, sel, meanwhile, on_symbols, markers)
     except _MALFORMED as exc:
         msg = str(exc) or type(exc).__name__
         raise InputError(f"{name}: not a readable ELF file: {msg}") from None
@@ -291,7 +295,8 @@ def _child_forwarders(img, tables, keep: dict[int, bool], index: int, got, given
 def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
            pre: prescan.Prescan | None = None, selected: dict | None = None,
            meanwhile: Callable[[bool], object] | None = None,
-           on_symbols: Callable[[SymbolColumns], object] | None = None) -> ElfInfo:
+           on_symbols: Callable[[SymbolColumns], object] | None = None,
+           markers: tuple[bytes, ...] = ()) -> ElfInfo:
     """The whole reading; `pre`, `selected`: what _prescan started and selected already."""
     img = ElfImage(mm)
     warnings = list(img.warnings)
@@ -344,7 +349,8 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     early = _code_loading(tables, sel)
     early_dlsym = _imports_dlsym(early)
     api = identifier_strings(img, api_prefixes, api_warn) if api_prefixes and early_dlsym else []
-    strings = library_strings(img, lib_warn)
+    marked: list[StringHit] = []
+    strings = library_strings(img, lib_warn, markers, marked)
     if pre is not None:
         _run_hook(meanwhile, any(_is_device_section(sec) for sec in img.sections))
         big = next(t for t in tables if t.index == pre.index)
@@ -395,7 +401,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
         needed=dyn.needed, rpath=dyn.rpath, runpath=dyn.runpath, interpreter=read_interpreter(img),
         version_needs=needs, symbols=symbols, symbol_counts=counts,
         code_loading_imports=code_loading, forwarders=forwarders, library_strings=strings,
-        api_strings=api,
+        api_strings=api, marker_strings=marked,
         device_code=device, warnings=warnings)
 
 

@@ -18,6 +18,13 @@ dependencies: /usr/lib64/libopenblasp.so dl m") is a mention: kept, with the tex
 but no loader is given it (LibraryString.mention). A path, a version or printf suffix
 ("libcublas.so.%d") keep a name whole.
 
+Marker strings (`markers`: text only a vendor's own code holds, a policy's rule `markers`) are
+looked for in the same data sections in the same pass, each section while it is resident: the
+whole NUL-terminated strings that start with one of the markers' literal texts, where a string
+starts at the range's start or after a NUL (text that merely contains a marker, "this is not
+libblis: really", is not such a string). One bytes.find per marker and section: no pass over
+the code.
+
 Fail closed: a section that lies outside the file, or more than MAX_HITS names of a kind, makes
 the file unreadable (Malformed), never a partial list beside a pass. `strings_in` scans byte
 ranges of any buffer, for readers of other formats.
@@ -140,17 +147,23 @@ def library_names(run: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def library_strings(img: ElfImage, warnings: list[str]) -> list[StringHit]:
+def library_strings(img: ElfImage, warnings: list[str], markers: tuple[bytes, ...] = (),
+                    marker_hits: list[StringHit] | None = None) -> list[StringHit]:
     """Library names in the data sections (stored and decompressed), the loaded bytes no section
     shows, and the code and unwind ranges (ElfImage.code_ranges). Malformed for a section outside
-    the file or more than MAX_HITS names."""
+    the file or more than MAX_HITS names. With `markers`, the whole strings in the data that start
+    with one of them are added to `marker_hits` (marker_strings), in the same pass."""
     hits: list[StringHit] = []
     for sec in scannable(img):
         _inside(img.size, sec)
         _scan(img.buf, sec.offset, sec.offset + sec.size, label(sec), 0, hits)
+        if markers and marker_hits is not None:
+            marker_strings(img.buf, sec.offset, sec.offset + sec.size, label(sec), markers, marker_hits)
         if sec.flags & SHF_COMPRESSED:  # what a tool that honours the flag reads: scanned too
             data = decompressed(img, sec)
             _scan(data, 0, len(data), label(sec), sec.offset, hits, at_base=True)
+            if markers and marker_hits is not None:
+                marker_strings(data, 0, len(data), label(sec), markers, marker_hits, at=sec.offset)
         release(img.buf, sec.offset, sec.offset + sec.size)
     for sec in img.code_ranges:
         _inside(img.size, sec)
@@ -164,6 +177,31 @@ def library_strings(img: ElfImage, warnings: list[str]) -> list[StringHit]:
 
 
 _CODE_STEP = 8 << 20
+MARKER_TEXT_MAX = 4096  # bytes of a marker string read for its NUL; longer is not a whole string kept
+MARKER_TEXT_CUT = 256  # characters of it kept (and shown)
+
+
+def marker_strings(buf, start: int, end: int, section: str, markers: tuple[bytes, ...], hits: list[StringHit],
+                   at: int | None = None) -> None:
+    """The whole strings in buf[start:end] that start with one of `markers` (literal bytes),
+    added to `hits` in file order per marker: a string starts at `start` or after a NUL and ends
+    at a NUL within MARKER_TEXT_MAX bytes and before `end`. `text` is the string up to its NUL,
+    cut to MARKER_TEXT_CUT characters ("..." after); `offset` its file offset, or `at` for every
+    hit (decompressed bytes have no file offset). Malformed past MAX_HITS."""
+    for marker in markers:
+        pos = buf.find(marker, start, end)
+        while pos >= 0:
+            if pos == start or buf[pos - 1] == 0:
+                nul = buf.find(b"\0", pos + len(marker), min(end, pos + MARKER_TEXT_MAX))
+                if nul >= 0:
+                    if len(hits) >= MAX_HITS:
+                        raise Malformed(f"more than {MAX_HITS} marker strings (the limit): "
+                                        "they cannot all be listed")
+                    text = decode(bytes(buf[pos:nul]))
+                    if len(text) > MARKER_TEXT_CUT:
+                        text = text[:MARKER_TEXT_CUT] + "..."
+                    hits.append(StringHit(section=section, offset=pos if at is None else at, text=text))
+            pos = buf.find(marker, pos + 1, end)
 
 
 def _inside(size: int, sec) -> None:

@@ -3,7 +3,7 @@ resolves its tree (resolve.py), judges it (scan.py) and returns a CheckReport (m
 
 For every audited ELF file: the dependency tree (resolve.py) and the evidence that a denied
 library is linked, loaded or embedded: needed / transitive / verneed / static-symbol /
-imported-symbol / dlopen-string / device-kernel, plus the built-in unresolved and
+imported-symbol / dlopen-string / static-string / device-kernel, plus the built-in unresolved and
 NEEDED-vs-verneed mismatch checks and the rpath note (a denied library in a search directory
 that the object may dlopen). Libraries the tree descends into are scanned the same way
 (their findings carry the chain). Fail closed: a file, dependency or device-code entry that
@@ -57,6 +57,8 @@ class CachedReader:
         self._more = {"api_prefixes": policy.api_prefixes} if read_elf is None else {}
         if not sha256 and read_elf is None and fs is HOST:  # no output shows the files' hashes
             self._more["sha256"] = False
+        if read_elf is None and fs is HOST and policy.markers:  # vendor text kept in the data-string pass
+            self._more["markers"] = policy.markers
         if read_elf is None and fs is HOST:  # while the reader's helpers read: the policy's other
             # regexes compiled, then the symbols' basis for judging made (audit.linkage.judging.scan)
             self._more["meanwhile"] = policy.prepare

@@ -45,6 +45,11 @@ MAX_SYMBOL_FORMS = 4096  # symbol globs with their symbol-prefixes/-suffixes for
 MAX_AFFIXES = 8  # entries of symbol-prefixes, and of symbol-suffixes
 MAX_POLICY_BYTES = 16 << 20  # a policy file or a symbol list (the shipped ones: < 100 KiB)
 MAX_NAME_FORMS = 1 << 20  # symbol-list names with their affixed forms (shipped: ~20k)
+# Marker strings (a rule's `markers`): text only the vendor's own code holds, looked for in every
+# data section of every file read, one bytes.find per marker: few, and long enough not to be common.
+MAX_MARKERS = 64  # markers in a policy, extends merged
+MARKER_MIN = 8  # characters of a marker before its optional trailing '*'
+MARKER_MAX = 200
 _RULE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -71,7 +76,7 @@ _TOP_KEYS = {"name", "description", "extends", "settings", "allow", "rules", "ex
              "symbol-suffixes"}
 _AFFIX = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 _RULE_KEYS = {"id", "family", "name", "reason", "use-instead", "sonames", "symbols", "symbol-lists", "strings", "kernels",
-              "shared-kernels"}
+              "shared-kernels", "markers"}
 _LIST_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,1023}$")  # a C/Fortran/mangled symbol name
 _LIST_SUFFIX = ".names"
 _EXC_KEYS = {"file", "rule", "reason", "expires"}
@@ -94,6 +99,10 @@ class Rule:
     # Kernel name families that several vendor libraries ship (NVIDIA's xmma GEMM kernels are in
     # cuBLAS, cuDNN and TensorRT): attributed to the denied library that ships them, else to this rule.
     shared_kernels: tuple[str, ...] = ()
+    # Text only the vendor's own code holds, as a whole NUL-terminated string in the data: the
+    # string itself ("BLIS_ARCH_TYPE"), or with a trailing '*' any string starting with it
+    # ("libblis: *"). Printable ASCII, no other wildcard.
+    markers: tuple[str, ...] = ()
     # Closed lists of exact symbol names (CBLAS, LAPACKE, ...): where they came from (a shipped
     # list's name, or a file's absolute path) and the names they hold.
     symbol_lists: tuple[str, ...] = ()
@@ -125,6 +134,10 @@ class Rule:
         r = self._re.get("strings")
         return bool(r and r.match(text)) or self.matches_soname(text)
 
+    def marker_for(self, text: str) -> str | None:
+        """The first of this rule's markers that the whole string `text` (from the data) is."""
+        return next((m for m in self.markers if (text.startswith(m[:-1]) if m.endswith("*") else text == m)), None)
+
     def matches_kernel(self, name: str) -> bool:
         r = self._re.get("device")
         return name in self.match_names or bool(r and r.match(name))
@@ -135,7 +148,7 @@ class Rule:
             "use_instead": self.use_instead, "sonames": list(self.sonames), "symbols": list(self.symbols),
             "symbol_lists": list(self.symbol_lists), "symbol_list_names": len(self.names),
             "strings": list(self.strings), "kernels": list(self.kernels), "shared_kernels": list(self.shared_kernels),
-            "source": self.source, "builtin": self.builtin,
+            "markers": list(self.markers), "source": self.source, "builtin": self.builtin,
         }
 
 
@@ -386,7 +399,18 @@ class Policy:
         rule = self._classify("strings", text)
         return rule or self.deny_rule_for_soname(text)
 
+    def rule_for_marker(self, text: str) -> Rule | None:
+        """The first rule (policy order) one of whose markers is the whole string `text`."""
+        return next((r for r in self.rules if r.markers and r.marker_for(text)), None)
+
     # -- queries used by the checker --
+    @property
+    def markers(self) -> tuple[bytes, ...]:
+        """The literal text of every rule's markers (a trailing '*' left off), for the reader:
+        it keeps each whole string in the data that starts with one of them (rule_for_marker
+        then judges it)."""
+        return tuple(sorted({m.rstrip("*").encode("ascii") for r in self.rules for m in r.markers}))
+
     @property
     def api_prefixes(self) -> tuple[bytes, ...]:
         """Literal prefixes (3 bytes or more) of the rules' C symbol patterns: what the reader
@@ -554,6 +578,9 @@ def _check_size(policy: Policy) -> None:
         len(getattr(r, k)) for r in policy.rules for k in ("sonames", "symbols", "strings", "kernels", "shared_kernels"))
     if count > MAX_PATTERNS:
         raise PolicyError(f"{where}: {count} patterns; a policy may have at most {MAX_PATTERNS}")
+    markers = sum(len(r.markers) for r in policy.rules)
+    if markers > MAX_MARKERS:
+        raise PolicyError(f"{where}: {markers} markers with the policies it extends; at most {MAX_MARKERS}")
     per_name = (len(policy.symbol_prefixes) + 1) * (len(policy.symbol_suffixes) + 1)
     names = sum(len(r.names) for r in policy.rules) * per_name  # an upper bound: C++ names keep one form
     if names > MAX_NAME_FORMS:
@@ -644,7 +671,8 @@ def _rule(label: str, i: int, raw, base_dir: Path | None) -> Rule:
         symbols=_globs(label, f"{where}.symbols", raw.get("symbols", [])),
         strings=_globs(label, f"{where}.strings", raw.get("strings", [])),
         kernels=_globs(label, f"{where}.kernels", raw.get("kernels", [])),
-        shared_kernels=_globs(label, f"{where}.shared-kernels", raw.get("shared-kernels", [])), source=label,
+        shared_kernels=_globs(label, f"{where}.shared-kernels", raw.get("shared-kernels", [])),
+        markers=_markers(label, f"{where}.markers", raw.get("markers", [])), source=label,
     )
     refs = raw.get("symbol-lists", [])
     if not isinstance(refs, list) or not all(isinstance(r, str) and r for r in refs):
@@ -652,9 +680,10 @@ def _rule(label: str, i: int, raw, base_dir: Path | None) -> Rule:
     lists = [_read_names(label, f"{where}.symbol-lists[{j}]", ref, base_dir) for j, ref in enumerate(refs)]
     rule.symbol_lists = tuple(ref for ref, _ in lists)
     rule.names = frozenset().union(*(names for _, names in lists))
-    if not (rule.sonames or rule.symbols or rule.names or rule.strings or rule.kernels or rule.shared_kernels):
+    if not (rule.sonames or rule.symbols or rule.names or rule.strings or rule.kernels or rule.shared_kernels
+            or rule.markers):
         raise PolicyError(f"{label}: {where}: needs at least one of sonames, symbols, symbol-lists, strings, "
-                          "kernels, shared-kernels")
+                          "kernels, shared-kernels, markers")
     return rule
 
 
@@ -788,6 +817,31 @@ def _globs(label: str, key: str, value) -> tuple[str, ...]:
     return tuple(value)
 
 
+_MARKER_TEXT = re.compile(r"[\x20-\x7e]+")
+
+
+def _markers(label: str, key: str, value) -> tuple[str, ...]:
+    """A rule's `markers`: printable ASCII, MARKER_MIN to MARKER_MAX characters before an optional
+    trailing '*' (the only wildcard), at most MAX_MARKERS."""
+    if not isinstance(value, list):
+        raise PolicyError(f"{label}: {key}: must be an array of strings")
+    if len(value) > MAX_MARKERS:
+        raise PolicyError(f"{label}: {key}: {len(value)} markers; a policy may have at most {MAX_MARKERS}")
+    for j, m in enumerate(value):
+        if not isinstance(m, str):
+            raise PolicyError(f"{label}: {key}[{j}]: must be a string")
+        text = m[:-1] if m.endswith("*") else m
+        if not _MARKER_TEXT.fullmatch(m):
+            raise PolicyError(f"{label}: {key}[{j}]: bad marker '{printable(_shown(m))}': printable ASCII only")
+        if "*" in text:
+            raise PolicyError(f"{label}: {key}[{j}]: bad marker '{_shown(m)}': '*' may only end it "
+                              "(any string starting with the text before it)")
+        if not MARKER_MIN <= len(text) <= MARKER_MAX:
+            raise PolicyError(f"{label}: {key}[{j}]: bad marker '{_shown(m)}': {len(text)} characters before any "
+                              f"trailing '*'; {MARKER_MIN} to {MARKER_MAX}")
+    return tuple(dict.fromkeys(value))
+
+
 # ---------------------------------------------------------------- showing
 
 
@@ -825,7 +879,7 @@ def to_toml(policy: Policy) -> str:
                   f"name = {_toml_str(r.name)}", f"reason = {_toml_str(r.reason)}"]
         if r.use_instead is not None:
             lines.append(f"use-instead = {_toml_str(r.use_instead)}")
-        for key in ("sonames", "symbols", "symbol_lists", "strings", "kernels", "shared_kernels"):
+        for key in ("sonames", "symbols", "symbol_lists", "strings", "kernels", "shared_kernels", "markers"):
             if getattr(r, key):
                 lines.append(f"{key.replace('_', '-')} = {_toml_list(getattr(r, key))}")
     for e in policy.exceptions:

@@ -176,6 +176,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
         if not names or not loader:  # a note: nothing here is shown to load it
             findings[-1].severity = "warn"
 
+    marker_findings(info, policy, add, in_file)
     runtime_findings(info, policy, findings, add, loader)
 
     # A kernel without its own marker belongs to the denied library that ships it, if this is one.
@@ -236,6 +237,20 @@ def _denied_in_dir(d: str, policy: Policy, resolver: Resolver, own: str | None =
                  if (own is None or real != own) and name not in named), None)
 
 
+def marker_findings(info, policy: Policy, add, in_file: str | None) -> None:
+    """static-string: a whole string in the data is one of a rule's markers, text only the vendor's
+    own code holds (BLIS's "libblis: %s (line %lu):\\n"): a copy of its code is inside, whatever
+    its symbols say (stripped, hidden, renamed). One finding per place; group.py merges them."""
+    for hit in getattr(info, "marker_strings", ()):  # a PE or Mach-O reader keeps none
+        rule = policy.rule_for_marker(hit.text)
+        if rule is None:  # starts with a marker's text, but an exact marker is not the whole string
+            continue
+        marker = rule.marker_for(hit.text)
+        add(rule, "static-string", hit.text, f"{hit.section} @0x{hit.offset:x}",
+            offset=hit.offset if in_file is None else None,
+            detail=f"text only the vendor's own code contains (marker \"{marker}\"): a copy of its code is inside")
+
+
 def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add, loader: str) -> None:
     """A vendor library the code resolves at run time without naming it in data or symbols.
 
@@ -250,7 +265,8 @@ def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add
     if not info.api_strings:
         return
     # a note (a mention in text, a name nothing here loads) explains nothing
-    explained = {f.rule for f in findings if f.kind in ("static-symbol", "imported-symbol", "verneed", "dlopen-string")
+    explained = {f.rule for f in findings if f.kind in ("static-symbol", "static-string", "imported-symbol", "verneed",
+                                                        "dlopen-string")
                  and not (f.kind == "dlopen-string" and f.severity == "warn")}
     api = [h for h in info.api_strings if not _ENV_LIKE.fullmatch(h.text)]
     by_name = policy.classify_symbols(h.text for h in api)
