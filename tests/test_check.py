@@ -210,8 +210,8 @@ def test_bad_policy_exits_2_naming_the_key(linkage_libs, tmp_path, capsys):
     bad.write_text('[[rules]]\nid = "x.y"\nreason = "r"\nsonames = ["libx"]\nsymbol = ["x*"]\n')
     rc, out, err = cli(capsys, "check", "--policy", str(bad), str(linkage_libs["clean"]))
     assert rc == EXIT_USAGE and out == ""
-    assert err == f"error: {bad}: rules[0].symbol: unknown key (allowed: family, id, kernels, name, reason, " \
-                  "shared-kernels, sonames, strings, symbol-lists, symbols, use-instead)\n"
+    assert err == f"error: {bad}: rules[0].symbol: unknown key (allowed: family, id, kernels, markers, name, " \
+                  "reason, shared-kernels, sonames, strings, symbol-lists, symbols, use-instead)\n"
 
 
 def test_bad_inputs_exit_3_one_line_each(linkage_libs, tmp_path, capsys):
