@@ -17,18 +17,27 @@ Scenarios (each skipped, with the reason, when its input is missing):
            wheel: goal < 1 GB peak memory.
   device   librocsparse.so.0 (888 AMDGPU code objects) vs `roc-obj-ls`; libcublasLt.so.12 and
            cuDNN's precompiled engines vs `cuobjdump --list-elf`. Goal: <= 3 s, <= 300 MB.
+  pe       the biggest Windows DLLs of the corpus (cuBLASLt's cublasLt64_12.dll, 669 MB; cuDNN's
+           cudnn_engines_precompiled64_9.dll, 522 MB): `check DLL` vs `llvm-objdump-15 -p` (imports,
+           delay imports, exports) and `llvm-readobj-15 --coff-imports`, alternating. Goal: <= 3 s,
+           <= 300 MB. Then whole Windows wheels (cuBLAS, cuDNN, torch CPU) and macOS wheels (torch,
+           onnxruntime): `check WHEEL` vs a shell that unpacks the wheel and runs the llvm tools on
+           every binary in it (PE: llvm-objdump-15 -p; Mach-O: llvm-objdump-15 --macho
+           --dylibs-used --dylib-id, llvm-nm-15 for the symbols). Goal: no slower than the tools.
   hostile  a 9 MB wheel whose one member is an ELF header and 2 GiB of zeros: refused at once
            with the default limits (exit 3), and streamed with a raised ratio limit (memory
            stays small).
 
 Inputs come from --cache (default $AUDIT_SPEED_CACHE, else ~/.cache/sovereign-audit-bench):
 wheels/torch-2.13.0+cpu-*.whl,
-wheels/nvidia_cudnn_cu12-*.whl, wheels/nvidia_cublas_cu12-*.whl, apt/librocsparse0_*.deb
+wheels/nvidia_cudnn_cu12-*.whl, wheels/nvidia_cublas_cu12-*.whl, apt/librocsparse0_*.deb; for `pe` the
+win_amd64 wheels of nvidia-cublas-cu12, nvidia-cudnn-cu12 and torch and the macosx arm64 wheels of
+torch and onnxruntime (bench/corpus.py downloads them into the same folder: --cache CACHE/wheels)
 (`pip download torch==2.13.0 nvidia-cudnn-cu12 nvidia-cublas-cu12 --no-deps -d CACHE/wheels`,
 `apt-get download librocsparse0` in CACHE/apt); the files needed are unpacked once under
 CACHE/audit-speed/. cuobjdump: on PATH, or from the nvidia-cuda-cuobjdump wheel in CACHE/wheels.
 
-    python3 bench/audit_speed.py [--cache DIR] [--runs 5] [--only file,wheel,device,hostile] [--json FILE]
+    python3 bench/audit_speed.py [--cache DIR] [--runs 5] [--only file,wheel,device,pe,hostile] [--json FILE]
 """
 
 from __future__ import annotations
@@ -170,8 +179,10 @@ def inputs(cache: Path) -> dict:
     work = cache / "audit-speed"
     work.mkdir(parents=True, exist_ok=True)
     torch_whl = _one(str(cache / "wheels" / "torch-2.13.0+cpu-*.whl"))
-    cudnn_whl = _one(str(cache / "wheels" / "nvidia_cudnn_cu12-*.whl"))
-    cublas_whl = _one(str(cache / "wheels" / "nvidia_cublas_cu12-*.whl"))
+    cudnn_whl = _one(str(cache / "wheels" / "nvidia_cudnn_cu12-*manylinux*.whl"))
+    cublas_whl = _one(str(cache / "wheels" / "nvidia_cublas_cu12-*manylinux*.whl"))
+    cudnn_win = _one(str(cache / "wheels" / "nvidia_cudnn_cu12-*-win_amd64.whl"))
+    cublas_win = _one(str(cache / "wheels" / "nvidia_cublas_cu12-*-win_amd64.whl"))
     cuobjdump = shutil.which("cuobjdump") or _from_zip(_one(str(cache / "wheels" / "nvidia_cuda_cuobjdump-*.whl")),
                                                        "bin/cuobjdump", work)
     return {
@@ -179,6 +190,14 @@ def inputs(cache: Path) -> dict:
         "libtorch_cpu": _from_zip(torch_whl, "lib/libtorch_cpu.so", work),
         "cublaslt": _from_zip(cublas_whl, "lib/libcublasLt.so.12", work),
         "cudnn_engines": _from_zip(cudnn_whl, "lib/libcudnn_engines_precompiled.so.9", work),
+        "cublas_win": cublas_win, "cudnn_win": cudnn_win,
+        "torch_win": _one(str(cache / "wheels" / "torch-2.13.0-cp311-cp311-win_amd64.whl")),
+        "torch_mac": _one(str(cache / "wheels" / "torch-2.13.0-cp311-cp311-macosx_*_arm64.whl")),
+        "ort_mac": _one(str(cache / "wheels" / "onnxruntime-1.32.0-cp311-cp311-macosx_*_arm64.whl")),
+        "cublaslt_dll": _from_zip(cublas_win, "bin/cublasLt64_12.dll", work),
+        "cudnn_engines_dll": _from_zip(cudnn_win, "bin/cudnn_engines_precompiled64_9.dll", work),
+        "llvm_objdump": shutil.which("llvm-objdump-15"), "llvm_readobj": shutil.which("llvm-readobj-15"),
+        "llvm_nm": shutil.which("llvm-nm-15"),
         "rocsparse": _from_deb(_one(str(cache / "apt" / "librocsparse0_*.deb")), "librocsparse.so.0.*", work),
         "readelf": shutil.which("readelf"), "roc_obj_ls": shutil.which("roc-obj-ls"),
         "cuobjdump": str(cuobjdump) if cuobjdump else None,
@@ -194,6 +213,26 @@ def hostile_wheel(dest: Path, header_from: Path, zeros: int) -> Path:
         for _ in range(zeros // len(chunk)):
             out.write(chunk)
     return whl
+
+
+# The reference for a whole wheel: unpack it (ours reads the zip, so the tools' side pays for its
+# unpacking too), then list with the llvm tools what `check` reads of every binary in it: imports,
+# delay imports and exports of a PE file; load commands, install name and symbols of a Mach-O one.
+WHEEL_REF = r"""
+set -e
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/audit-speed-ref.XXXXXX"); trap 'rm -rf "$tmp"' EXIT
+python3 -m zipfile -e "$1" "$tmp"
+find "$tmp" -type f -print0 | while IFS= read -r -d '' f; do
+  case "$(head -c 4 "$f" | od -An -tx1 | tr -d ' ')" in
+    4d5a*) "$2" -p "$f" ;;
+    cffaedfe|cefaedfe|cafebabe) "$2" --macho --dylibs-used --dylib-id "$f"; "$3" "$f" ;;
+  esac
+done >/dev/null 2>&1
+"""
+
+
+def wheel_ref(whl: Path, objdump: str, nm: str) -> list[str]:
+    return ["bash", "-c", WHEEL_REF, "wheel-ref", str(whl), objdump, nm]
 
 
 # ---------------------------------------------------------------- report
@@ -236,7 +275,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get(
         "AUDIT_SPEED_CACHE", Path.home() / ".cache" / "sovereign-audit-bench")))
     ap.add_argument("--runs", type=int, default=5, help="alternating runs per side-by-side row")
-    ap.add_argument("--only", default="file,wheel,device,hostile")
+    ap.add_argument("--only", default="file,wheel,device,pe,hostile")
     ap.add_argument("--json", type=Path, help="also write the measurements here")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -304,6 +343,36 @@ def main(argv=None) -> int:
             ok = r["ours"]["wall"] <= 3 and r["ours"]["rss"] <= 300e6
             table.add(label, r["ours"], ref_name if ref_cmd else "(not installed)", r.get("ref"), r.get("ratio"),
                       "<= 3 s, <= 300 MB", ok)
+
+    if "pe" in only:
+        objdump, readobj = inp["llvm_objdump"], inp["llvm_readobj"]
+        for key, label in (("cublaslt_dll", "cublasLt64_12.dll (669 MB, Windows)"),
+                           ("cudnn_engines_dll", "cudnn_engines_precompiled64_9.dll (522 MB, Windows)")):
+            f = inp[key]
+            if f is None or not objdump or not readobj:
+                skip(label, "not in the cache, or no llvm-objdump-15 / llvm-readobj-15")
+                continue
+            subprocess.run(["cat", str(f)], stdout=subprocess.DEVNULL)
+            r = raw[key] = side_by_side(AUDIT + [str(f)], [objdump, "-p", str(f)], max(1, args.runs // 2))
+            ok = r["ours"]["wall"] <= 3 and r["ours"]["mem"] <= 300e6
+            table.add(label, r["ours"], "llvm-objdump-15 -p", r["ref"], r["ratio"], "<= 3 s, <= 300 MB", ok)
+            r2 = raw[key + "_readobj"] = side_by_side(AUDIT + [str(f)], [readobj, "--coff-imports", str(f)],
+                                                       max(1, args.runs // 2))
+            table.add(label, r2["ours"], "llvm-readobj-15 --coff-imports", r2["ref"], r2["ratio"])
+        for key, label in (("cublas_win", "nvidia-cublas-cu12 wheel (Windows)"),
+                           ("cudnn_win", "nvidia-cudnn-cu12 wheel (Windows)"),
+                           ("torch_win", "torch 2.13.0 wheel (Windows, CPU)"),
+                           ("torch_mac", "torch 2.13.0 wheel (macOS arm64)"),
+                           ("ort_mac", "onnxruntime 1.32.0 wheel (macOS arm64)")):
+            whl = inp[key]
+            if whl is None or not objdump or not inp["llvm_nm"]:
+                skip(label, "not in the cache, or no llvm-objdump-15 / llvm-nm-15")
+                continue
+            subprocess.run(["cat", str(whl)], stdout=subprocess.DEVNULL)
+            r = raw[key] = side_by_side(AUDIT + [str(whl)], wheel_ref(whl, objdump, inp["llvm_nm"]),
+                                        max(1, args.runs // 2))
+            table.add(label, r["ours"], "unzip + llvm tools", r["ref"], r["ratio"], "time ratio <= 1.0",
+                      r["ratio"] <= 1.0)
 
     if "hostile" in only:
         header = inp["libtorch_cpu"] or Path(sys.executable).resolve()
