@@ -260,7 +260,7 @@ def misses(rows: list[Row]) -> list[str]:
         if r.outcome == "TP":
             continue
         what = "missed" if r.outcome == "FN" else f"reported, {r.why}"
-        known = f" (known: {r.known})" if r.known else ""
+        known = f" (known: {' '.join(r.known.split())})" if r.known else ""
         lines.append(f"- {r.outcome} {r.wheel} `{r.member}`: {r.component} by {r.mechanism}, {what}{known}")
     return lines
 
