@@ -330,3 +330,44 @@ def test_folder_with_an_unreadable_sub_folder_is_an_error(built, tmp_path):
         (top / "secret").chmod(0o755)
     assert_input_error(proc, "cannot list folder: Permission denied")
     assert str(top / "secret") in proc.stdout
+
+
+def _tar_declaring(size: int, before: list[tuple[str, bytes]]) -> bytes:
+    """A tar (by tarfile) of `before`, then one header declaring `size` bytes whose data never
+    comes: the stream ends right after the header, as a cut-off or hostile archive does."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        for name, data in before:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+        body = buf.getvalue()
+        huge = tarfile.TarInfo("usr/lib/libbig.so")
+        huge.size = size
+        return body + huge.tobuf(format=tarfile.GNU_FORMAT) + bytes(20 * 512)  # a record's padding
+
+
+@pytest.mark.parametrize("where", ["image", "conda", "folder"])
+def test_a_streamed_tar_member_declaring_a_huge_size_is_refused_at_once(built, tmp_path, where):
+    """tarfile steps over an unread member by reading its declared size and keeps going after
+    the stream ends: a header declaring 1 TB over a few KB spun for minutes. Every tar read as a
+    stream (a compressed image layer, a conda package, a compressed tar in a folder) refuses it."""
+    import bz2
+    import gzip
+
+    from image_fixtures import oci_layout
+
+    clean = [("usr/lib/libclean.so", built["clean"].read_bytes())]
+    data = _tar_declaring(10 ** 12, clean)
+    if where == "image":
+        target = oci_layout(tmp_path / "img", [data], how="gzip", as_tar=True)
+    elif where == "conda":
+        target = tmp_path / "demo-1.0-0.tar.bz2"
+        target.write_bytes(bz2.compress(_tar_declaring(10 ** 12, [("info/index.json", b"{}")] + clean)))
+    else:
+        target = tmp_path / "dist"
+        target.mkdir()
+        (target / "libclean.so").write_bytes(built["clean"].read_bytes())
+        (target / "bundle.tar.gz").write_bytes(gzip.compress(data))
+    proc = cli("check", target, timeout=60)
+    assert_input_error(proc, "declares 1000000000000 bytes")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.errors import InputError
+from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED
 
 _MAX_MEMBERS = 500_000
@@ -65,7 +66,7 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
     try:
         try:
             with _package_tar(path) as tf:
-                for n, m in enumerate(tf):
+                for n, m in enumerate(bounded_members(tf, total_bytes, path)):
                     if n >= _MAX_MEMBERS:
                         raise InputError(f"{path}: more than {_MAX_MEMBERS} members")
                     name = _safe(path, m.name)

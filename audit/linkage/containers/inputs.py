@@ -30,6 +30,7 @@ from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
 from audit.linkage.containers.static_archive import read_members
+from audit.linkage.containers.tars import bounded_members
 
 _MAX_WHEEL_MEMBERS = 200_000
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
@@ -717,7 +718,7 @@ def sniff_tar(fh, compressed: int, limits: ArchiveLimits) -> tuple[int, str] | N
         in_place = how is None and isinstance(fh, io.BufferedReader)  # a file here, not an archive's member
         stream = fh if in_place else _Bounded(raw, limit, why)
         with tarfile.open(fileobj=stream, mode="r:" if in_place else "r|") as tf:
-            for n, m in enumerate(tf):
+            for n, m in enumerate(tf if in_place else bounded_members(tf, limit, "tar")):
                 if n >= _MAX_TAR_MEMBERS:
                     raise InputError(f"tar has more than {_MAX_TAR_MEMBERS} members")
                 if not m.isreg():

@@ -23,6 +23,7 @@ from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
 from audit.linkage.containers.image import Image, LayerRef, Region, verify_blob
+from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED, MACHO_KINDS, PE_KINDS
 
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
@@ -128,9 +129,10 @@ class ImageTree:
                 if layer.diff_id and got != layer.diff_id.removeprefix("sha256:"):
                     raise InputError(f"{label}: digest mismatch: the config's diff_id does not match the layer")
             else:
-                stream = _HashingReader(_decompressed(layer, kind), *self._limit(label, layer))
+                limit, why = self._limit(label, layer)
+                stream = _HashingReader(_decompressed(layer, kind), limit, why)
                 with tarfile.open(fileobj=stream, mode="r|") as tf:
-                    for n, m in enumerate(tf):
+                    for n, m in enumerate(bounded_members(tf, limit, label)):
                         out.append(self._member(label, i, n, m, tf))
                 got = stream.drain()
                 digest.result()
