@@ -371,3 +371,14 @@ def test_a_streamed_tar_member_declaring_a_huge_size_is_refused_at_once(built, t
         (target / "bundle.tar.gz").write_bytes(gzip.compress(data))
     proc = cli("check", target, timeout=60)
     assert_input_error(proc, "declares 1000000000000 bytes")
+
+
+def test_conda_member_replacing_a_folder_with_a_file_is_no_internal_error(built, tmp_path):
+    """`lib/.` after `lib/libclean.so` names the folder `lib` itself, as a file: the folder and
+    what it held are replaced (an internal KeyError before)."""
+    pkg = tar_bz2(tmp_path / "demo-1.0-0.tar.bz2", [("lib/libclean.so", "file", built["clean"].read_bytes()),
+                                                    ("lib/.", "file", b"not a folder\n")])
+    proc = cli("check", pkg)
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
+    # nothing audited is left in the package: an error, never a pass
+    assert proc.returncode == EXIT_INPUT, proc.stdout + proc.stderr

@@ -215,10 +215,14 @@ class _Tree:
             self.children[key] = set()
 
     def _drop(self, key: str) -> None:
-        for child in self.children.pop(key, ()):
-            self._drop(child)
-        del self.nodes[key]
-        self.children[key.rpartition("/")[0]].discard(key)
+        """Remove a member and, for a folder, all under it (without recursion: a package may nest
+        deep). A folder's children go with it, so a removed child's own parent may be gone."""
+        stack = [key]
+        while stack:
+            cur = stack.pop()
+            stack.extend(self.children.pop(cur, ()))
+            self.nodes.pop(cur, None)
+            self.children.get(cur.rpartition("/")[0], set()).discard(cur)
 
     def hard_link(self, name: str, source: str) -> None:
         real = self.resolve(source, f"hard link {name}", follow_last=False)
