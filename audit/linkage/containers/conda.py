@@ -66,7 +66,9 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
     try:
         try:
             with _package_tar(path) as tf:
-                for n, m in enumerate(bounded_members(tf, total_bytes, path)):
+                for n, m in enumerate(bounded_members(
+                        tf, total_bytes, f"{path}: the package unpacks to more than {total_bytes} bytes "
+                                         "(--max-archive-size)")):
                     if n >= _MAX_MEMBERS:
                         raise InputError(f"{path}: more than {_MAX_MEMBERS} members")
                     name = _safe(path, m.name)

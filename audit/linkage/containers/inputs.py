@@ -718,7 +718,7 @@ def sniff_tar(fh, compressed: int, limits: ArchiveLimits) -> tuple[int, str] | N
         in_place = how is None and isinstance(fh, io.BufferedReader)  # a file here, not an archive's member
         stream = fh if in_place else _Bounded(raw, limit, why)
         with tarfile.open(fileobj=stream, mode="r:" if in_place else "r|") as tf:
-            for n, m in enumerate(tf if in_place else bounded_members(tf, limit, "tar")):
+            for n, m in enumerate(tf if in_place else bounded_members(tf, limit, why)):
                 if n >= _MAX_TAR_MEMBERS:
                     raise InputError(f"tar has more than {_MAX_TAR_MEMBERS} members")
                 if not m.isreg():

@@ -132,7 +132,7 @@ class ImageTree:
                 limit, why = self._limit(label, layer)
                 stream = _HashingReader(_decompressed(layer, kind), limit, why)
                 with tarfile.open(fileobj=stream, mode="r|") as tf:
-                    for n, m in enumerate(bounded_members(tf, limit, label)):
+                    for n, m in enumerate(bounded_members(tf, limit, why)):
                         out.append(self._member(label, i, n, m, tf))
                 got = stream.drain()
                 digest.result()

@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from audit.errors import InputError, printable
 
 
-def bounded_members(tf: tarfile.TarFile, limit: int, label: str) -> Iterator[tarfile.TarInfo]:
+def bounded_members(tf: tarfile.TarFile, limit: int, why: str) -> Iterator[tarfile.TarInfo]:
     """tf's members in order; InputError for the first whose data would end more than `limit`
-    bytes into the stream (checked before tarfile steps over it)."""
+    bytes into the stream (checked before tarfile steps over it), `why` saying which limit."""
     for m in tf:
         if m.offset_data + m.size > limit:
-            raise InputError(f"{label}: member {printable(m.name)} declares {m.size} bytes, past the {limit} "
-                             "bytes the archive may unpack to")
+            raise InputError(f"{why}: member {printable(m.name)} declares {m.size} bytes")
         yield m
