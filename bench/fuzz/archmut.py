@@ -172,7 +172,8 @@ class Builder:
                                 self.rng.choice([1 << 33, 1 << 62, 10 ** 12])))
                 case.notes.append("a header declaring a huge size")
             elif r == 10 and files:
-                i = entries.index(self.rng.choice(files))
+                # by position: an earlier round may have replaced the tuple `files` holds
+                i = self.rng.choice([k for k, e in enumerate(entries) if e[0] == "file"])
                 entries[i] = ("file", entries[i][1], self.elf(case, mutate=1.0))
             elif r == 11:
                 entries.append(("symlink", prefix + "libdangling.so", "/nonexistent/libx.so"))
