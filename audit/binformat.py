@@ -67,7 +67,21 @@ def identify(head: bytes, size: int | None = None) -> Kind:
         return Kind.NVIDIA_FATBIN
     if head[:2] == b"MZ":
         return _pe(head)
+    if head[:4] == b"\0\0\xff\xff":
+        return _anon_object(head, size)
     return _coff_object(head, size)
+
+
+def _anon_object(head: bytes, size: int) -> Kind:
+    """IMAGE_FILE_MACHINE_UNKNOWN then 0xFFFF: a short import object (an import library's
+    member: version 0, a machine, then its names' length) or an MSVC "anonymous" object (a
+    bigobj object, or a /GL object of compiler IL: version 1 or more, a class id)."""
+    if len(head) < 20:
+        return Kind.NOT_BINARY
+    version, machine, _stamp, length = struct.unpack_from("<HHII", head, 4)
+    if version == 0:
+        return Kind.COFF_OBJECT if machine in _COFF_MACHINES and 20 + length <= size else Kind.NOT_BINARY
+    return Kind.COFF_OBJECT if machine in _COFF_MACHINES and size >= 56 else Kind.NOT_BINARY
 
 
 def _pe(head: bytes) -> Kind:
@@ -102,6 +116,6 @@ def _coff_object(head: bytes, size: int) -> Kind:
         if at + 40 > len(head):
             break
         raw_size, raw_at = struct.unpack_from("<II", head, at + 16)
-        if raw_size and (raw_at < headers_end or raw_at + raw_size > size):
+        if raw_size and raw_at and (raw_at < headers_end or raw_at + raw_size > size):  # MSVC's .bss: no data, at 0
             return Kind.NOT_BINARY
     return Kind.COFF_OBJECT

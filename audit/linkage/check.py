@@ -152,7 +152,8 @@ def _name_image_paths(fr: FileResult, label: str, fs: FileSystem, audited: set[s
             node.path, node.realpath = name(node.path), name(node.realpath)
 
 
-_OWN_NAME = {"elf": "DT_SONAME", "pe": "export directory name", "macho": "LC_ID_DYLIB"}
+_OWN_NAME = {"elf": "DT_SONAME", "pe": "export directory name", "coff": "export directory name",
+             "macho": "LC_ID_DYLIB"}
 
 
 def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[str], ElfInfo]) -> FileResult:

@@ -89,6 +89,83 @@ def read_pe_buffer(path: str, buf, size: int, symbol_pattern=None, api_prefixes=
         raise InputError(f"{path}: malformed PE file: {exc or type(exc).__name__}") from None
 
 
+def read_coff_object(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
+                     api_prefixes: tuple[bytes, ...] = (), sha256: bool = True) -> BinaryInfo:
+    """Read one COFF object file (a member of a static archive or import library): a plain or
+    bigobj object (its defined and undefined external symbols, as read_pe reads an image's COFF
+    symbol table), or one or more short import objects one after another (what an MSVC or LLVM
+    import library holds: each names a DLL and a symbol it exports). Raises InputError."""
+    path = os.fspath(path)
+    mm, size = common.open_mapped(path, "COFF object")
+    try:
+        try:
+            if bytes(mm[:4]) == _ANON and size >= 8 and struct.unpack_from("<H", mm, 4)[0] == 0:
+                return _short_imports(path, mm, size, sha256)
+            return _Coff(path, mm, size).read(symbol_pattern, tuple(api_prefixes), sha256)
+        except InputError:
+            raise
+        except _MALFORMED as exc:
+            raise InputError(f"{path}: malformed COFF object: {exc or type(exc).__name__}") from None
+    finally:
+        common.close_quietly(mm)
+
+
+_ANON = b"\0\0\xff\xff"  # IMAGE_FILE_MACHINE_UNKNOWN, then 0xFFFF: an import or "anonymous" object header
+_BIGOBJ_CLSID = bytes.fromhex("c7a1bad1eebaa94baf20faf66aa4dcb8")
+MAX_SHORT_IMPORTS = 1 << 20
+_IMPORT_TYPES = {0: "FUNC", 1: "OBJECT", 2: "OBJECT"}  # IMPORT_CODE, IMPORT_DATA, IMPORT_CONST
+
+
+def _short_imports(path: str, buf, size: int, sha256: bool) -> BinaryInfo:
+    """Short import objects back to back (IMPORT_OBJECT_HEADER, 20 bytes, then the symbol's
+    name and the DLL's, NUL-terminated): the DLL is a library the linked program loads, each
+    symbol an import from it."""
+    info = BinaryInfo(path=path, sha256="", size=size, format="coff", machine="", bits=64, endian="little",
+                      file_type="import library", soname=None)
+    syms = common.SymbolSink(None)
+    per_dll: dict[str, int] = {}
+    at = 0
+    while at < size:
+        if len(per_dll) and sum(per_dll.values()) >= MAX_SHORT_IMPORTS:
+            raise ValueError(f"more than {MAX_SHORT_IMPORTS} short import objects")
+        if at + 20 > size:
+            raise ValueError(f"truncated short import header at {at:#x}")
+        sig1, sig2, version, machine, _ts, length, _hint, typ = struct.unpack_from("<HHHHIIHH", buf, at)
+        if (sig1, sig2, version) != (0, 0xFFFF, 0):
+            raise ValueError(f"no short import header at {at:#x}")
+        end = at + 20 + length
+        if end > size:
+            raise ValueError(f"short import at {at:#x} has {length} bytes of names, past the file's {size}")
+        stop = buf.find(b"\0", at + 20, end)
+        if stop < 0:
+            raise ValueError(f"short import at {at:#x}: its symbol name is not NUL-terminated")
+        name = decode(buf[at + 20:stop])
+        dll = common.cstring(buf, stop + 1, end, "imported DLL name", 1024)
+        if not name or not dll:
+            raise ValueError(f"short import at {at:#x} names no symbol or no DLL")
+        if not info.machine:
+            info.machine = MACHINES.get(machine, f"IMAGE_FILE_MACHINE_{machine:#06x}")
+            info.bits = 32 if machine in (0x14C, 0x1C4) else 64
+        name_type = typ >> 2 & 7
+        if name_type in (2, 3):  # IMPORT_NAME_NOPREFIX, IMPORT_NAME_UNDECORATE: exported without it
+            name = name.lstrip("?@_") or name
+            if name_type == 3:
+                name = name.split("@", 1)[0] or name
+        syms.add(name, False, "import-library", _IMPORT_TYPES.get(typ & 3, "NOTYPE"), "GLOBAL", dll)
+        per_dll[dll] = per_dll.get(dll, 0) + 1
+        at = end
+    if not per_dll:
+        raise ValueError("no short import object")
+    info.imports = [Import(dll, IMPORT, "import library", n) for dll, n in per_dll.items()]
+    info.needed = list(per_dll)
+    info.symbols = syms.columns()
+    info.symbol_counts = syms.counts
+    info.code_loading_imports = common.code_loading(info.symbols.name)
+    if sha256:
+        info.sha256 = common.sha256_of(buf, size)
+    return info
+
+
 class _Section:
     __slots__ = ("name", "va", "vsize", "raw", "rawsize", "flags")
 
@@ -103,6 +180,8 @@ class _Pe:
         # file offsets of strings the directories name: DLL names and imported/exported names
         # are no evidence of a load by name (they are read as imports and symbols)
         self.named: set[int] = set()
+        self.sym_entry = 18  # bytes a COFF symbol (a bigobj object's: 20)
+        self.is_object = False
         self._header()
 
     # ------------------------------------------------------------------ headers
@@ -134,24 +213,26 @@ class _Pe:
         ndirs = min(struct.unpack_from("<I", buf, opt + ndirs_at)[0], 16, (opt_size - need) // 8)
         self.dirs = [struct.unpack_from("<II", buf, opt + need + 8 * i) for i in range(ndirs)]
         self.machine = MACHINES.get(machine, f"IMAGE_FILE_MACHINE_{machine:#06x}")
-        table = opt + opt_size
-        if table + 40 * nsec > size:
+        self._sections(opt + opt_size, nsec)
+
+    def _sections(self, table: int, nsec: int) -> None:
+        if table + 40 * nsec > self.size:
             raise ValueError(f"section table ({nsec} sections) runs past the file")
         self.sections = []
         for i in range(nsec):
-            raw_name, vsize, va, rawsize, raw = struct.unpack_from("<8sIIII", buf, table + 40 * i)
-            flags = struct.unpack_from("<I", buf, table + 40 * i + 36)[0]
+            raw_name, vsize, va, rawsize, raw = struct.unpack_from("<8sIIII", self.buf, table + 40 * i)
+            flags = struct.unpack_from("<I", self.buf, table + 40 * i + 36)[0]
             sec = _Section(self._section_name(raw_name), va, vsize, raw, rawsize, flags)
-            if rawsize and raw + rawsize > size:
+            if rawsize and raw + rawsize > self.size:
                 raise ValueError(f"truncated: section {sec.name} ends at {raw + rawsize:#x}, "
-                                 f"past the file's {size} bytes")
+                                 f"past the file's {self.size} bytes")
             self.sections.append(sec)
 
     def _section_name(self, raw: bytes) -> str:
         name = raw.rstrip(b"\0")
         # "/123": a long name in the COFF string table (MinGW writes them where it keeps symbols)
         if name[:1] == b"/" and name[1:].isdigit() and self.symptr:
-            strtab = self.symptr + 18 * self.nsyms
+            strtab = self.symptr + self.sym_entry * self.nsyms
             at = strtab + int(name[1:])
             if self.nsyms <= MAX_COFF_SYMBOLS and strtab + 4 <= self.size and at < self.size:
                 try:
@@ -186,10 +267,13 @@ class _Pe:
 
     # ------------------------------------------------------------------ the file
 
+    def file_type(self) -> str:
+        return "DLL" if self.characteristics & IMAGE_FILE_DLL else "EXE"
+
     def read(self, symbol_pattern, api_prefixes, sha256) -> BinaryInfo:
-        info = BinaryInfo(path=self.path, sha256="", size=self.size, format="pe", machine=self.machine,
-                          bits=self.bits, endian="little",
-                          file_type="DLL" if self.characteristics & IMAGE_FILE_DLL else "EXE", soname=None)
+        info = BinaryInfo(path=self.path, sha256="", size=self.size, format="coff" if self.is_object else "pe",
+                          machine=self.machine, bits=self.bits, endian="little", file_type=self.file_type(),
+                          soname=None)
         syms = common.SymbolSink(symbol_pattern)
         self._imports(info, syms)
         self._delay_imports(info, syms)
@@ -205,6 +289,7 @@ class _Pe:
         device = [s for s in self.sections if s.name.startswith(NV_SECTIONS + HIP_SECTIONS)]
         data = [Region(s.name, s.raw, min(s.rawsize, self.size - s.raw)) for s in self.sections
                 if not s.flags & (SCN_CNT_CODE | SCN_MEM_EXECUTE) and s.rawsize and s.raw < self.size
+                and (s.raw or not self.is_object)
                 and s not in device and s.name != ".reloc"]
         # a DLL name in data is a load by name only in a file that imports the loader
         if any(n.startswith(_LOADERS) for n in info.code_loading_imports):
@@ -340,20 +425,24 @@ class _Pe:
         info.imports.extend(Import(dll, EXPORT_FORWARD, "export directory", n) for dll, n in forwarded_to.items())
 
     def _coff_symbols(self, info: BinaryInfo, syms) -> None:
-        """The COFF symbol table a MinGW-linked image keeps unless stripped: static copies show here."""
+        """The COFF symbol table a MinGW-linked image keeps unless stripped (static copies show
+        here), or an object file's (its definitions and the names it calls)."""
         if not self.symptr or not self.nsyms:
             return
-        n = self.nsyms
-        strtab = self.symptr + 18 * n
+        n, entry = self.nsyms, self.sym_entry
+        strtab = self.symptr + entry * n
         if n > MAX_COFF_SYMBOLS or strtab + 4 > self.size:
+            if self.is_object:
+                raise ValueError(f"COFF symbol table ({n} entries at {self.symptr:#x}) runs past the file")
             info.warnings.append(f"COFF symbol table ({n} entries at {self.symptr:#x}) lies outside the file: not read")
             return
         strsize = min(struct.unpack_from("<I", self.buf, strtab)[0], self.size - strtab)
-        raw = self.buf[self.symptr:strtab]  # 18 bytes a symbol: a bounded copy of the table only
+        raw = self.buf[self.symptr:strtab]  # 18 (bigobj: 20) bytes a symbol: a bounded copy of the table only
+        fmt = "<8sIhHBB" if entry == 18 else "<8sIiHBB"
         rows = []
         i = 0
         while i < n:
-            name8, value, secnum, typ, cls, naux = struct.unpack_from("<8sIhHBB", raw, 18 * i)
+            name8, value, secnum, typ, cls, naux = struct.unpack_from(fmt, raw, entry * i)
             i += 1 + naux
             if cls in (2, 105):  # EXTERNAL, WEAK_EXTERNAL
                 bind = "WEAK" if cls == 105 else "GLOBAL"
@@ -364,19 +453,36 @@ class _Pe:
             if name8[:4] == b"\0\0\0\0":
                 off = struct.unpack_from("<I", name8, 4)[0]
                 if off >= strsize:
+                    if self.is_object:
+                        raise ValueError(f"COFF symbol {i} names string {off:#x} past the string table")
                     info.warnings.append(f"COFF symbol {i} names string {off:#x} past the string table")
                     continue
-                name = common.cstring(self.buf, strtab + off, strtab + strsize, "COFF symbol name")
+                name = common.cstring(self.buf, strtab + off, strtab + strsize, "COFF symbol name",
+                                     strsize if self.is_object else 4096)
             else:
                 name = decode(name8.rstrip(b"\0"))
-            rows.append((name, secnum > 0 or cls == 105, "FUNC" if typ >> 4 == 2 else "NOTYPE", bind))
+            defined = secnum > 0 or cls == 105
+            if self.is_object and cls == 2 and (secnum == -1 or (secnum == 0 and value)):
+                defined = True  # an absolute symbol, or a common one (its size in the value)
+            rows.append((name, defined, "FUNC" if typ >> 4 == 2 else "NOTYPE", bind))
         # An import library's parts are linked in: __imp_X (the address slot) and X (the jump
         # to it) are the import of X, not a copy of it; its descriptors are scaffolding.
         thunks = {r[0][6:] for r in rows if r[0].startswith("__imp_")}
         for name, defined, kind, bind in rows:
             if _IMPORT_SCAFFOLD.search(name):
+                if self.is_object and defined and name.endswith("_iname"):
+                    self._iname(info)
                 continue
             syms.add(name, defined and name not in thunks, "coff-symtab", kind, bind)
+
+    def _iname(self, info: BinaryInfo) -> None:
+        """A MinGW (dlltool) import library's tail object: its `.idata$7` holds the name of the
+        DLL the library's imports load."""
+        for s in self.sections:
+            if s.name == ".idata$7" and s.rawsize:
+                dll = common.cstring(self.buf, s.raw, s.raw + s.rawsize, "imported DLL name")
+                if dll and all(i.name != dll for i in info.imports):
+                    info.imports.append(Import(dll, IMPORT, "import library (.idata$7)"))
 
     def _codeview(self, warnings: list[str]) -> str | None:
         """GUID and age of the CodeView (RSDS) debug record: the PE's build id."""
@@ -393,3 +499,36 @@ class _Pe:
         except ValueError as exc:
             warnings.append(f"debug directory not read: {exc}")
         return None
+
+
+class _Coff(_Pe):
+    """A COFF object file (MinGW, clang or MSVC `-c`; an archive's member): the file header at
+    offset 0 (a bigobj's 56-byte header: 32-bit section numbers, 20-byte symbols), its section
+    table and symbol table; no directories (nothing is loaded), no image base."""
+
+    def _header(self) -> None:
+        buf, size = self.buf, self.size
+        self.is_object, self.dirs, self.headers_size, self.image_base = True, [], 0, 0
+        if bytes(buf[:4]) == _ANON:
+            if size < 56:
+                raise ValueError(f"{size} bytes: too short for an object header")
+            version, machine = struct.unpack_from("<HH", buf, 4)
+            if version < 2 or bytes(buf[12:28]) != _BIGOBJ_CLSID:
+                raise ValueError("an object whose code is not COFF (a /GL link-time-code-generation object, "
+                                 "compiler IL): not read")
+            nsec, self.symptr, self.nsyms = struct.unpack_from("<III", buf, 44)
+            self.sym_entry, table, self.characteristics = 20, 56, 0
+        else:
+            if size < 20:
+                raise ValueError(f"{size} bytes: too short for a COFF header")
+            (machine, nsec, _ts, self.symptr, self.nsyms, opt_size,
+             self.characteristics) = struct.unpack_from("<HHIIIHH", buf, 0)
+            table = 20 + opt_size
+        if nsec > 0xFFFFFF:
+            raise ValueError(f"{nsec} sections")
+        self.machine = MACHINES.get(machine, f"IMAGE_FILE_MACHINE_{machine:#06x}")
+        self.bits = 32 if machine in (0x14C, 0x1C4) else 64
+        self._sections(table, nsec)
+
+    def file_type(self) -> str:
+        return "object"

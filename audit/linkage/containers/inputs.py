@@ -29,7 +29,7 @@ from audit.linkage.resolution.native import AUDITED
 from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
-from audit.linkage.containers.static_archive import read_members
+from audit.linkage.containers.static_archive import ArMember, read_members
 from audit.linkage.containers.tars import bounded_members
 
 _MAX_WHEEL_MEMBERS = 200_000
@@ -113,18 +113,20 @@ class Inputs:
 
     def static_archive(self, report: str, data, layer: dict | None = None, explicit: bool = False):
         """The members of a static archive whose bytes are `data` (bytes, or an mmap of it), as
-        inputs: each ELF member (an object file a build links in) is written to a folder of its
-        own and audited as `ARCHIVE!/member`; a binary of another format (a COFF or Mach-O object)
-        is an error, as elsewhere; other members (text) are skipped. A malformed or thin archive
-        is one error; one with no binary member is an error when named (nothing in it was
-        read), else counted and warned about."""
+        inputs: each object file a build links in (ELF, COFF or Mach-O) is written to a folder of
+        its own and audited as `ARCHIVE!/member`; the short import objects of an import library
+        (MSVC, llvm-lib: each names a DLL and one symbol) are written one after another, one
+        file per member name (the DLL's: an import library holds thousands), and audited as
+        one; a binary of another format is an error, as elsewhere; other members (text) are
+        skipped. A malformed or thin archive is one error; one with no binary member is an
+        error when named (nothing in it was read), else counted and warned about."""
         try:
             found = read_members(data, report)
         except InputError as exc:
             yield Input(report, None, True, exc.message)
             return
-        if not any(identify(bytes(data[m.offset:m.offset + min(m.size, HEAD_BYTES)]), m.size).binary
-                   for m in found):
+        kinds = [identify(bytes(data[m.offset:m.offset + min(m.size, HEAD_BYTES)]), m.size) for m in found]
+        if not any(k.binary for k in kinds):
             if explicit:
                 yield Input(report, None, True, "static archive (ar) with no object file in it: nothing to audit")
             else:
@@ -135,10 +137,10 @@ class Inputs:
         self.archive_count += 1
         folders: list[tuple[str, set[str], set[str]]] = []  # each folder, its files and subfolders
         total = 0
-        for m in found:
+        imports: dict[str, list[ArMember]] = {}  # short import objects by member name
+        for m, kind in zip(found, kinds):
             shown = f"{report}{WHEEL_SEP}{m.name.lstrip('/')}"
-            kind = identify(bytes(data[m.offset:m.offset + min(m.size, HEAD_BYTES)]), m.size)
-            if kind is not Kind.ELF:
+            if kind not in _OBJECT_KINDS:
                 if kind.binary:
                     yield Input(shown, None, True, not_audited(kind), layer=layer)
                 else:
@@ -147,21 +149,32 @@ class Inputs:
             why = self.limits.refuse(m.size, m.size)
             total += m.size
             if why is None and total > self.limits.total_bytes:
-                why = f"the archive's ELF members hold more than {self.limits.total_bytes} bytes (--max-archive-size)"
+                why = f"the archive's object members hold more than {self.limits.total_bytes} bytes (--max-archive-size)"
             if why:
                 yield Input(shown, None, True, why, layer=layer)
                 continue
-            dest = self._archive_dest(tmp, report, m.name, folders)
-            try:
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                with open(dest, "xb") as out:
+            if kind is Kind.COFF_OBJECT and _short_import(data, m):
+                imports.setdefault(m.name, []).append(m)
+                continue
+            yield from self._archive_member(tmp, report, m.name, [m], data, folders, layer)
+        for name, parts in imports.items():
+            yield from self._archive_member(tmp, report, name, parts, data, folders, layer)
+
+    def _archive_member(self, tmp: str, report: str, name: str, parts: list, data, folders: list, layer):
+        """One input: the bytes of `parts` (members of the archive) written one after another."""
+        shown = f"{report}{WHEEL_SEP}{name.lstrip('/')}"
+        dest = self._archive_dest(tmp, report, name, folders)
+        try:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "xb") as out:
+                for m in parts:
                     for at in range(m.offset, m.offset + m.size, 1 << 20):
                         out.write(data[at:min(at + (1 << 20), m.offset + m.size)])
-            except OSError as exc:
-                yield Input(shown, None, True, f"cannot unpack member: {exc.strerror or exc}", layer=layer)
-                continue
-            self.seen.add(self._real(dest))
-            yield Input(shown, dest, True, layer=layer)
+        except OSError as exc:
+            yield Input(shown, None, True, f"cannot unpack member: {exc.strerror or exc}", layer=layer)
+            return
+        self.seen.add(self._real(dest))
+        yield Input(shown, dest, True, layer=layer)
 
     def _archive_tmp(self) -> str:
         if self._archives is None:
@@ -660,6 +673,15 @@ def _members_of(archive: str, inputs):
         if inp.shown != archive:
             inp.archive = archive
         yield inp
+
+
+# what a static archive's members are read as (audit/linkage/resolution/native.py read_binary)
+_OBJECT_KINDS = (Kind.ELF, Kind.COFF_OBJECT, Kind.MACHO, Kind.MACHO_FAT)
+
+
+def _short_import(data, m) -> bool:
+    """An import library's member: a short import object (IMPORT_OBJECT_HEADER, version 0)."""
+    return m.size >= 20 and bytes(data[m.offset:m.offset + 6]) == b"\0\0\xff\xff\0\0"
 
 
 def not_audited(kind: Kind) -> str:

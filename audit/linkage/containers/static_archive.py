@@ -4,8 +4,11 @@
 
 A static archive holds object files that a build links in (libcublas_static.a, MKL's .a files):
 each member is audited as a file of its own (inputs.py). Understood here: the 60-byte member
-headers, the symbol tables (`/`, `/SYM64/`, BSD `__.SYMDEF*`, Windows `/<ECSYMBOLS>/`; skipped),
-the GNU long-name table `//` with its `/123` references, and BSD `#1/len` names. A thin archive
+headers, the symbol tables (`/`, `/SYM64/`, BSD `__.SYMDEF*`, an MSVC library's first and second
+linker members, both named `/`, and `/<ECSYMBOLS>/`; skipped), the long-name table `//` with its
+`/123` references (GNU ends each name with "/\n", MSVC's lib.exe and llvm-lib with a NUL), and
+BSD `#1/len` names. An MSVC library (a static one, or an import library of short import
+objects) is a System V archive of this kind. A thin archive
 (`!<thin>`) only names files outside it: it cannot be audited from its own bytes.
 
 Everything is checked against the archive's size before it is believed: a member's size, a
@@ -102,10 +105,10 @@ def read_members(buf, label: str, max_members: int = MAX_MEMBERS) -> list[ArMemb
             if offset >= len(long_names):
                 raise bad(f"long name reference {field.decode('latin-1')!r} at offset {at} past the "
                           f"{len(long_names)}-byte long-name table")
-            end = long_names.find(b"\n", offset, offset + MAX_NAME_BYTES + 2)
-            if end < 0:
-                end = min(len(long_names), offset + MAX_NAME_BYTES + 2)
-            raw = long_names[offset:end]
+            # GNU ends each name with "/\n", MSVC (lib.exe, llvm-lib) with a NUL
+            window = long_names[offset:offset + MAX_NAME_BYTES + 2]
+            ends = [k for k in (window.find(b"\n"), window.find(b"\0")) if k >= 0]
+            raw = window[:min(ends)] if ends else window
             raw = raw[:-1] if raw.endswith(b"/") else raw
         else:
             raw = field[:-1] if field.endswith(b"/") else field

@@ -74,6 +74,10 @@ def read_binary(path: str, symbol_pattern=None, api_prefixes: tuple[bytes, ...] 
         from audit.pe.reader import read_pe
 
         return read_pe(path, symbol_pattern, api_prefixes, sha256)
+    if kind is Kind.COFF_OBJECT:  # a static archive's or import library's member (containers/inputs.py)
+        from audit.pe.reader import read_coff_object
+
+        return read_coff_object(path, symbol_pattern, api_prefixes, sha256)
     if kind in MACHO_KINDS:
         from audit.macho.reader import read_macho
 
@@ -96,7 +100,7 @@ def resolver_for(resolver, info):
         return resolver
     key = ("native-resolver", fmt)
     if key not in resolver.memo:
-        cls = WindowsResolver if fmt == "pe" else MacResolver
+        cls = WindowsResolver if fmt in ("pe", "coff") else MacResolver
         resolver.memo[key] = cls(resolver.options, resolver.policy, resolver.read, resolver.paths.fs, resolver.memo)
     return resolver.memo[key]
 
