@@ -288,3 +288,25 @@ def framework_name(path: str) -> str | None:
         if part.endswith(".framework") and len(part) > len(".framework"):
             return part
     return None
+
+
+# Accelerate's new BLAS/LAPACK entry points (macOS 13.3+, its cblas_new.h and lapack headers):
+# the same routines under their interface's name with a suffix, `$NEWLAPACK` (LP64) or
+# `$NEWLAPACK$ILP64`, the Fortran routines without their trailing underscore (`dgetrf$NEWLAPACK`
+# is `dgetrf_`, `cblas_dgemm$NEWLAPACK$ILP64` is `cblas_dgemm`). Longest first.
+NEWLAPACK_SUFFIXES = ("$NEWLAPACK$ILP64", "$NEWLAPACK")
+
+
+def newlapack_bases(name: str) -> tuple[str, ...]:
+    """The names a symbol with an Accelerate new-LAPACK suffix stands for, in the order they are
+    tried: the base without the suffix, then (where it has none) with the Fortran trailing
+    underscore. () for a name without such a suffix or with nothing before it."""
+    if "$" not in name:
+        return ()
+    for suf in NEWLAPACK_SUFFIXES:
+        if name.endswith(suf):
+            base = name[:-len(suf)]
+            if not base or "$" in base:
+                return ()
+            return (base,) if base.endswith("_") else (base, base + "_")
+    return ()

@@ -32,6 +32,7 @@ from audit.linkage.judging.patterns import (
     covering_globs,
     glob_to_regex,
     literal_prefixes,
+    newlapack_bases,
     soname_matches,
 )
 
@@ -341,6 +342,7 @@ class Policy:
         # (a dict's keys in first-seen order sort faster than a set's, in hash order: a symbol
         # table's names come in runs that the sort takes as they are)
         unique = names if isinstance(names, (set, frozenset, dict)) else dict.fromkeys(names)
+        suffixed = [n for n in unique if "$NEWLAPACK" in n] if any("$" in n for n in unique) else []
         ordered = sorted(unique)
         claimed: set[str] = set()
         out = []
@@ -358,12 +360,36 @@ class Policy:
             if got:
                 claimed.update(got)
                 out.append((rule, got))
+        if suffixed:  # Accelerate's new-LAPACK names, by the name they stand for (newlapack_bases)
+            by_rule = {}
+            for n in suffixed:
+                rule = None if n in claimed else self.rule_for_symbol(n)
+                if rule is not None:
+                    by_rule.setdefault(rule.id, []).append(n)
+            if by_rule:
+                order = {r.id: i for i, r in enumerate(self.rules)}
+                known = {r.id: (r, got) for r, got in out}
+                for rid, extra in by_rule.items():
+                    if rid in known:
+                        known[rid][1].extend(sorted(extra))
+                    else:
+                        known[rid] = (self.rules[order[rid]], sorted(extra))
+                out = sorted(known.values(), key=lambda rg: order[rg[0].id])
         return out
 
     def rule_for_symbol(self, name: str) -> Rule | None:
         """The first rule (policy order) whose symbol patterns or names list match the whole name.
         Each rule's own regex is asked, only where the name starts with one of its literal
-        prefixes: one regex over every rule would be compiled for the few names asked about."""
+        prefixes: one regex over every rule would be compiled for the few names asked about.
+        A name with an Accelerate new-LAPACK suffix (`dgetrf$NEWLAPACK`) is matched as the names
+        it stands for (patterns.newlapack_bases: `dgetrf`, then `dgetrf_`), the first that a
+        rule matches deciding."""
+        bases = newlapack_bases(name)
+        if bases:
+            return next(filter(None, map(self._rule_for_plain, bases)), None)
+        return self._rule_for_plain(name)
+
+    def _rule_for_plain(self, name: str) -> Rule | None:
         listed = self._name_owner.get(name)
         for i, (rule, prefixes) in enumerate(zip(self.rules, self._prefix_tuples)):
             if listed is not None and listed <= i:
