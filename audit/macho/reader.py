@@ -34,6 +34,7 @@ from audit.elf.parse import Malformed, decode
 from audit.errors import InputError
 from audit.binary import common
 from audit.binary.common import Region
+from audit.macho import stubs
 from audit.binary.model import IMPORT, LAZY, REEXPORT, UPWARD, WEAK, BinaryInfo, Import
 
 FAT_MAGIC, FAT_MAGIC_64 = 0xCAFEBABE, 0xCAFEBABF  # big-endian on disk
@@ -226,6 +227,8 @@ class _Slice:
             syms.add(name, False, table, "FUNC", "WEAK" if weak else "GLOBAL", lib)
         info.symbols = syms.columns()
         info.symbol_counts = syms.counts
+        kept = [n for n, d in zip(info.symbols.name, info.symbols.defined) if d]
+        info.forwarders = stubs.read_forwarders(buf, base, self.size, kept) if kept and imported else []
         info.code_loading_imports = common.code_loading(imported)
         for imp in list(info.imports):
             n = sum(1 for _t, lib, _w in imported.values() if lib == imp.name)
