@@ -46,8 +46,10 @@ DEFAULT_CACHE = Path(os.environ.get("SOVEREIGN_AUDIT_CORPUS", "/work/cache/wheel
 # itself is audited (it is a member of the same wheel); rpath is a note (severity warn: a search
 # directory the object may dlopen from), not a component's presence.
 PLATFORMS = ("linux", "windows", "macos")
-SCORED = {"soname", "needed", "verneed", "static-symbol", "imported-symbol", "dlopen-string", "dlsym-string",
-          "assembled-name", "device-kernel"}
+# A note (severity warn: a library name mentioned inside text, a name in an object that imports no
+# loader) is not a component's presence and is never scored.
+SCORED = {"soname", "needed", "verneed", "static-symbol", "static-string", "imported-symbol", "dlopen-string",
+          "dlsym-string", "assembled-name", "device-kernel"}
 
 
 @dataclass
@@ -78,6 +80,8 @@ class Wheel:
     tolerate: list[Tolerate] = field(default_factory=list)
     index_url: str | None = None
     platform: str = "linux"  # linux | windows | macos: the binaries' format (ELF, PE, Mach-O)
+    deb: str | None = None  # a Debian package, NAME=VERSION for apt-get download (file: its .deb)
+    deb_url: str | None = None  # where the .deb is when apt-get cannot give that version
     pip_platform: list[str] = field(default_factory=list)  # pip --platform tags; default: the file's
 
 
@@ -86,9 +90,9 @@ def load_expectations(path: Path = EXPECTATIONS) -> list[Wheel]:
     wheels = []
     for w in doc["wheels"]:
         wheels.append(Wheel(
-            name=w["name"], requirement=w["requirement"], file=w["file"], clean=w.get("clean", False),
+            name=w["name"], requirement=w.get("requirement") or w["deb"], file=w["file"], clean=w.get("clean", False),
             note=w.get("note", ""), index_url=w.get("index-url"), platform=_platform(w),
-            pip_platform=list(w.get("pip-platform", [])),
+            pip_platform=list(w.get("pip-platform", [])), deb=w.get("deb"), deb_url=w.get("deb-url"),
             expects=[Expect(e["component"], e["mechanism"], list(e["files"]), e["evidence"], e.get("gap"))
                      for e in w.get("expect", [])],
             tolerate=[Tolerate(t["component"], t["mechanism"], list(t["files"]), t["reason"])
@@ -100,7 +104,11 @@ def load_expectations(path: Path = EXPECTATIONS) -> list[Wheel]:
 
 
 def fetch(wheel: Wheel, cache: Path, find_links: list[str]) -> Path:
-    """The wheel's file in `cache`, downloaded with pip if it is not there yet."""
+    """The wheel's file in `cache`, downloaded with pip if it is not there yet; for a Debian
+    package, the folder its .deb unpacks to (dpkg-deb -x), the .deb downloaded with apt-get
+    download (else from its `deb-url`)."""
+    if wheel.deb:
+        return _fetch_deb(wheel, cache)
     target = cache / wheel.file
     if target.exists():
         return target
@@ -121,12 +129,47 @@ def fetch(wheel: Wheel, cache: Path, find_links: list[str]) -> Path:
     return target
 
 
+def _fetch_deb(wheel: Wheel, cache: Path) -> Path:
+    folder = cache / "debs" / wheel.file[:-len(".deb")]
+    if folder.is_dir():
+        return folder
+    deb = cache / "debs" / wheel.file
+    deb.parent.mkdir(parents=True, exist_ok=True)
+    if not deb.exists():
+        try:
+            proc = subprocess.run(["apt-get", "download", "-q", wheel.deb], capture_output=True, text=True,
+                                  cwd=str(deb.parent))
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        except OSError as exc:
+            tail = [str(exc)]
+        if not deb.exists() and wheel.deb_url:
+            import urllib.request
+            try:
+                with urllib.request.urlopen(wheel.deb_url, timeout=60) as r, open(f"{deb}.part", "wb") as fh:
+                    while chunk := r.read(1 << 20):
+                        fh.write(chunk)
+                os.replace(f"{deb}.part", deb)
+            except OSError as exc:
+                tail = [f"{wheel.deb_url}: {exc}"]
+        if not deb.exists():
+            raise RuntimeError(f"{wheel.deb}: apt-get download did not give {wheel.file}: {tail[0]}")
+    tmp = folder.with_name(folder.name + ".part")
+    subprocess.run(["rm", "-rf", str(tmp)], check=True)
+    proc = subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{wheel.file}: dpkg-deb -x failed: {proc.stderr.strip()}")
+    tmp.rename(folder)
+    return folder
+
+
 def _platform(w: dict) -> str:
     """The wheel's platform: its `platform` field, else read from the file's platform tag."""
     if "platform" in w:
         if w["platform"] not in PLATFORMS:
             raise ValueError(f"{w['name']}: platform {w['platform']!r} is not one of {', '.join(PLATFORMS)}")
         return w["platform"]
+    if "deb" in w:
+        return "linux"
     tag = w["file"][:-len(".whl")].rsplit("-", 1)[-1]
     return "windows" if tag.startswith("win") else "macos" if tag.startswith("macosx") else "linux"
 
@@ -161,10 +204,12 @@ def audit(wheel: Wheel, path: Path, workdir: Path) -> Audit:
     out = workdir / f"{wheel.name}.json"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     errfile = workdir / f"{wheel.name}.stderr"
+    # a folder (an unpacked .deb) is audited from its parent, so members are named FOLDER/usr/lib/...
+    target, cwd = (path.name, path.parent) if path.is_dir() else (str(path), workdir)
     start = time.perf_counter()
     with open(errfile, "wb") as errfh:  # a file, not a pipe: a long stderr cannot block the child
-        proc = subprocess.Popen([sys.executable, "-m", "audit", "check", str(path), "--format", f"json={out}"],
-                                stdout=subprocess.DEVNULL, stderr=errfh, env=env, cwd=str(workdir))
+        proc = subprocess.Popen([sys.executable, "-m", "audit", "check", target, "--format", f"json={out.resolve()}"],
+                                stdout=subprocess.DEVNULL, stderr=errfh, env=env, cwd=str(cwd))
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS, not the largest child's so far
     seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -177,7 +222,10 @@ def audit(wheel: Wheel, path: Path, workdir: Path) -> Audit:
 
 
 def _member(path: str) -> str:
-    return path.split("!/", 1)[1] if "!/" in path else path
+    """A wheel's member (after `!/`), or a file of an unpacked .deb without the folder's name."""
+    if "!/" in path:
+        return path.split("!/", 1)[1]
+    return path.split("/", 1)[1] if "/" in path and not path.startswith("/") else path
 
 
 def _matches(member: str, globs: list[str]) -> bool:
@@ -210,6 +258,8 @@ def score(a: Audit) -> list[Row]:
     for f in a.files:
         m = _member(f["path"])
         for x in f.get("findings") or []:
+            if x.get("severity") == "warn":
+                continue
             key = (m, x["rule"], x["kind"])
             own = x["kind"] in SCORED and not x.get("in_file")
             if own or key in expected:
