@@ -469,7 +469,9 @@ class _Pe:
         # to it) are the import of X, not a copy of it; its descriptors are scaffolding.
         thunks = {r[0][6:] for r in rows if r[0].startswith("__imp_")}
         for name, defined, kind, bind in rows:
-            if _IMPORT_SCAFFOLD.search(name):
+            if self.is_object and not defined and name.startswith("__imp_") and len(name) > 6:
+                name = name[6:]  # a __declspec(dllimport) call: through the import slot of the name
+            elif _IMPORT_SCAFFOLD.search(name):
                 if self.is_object and defined and name.endswith("_iname"):
                     self._iname(info)
                 continue

@@ -143,6 +143,9 @@ class Inputs:
             if kind not in _OBJECT_KINDS:
                 if kind.binary:
                     yield Input(shown, None, True, not_audited(kind), layer=layer)
+                elif _damaged_coff(bytes(data[m.offset:m.offset + 20])):
+                    yield Input(shown, None, True, "malformed COFF object: its headers do not fit in the member's "
+                                f"{m.size} bytes (truncated or damaged)", layer=layer)
                 else:
                     self.skip("non_elf")
                 continue
@@ -157,13 +160,16 @@ class Inputs:
                 imports.setdefault(m.name, []).append(m)
                 continue
             yield from self._archive_member(tmp, report, m.name, [m], data, folders, layer)
+        # written as NAME.imports: the member is named after the DLL it imports from, which
+        # must not resolve to the member itself
         for name, parts in imports.items():
-            yield from self._archive_member(tmp, report, name, parts, data, folders, layer)
+            yield from self._archive_member(tmp, report, name, parts, data, folders, layer, ".imports")
 
-    def _archive_member(self, tmp: str, report: str, name: str, parts: list, data, folders: list, layer):
+    def _archive_member(self, tmp: str, report: str, name: str, parts: list, data, folders: list, layer,
+                        suffix: str = ""):
         """One input: the bytes of `parts` (members of the archive) written one after another."""
         shown = f"{report}{WHEEL_SEP}{name.lstrip('/')}"
-        dest = self._archive_dest(tmp, report, name, folders)
+        dest = self._archive_dest(tmp, report, name + suffix, folders)
         try:
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with open(dest, "xb") as out:
@@ -682,6 +688,20 @@ _OBJECT_KINDS = (Kind.ELF, Kind.COFF_OBJECT, Kind.MACHO, Kind.MACHO_FAT)
 def _short_import(data, m) -> bool:
     """An import library's member: a short import object (IMPORT_OBJECT_HEADER, version 0)."""
     return m.size >= 20 and bytes(data[m.offset:m.offset + 6]) == b"\0\0\xff\xff\0\0"
+
+
+def _damaged_coff(head: bytes) -> bool:
+    """An archive member that starts as a COFF object or a short import object does (a machine
+    number no text starts with, no optional header), though identify() found it inconsistent:
+    not text to skip."""
+    if len(head) < 20:
+        return head[:4] == b"\0\0\xff\xff" or head[:2] in _COFF_MAGICS
+    if head[:4] == b"\0\0\xff\xff":
+        return True
+    return head[:2] in _COFF_MAGICS and head[16:18] == b"\0\0"
+
+
+_COFF_MAGICS = (b"\x64\x86", b"\x64\xaa", b"\x4c\x01", b"\x41\xa6")  # x86-64, arm64, i386, arm64ec
 
 
 def not_audited(kind: Kind) -> str:
