@@ -14,7 +14,8 @@ reader does for PLT thunks (audit/elf/forward.py):
   arguments (`mov` between registers; loads and stores at a fixed offset from `sp`, no
   write-back), then a `b` to a stub (or to another such function of the file, followed at most
   MAX_HOPS times);
-- x86_64: after an optional `endbr64`, a `jmp` (rel32 or rel8) to a stub.
+- x86_64: after an optional `endbr64` and an empty frame (`push %rbp; mov %rsp, %rbp; pop %rbp`,
+  which clang keeps by default), a `jmp` (rel32 or rel8) to a stub.
 
 Anything else (a call, a computation, a branch elsewhere, a loop) is not a stub: the name stays
 a definition. Every definition of a name must forward for it to count. Reads only the load
@@ -41,6 +42,7 @@ MAX_INDIRECT = 1 << 24
 
 _BTI_C, _NOP, _PACIBSP = 0xD503245F, 0xD503201F, 0xD503237F
 _ENDBR64 = b"\xf3\x0f\x1e\xfa"
+_EMPTY_FRAME = b"\x55\x48\x89\xe5\x5d"  # pushq %rbp; movq %rsp, %rbp; popq %rbp (clang's frame pointer)
 
 
 def read_forwarders(buf, base: int, size: int, names) -> list[Forward]:
@@ -209,8 +211,10 @@ class _Image:
         return None
 
     def _x86_64(self, addr: int) -> int | None:
-        code = self._code(addr, 9)
+        code = self._code(addr, 14)
         at = 4 if code.startswith(_ENDBR64) else 0
+        if code[at:at + 5] == _EMPTY_FRAME:
+            at += 5
         if code[at:at + 1] == b"\xe9" and len(code) >= at + 5:
             return addr + at + 5 + struct.unpack_from("<i", code, at + 1)[0]
         if code[at:at + 1] == b"\xeb" and len(code) >= at + 2:

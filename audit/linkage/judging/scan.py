@@ -10,11 +10,12 @@ import mmap
 import os
 import re
 from itertools import compress, filterfalse, repeat
-from operator import attrgetter, not_
+from operator import attrgetter, methodcaller, not_
 
 from audit.elf.model import ElfInfo, Forward, SymbolColumns
 from audit.elf.strings import is_mention
 from audit.linkage.model import Finding, Match
+from audit.linkage.judging.patterns import newlapack_bases
 from audit.linkage.judging.policy import RULE_MISMATCH, RULE_UNRESOLVED, Policy
 from audit.linkage.resolution.ldso import DepNode, Resolver
 
@@ -121,6 +122,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
     defined, imported, in_table, by_rule = symbol_basis(info.symbols, policy)
     if by_rule:
         forwards = {f.symbol: f for f in info.forwarders}
+        from_lib = _library_rules(policy, info) if any(map(methodcaller("__contains__", "$NEWLAPACK"), imported)) else {}
         # a defined name whose part before "." is a forwarding stub (GCC's split-off parts: X.cold,
         # X.part.0) is a part of that stub, not a function of its own
         stubs = {p for p, f in forwards.items() if _defined_as(policy, p, f)[1] is not None}
@@ -139,11 +141,11 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
                     continue
                 # a stub belongs to the library whose code it reaches: cuBLAS's
                 # cublasGetEnvironmentMode -> cublasLtGetEnvironmentMode@plt is cuBLASLt's
-                owner = (policy.rule_for_symbol(fw.target) or rule) if how[1] == "stub" else rule
+                owner = (from_lib.get(fw.target) or policy.rule_for_symbol(fw.target) or rule) if how[1] == "stub" else rule
                 groups.setdefault((owner.id, *how), []).append(name)
             imports = list(filterfalse(parts.__contains__, filter(imported.__contains__, members)))
-            if imports:
-                groups.setdefault((rule.id, "imported-symbol", None), []).extend(imports)
+            for name in imports:  # Accelerate's new-LAPACK names: the rule of the library they come from
+                groups.setdefault(((from_lib.get(name) or rule).id, "imported-symbol", None), []).append(name)
         sources = _source_files(policy, info) if any(k[1] == "static-symbol" for k in groups) else {}
         # stubs before plain names of the same kind: grouped into one finding, its detail says so
         for (rid, kind, via), names in sorted(groups.items(), key=lambda g: (g[0][0], g[0][1], g[0][2] is None)):
@@ -357,6 +359,26 @@ def _compiled_in(info: ElfInfo, rule) -> tuple[list[str], int] | None:
     return sorted(found), min(found.values())
 
 
+def _library_rules(policy: Policy, info) -> dict:
+    """Imported name with an Accelerate new-LAPACK suffix -> the rule that denies the library it
+    is imported from (Mach-O two-level namespace: Symbol.version_file), where one does. Those
+    names are Accelerate's own entry points (no other library exports them), so an import of
+    `dgetrf$NEWLAPACK` from Accelerate.framework is Accelerate's, not only the LAPACK API's."""
+    cols = info.symbols
+    names = getattr(cols, "name", None)
+    if names is None:
+        names, defined, libs = [s.name for s in cols], [s.defined for s in cols], [s.version_file for s in cols]
+    else:
+        defined, libs = cols.defined, cols.version_file
+    out = {}
+    for name, d, lib in zip(names, defined, libs):
+        if not d and lib and "$NEWLAPACK" in name and newlapack_bases(name):
+            rule = policy.deny_rule_for_soname(lib)
+            if rule is not None:
+                out[name] = rule
+    return out
+
+
 def _defined_as(policy: Policy, name: str, fw: Forward | None) -> tuple[str, str | None]:
     """(kind, how) of a defined vendor name: a static copy, or a stub that forwards the call.
 
@@ -377,6 +399,9 @@ def _defined_as(policy: Policy, name: str, fw: Forward | None) -> tuple[str, str
     return "static-symbol", None
 
 
+_VIA = {"plt": "@plt", "got": " (GOT)", "stub": " (stub)"}  # how a stub reaches its import, as the detail says it
+
+
 def _stub_detail(via: str, stubs: list[Forward], count: int, libs: list[str]) -> str:
     """What the forwarding stubs do, with the first few targets named."""
     if via == "dlsym":
@@ -391,7 +416,7 @@ def _stub_detail(via: str, stubs: list[Forward], count: int, libs: list[str]) ->
         return (f"{count} defined function(s) are lazy-loading trampolines (Implib.so shape) through the "
                 f"trampoline table {', '.join(tables)}, whose slots are filled at run time by dlopen and dlsym, "
                 f"not copies: {text}{where}")
-    text = ", ".join(f"{f.symbol} -> {f.target}{'@plt' if f.via == 'plt' else ' (GOT)'}" for f in stubs)
+    text = ", ".join(f"{f.symbol} -> {f.target}{_VIA.get(f.via, ' (GOT)')}" for f in stubs)
     return f"{count} defined function(s) are forwarding stubs to imports, not copies: {text}"
 
 
