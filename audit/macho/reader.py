@@ -12,7 +12,8 @@ the names the sources spell, as on ELF. Data sections (not code, not zero-fill) 
 ".dylib" / ".framework" / ".metallib" names and, where the file imports dlsym, API names;
 sections holding fatbins or offload bundles go to the ELF package's device-code readers, and an
 embedded Metal library (magic "MTLB") is named as device code. Only load commands, the tables
-they point at and the data sections are touched: the code is never read.
+they point at and the data sections are touched, and of the code only the first instructions
+of the defined names kept (audit/macho/stubs.py: forwarding stubs).
 
 Written with struct over the map rather than LIEF: the few tables read here do not justify a
 large native dependency, and the same fail-closed rules as the ELF and PE readers apply: every
