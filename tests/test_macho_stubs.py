@@ -26,6 +26,9 @@ ARGS = "int *m, int *n, double *a, int *lda, int *ipiv, int *info"
 # 11 pointer arguments: the last three are passed on the stack (arm64: x0-x7; x86_64: 6 registers)
 ARGS11 = "char *t, int *m, int *n, double *al, double *a, int *lda, double *x, int *ix, double *be, double *y, int *iy"
 PASS11 = "t, m, n, al, a, lda, x, ix, be, y, iy"
+# 16 pointers and two hidden lengths: ten stack slots, moved with ldp/ldur/stp/stur on arm64
+ARGS18 = ", ".join(f"int *a{i}" for i in range(16)) + ", int l1, int l2"
+PASS18 = ", ".join(f"a{i}" for i in range(16)) + ", l1, l2"
 # the stand-in Accelerate: the new-LAPACK entry points under their suffixed names
 ACCEL_C = f"""
 void acc_dgetrf({ARGS}) __asm("_dgetrf$NEWLAPACK");
@@ -36,15 +39,19 @@ void acc_dgemv({ARGS11}) __asm("_dgemv$NEWLAPACK");
 void acc_dgemv({ARGS11}) {{ *iy = *ix; }}
 void acc_cblas_ddot(void) __asm("_cblas_ddot$NEWLAPACK$ILP64");
 void acc_cblas_ddot(void) {{}}
+void acc_dgesvx({ARGS18}) __asm("_dgesvx$NEWLAPACK");
+void acc_dgesvx({ARGS18}) {{ *a0 = l1 + l2; }}
 """
 # scipy's shape: local Fortran-name thunks that tail-call the suffixed import
 THUNKS_C = f"""
 extern void acc_dgetrf({ARGS}) __asm("_dgetrf$NEWLAPACK");
 extern void acc_dgetrs({ARGS}) __asm("_dgetrs$NEWLAPACK");
 extern void acc_dgemv({ARGS11}) __asm("_dgemv$NEWLAPACK");
+extern void acc_dgesvx({ARGS18}) __asm("_dgesvx$NEWLAPACK");
 #define LOCAL __attribute__((visibility("hidden")))
 LOCAL void dgetrf_({ARGS}) {{ acc_dgetrf(m, n, a, lda, ipiv, info); }}
 LOCAL void dgemv_({ARGS11}) {{ acc_dgemv({PASS11}); }}
+LOCAL void dgesvx_({ARGS18}) {{ acc_dgesvx({PASS18}); }}
 /* calls the import and then computes: not a stub */
 LOCAL void dgetrs_({ARGS}) {{ acc_dgetrs(m, n, a, lda, ipiv, info); *info += 1; }}
 /* a real static copy: a loop body */
@@ -57,6 +64,7 @@ int fk_run(void *p) {{
     dgetrs_(&k, &k, p, &k, &k, &k);
     dgemv_(p, &k, &k, p, p, &k, p, &k, p, p, &k);
     dgemm_(&k, p, p, p);
+    dgesvx_(p, p, p, p, p, p, p, p, p, p, p, p, p, p, p, p, 1, 2);
     return k;
 }}
 """
@@ -132,12 +140,14 @@ def test_fixture_has_the_shapes(stubs_libs, arch):
     assert {"_dgetrf_", "_dgemv_", "_dgetrs_", "_dgemm_", "_dgetrf$NEWLAPACK", "_dgemv$NEWLAPACK"} <= nm(lib)
     dis = disassembly(lib)
     branch = "b\t" if arch == "arm64" else "jmp\t"
-    for fn, target in (("_dgetrf_", "_dgetrf$NEWLAPACK"), ("_dgemv_", "_dgemv$NEWLAPACK")):
+    for fn, target in (("_dgetrf_", "_dgetrf$NEWLAPACK"), ("_dgemv_", "_dgemv$NEWLAPACK"),
+                       ("_dgesvx_", "_dgesvx$NEWLAPACK")):
         last = dis[fn][-1] if arch == "arm64" else next(x for x in dis[fn] if x.startswith(branch))
         assert last.startswith(branch) and f"symbol stub for: {target}" in last, dis[fn]
     assert not any(f"symbol stub for: _dgetrs$NEWLAPACK" in x and x.startswith(branch) for x in dis["_dgetrs_"])
     if arch == "arm64":  # the stack arguments are moved before the branch
         assert len(dis["_dgemv_"]) > 1
+        assert len(dis["_dgesvx_"]) > 9 and any(x.startswith(("ldur", "stur")) for x in dis["_dgesvx_"])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -149,7 +159,7 @@ def test_thunks_to_accelerate_are_its_imports_not_copies(stubs_libs, capsys, arc
     # the loop and the function that computes after its call stay definitions
     assert static is not None and names_of(static) == {"dgemm_", "dgetrs_"}
     imported = by[("apple.accelerate", "imported-symbol")]
-    assert {"dgetrf_", "dgemv_"} <= names_of(imported)
+    assert {"dgetrf_", "dgemv_", "dgesvx_"} <= names_of(imported)
     assert {"dgetrf$NEWLAPACK", "dgemv$NEWLAPACK", "dgetrs$NEWLAPACK"} <= names_of(imported)
     assert "dgetrf_ -> dgetrf$NEWLAPACK (stub)" in imported["detail"]
     assert "dgemv_ -> dgemv$NEWLAPACK (stub)" in imported["detail"]

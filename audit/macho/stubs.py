@@ -12,7 +12,7 @@ reader does for PLT thunks (audit/elf/forward.py):
   indirect symbol table (LC_DYSYMTAB), itself an index into the symbol table;
 - arm64: after an optional `bti c` or `nop`, at most MAX_INSNS instructions that only move
   arguments (`mov` between registers; loads and stores at a fixed offset from `sp`, no
-  write-back), then a `b` to a stub (or to another such function of the file, followed at most
+  write-back: `ldr`/`str`, `ldur`/`stur`, `ldp`/`stp`), then a `b` to a stub (or to another such function of the file, followed at most
   MAX_HOPS times);
 - x86_64: after an optional `endbr64` and an empty frame (`push %rbp; mov %rsp, %rbp; pop %rbp`,
   which clang keeps by default), a `jmp` (rel32 or rel8) to a stub.
@@ -35,7 +35,7 @@ CPU_X86_64, CPU_ARM64 = 0x01000007, 0x0100000C
 S_SYMBOL_STUBS = 0x8
 INDIRECT_SYMBOL_LOCAL, INDIRECT_SYMBOL_ABS = 0x80000000, 0x40000000
 N_STAB, N_TYPE, N_SECT = 0xE0, 0x0E, 0xE
-MAX_INSNS = 8  # instructions read per function before its branch (scipy's _dgemm_: 4 moves, 1 b)
+MAX_INSNS = 32  # instructions read per function before its branch (scipy's LAPACK thunks: up to ~20 moves)
 MAX_HOPS = 2  # branches to another function of the file followed
 MAX_NAMES = 1 << 16  # defined names looked at in one slice
 MAX_INDIRECT = 1 << 24
@@ -224,14 +224,16 @@ class _Image:
 
 def _moves_arguments(insn: int) -> bool:
     """An arm64 instruction that only moves a value: `mov` between registers (ORR with the zero
-    register), or a load or store at an unsigned or signed fixed offset from `sp` without
-    write-back (one register, or a pair; general or SIMD registers)."""
+    register), or a load or store at a fixed offset from `sp` without write-back (scaled,
+    unscaled) (one register, or a pair; general or SIMD registers)."""
     if insn & 0x7FE0FFE0 == 0x2A0003E0:  # mov wd/xd, wm/xm (orr, shift 0)
         return True
     rn = insn >> 5 & 0x1F
     if rn != 31:
         return False
     if insn & 0x3B000000 == 0x39000000:  # ldr/str (unsigned offset), any size, general or SIMD
+        return True
+    if insn & 0x3B200C00 == 0x38000000:  # ldur/stur (unscaled signed offset)
         return True
     if insn & 0x3A000000 == 0x28000000 and insn >> 23 & 0x3 == 0x2:  # ldp/stp (signed offset)
         return True
