@@ -117,7 +117,7 @@ def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], w
                 raise InputError(f"more than {MAX_HITS} library-name strings (limit)")
             hits.append(StringHit(section=reg.name, offset=at, text=decode(buf[at:m.end()])))
         if wide_re is not None:
-            for m in wide_re.finditer(buf, lo, hi):
+            for m in _windows(wide_re, buf, lo, hi):  # a window resident at a time, as above
                 if m.end() + 1 < hi and buf[m.end() + 1] == 0 and buf[m.end()] in _NAME_SET \
                         and buf[m.end()] != 0x2E:
                     continue  # ".dllx": a longer word

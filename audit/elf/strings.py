@@ -243,7 +243,12 @@ def strings_in(buf, ranges, prefixes: tuple[bytes, ...] = ()) -> tuple[list[Stri
     lib: list[StringHit] = []
     for r in places:
         _inside(len(buf), r)
-        _scan(buf, r.offset, r.offset + r.size, r.name, 0, lib)
+        pos, end = r.offset, r.offset + r.size
+        while pos < end:  # a window resident at a time (a DLL's .rdata runs to hundreds of MB)
+            hi = min(pos + _CODE_STEP, end)
+            last = _scan(buf, pos, hi, r.name, 0, lib, limit=min(end, hi + 260), bounds=(r.offset, end))
+            release(buf, pos, hi)
+            pos = max(hi, last)
     return lib, _identifiers(buf, places, prefixes)
 
 
