@@ -20,8 +20,16 @@ FP reported and not expected ("wrong mechanism" when the file does hold that com
 another mechanism). An expectation marked `gap` and a `[[wheels.tolerate]]` entry are known
 misses and known wrong findings: they are still counted and shown, marked known.
 
-This is a benchmark (downloads of ~4.6 GB, minutes of auditing), not a test; tests/test_corpus.py
-runs two small wheels of it.
+An entry with `deb = "NAME=VERSION"` is a Debian package: its .deb is downloaded with
+`apt-get download` (else from its `deb-url`, on a machine whose apt does not offer that version),
+unpacked with `dpkg-deb -x` into CACHE/debs/, and the folder is audited; its members are named
+from the package's root (usr/lib/x86_64-linux-gnu/libblis.so.4).
+
+A note (severity warn: a library name mentioned inside text, a name in an object that imports no
+loader) is not a component's presence: it is never scored.
+
+This is a benchmark (downloads of several GB, minutes of auditing), not a test; tests/test_corpus.py
+runs a few small entries of it.
 """
 
 from __future__ import annotations
@@ -155,7 +163,10 @@ def _fetch_deb(wheel: Wheel, cache: Path) -> Path:
             raise RuntimeError(f"{wheel.deb}: apt-get download did not give {wheel.file}: {tail[0]}")
     tmp = folder.with_name(folder.name + ".part")
     subprocess.run(["rm", "-rf", str(tmp)], check=True)
-    proc = subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], capture_output=True, text=True)
+    try:
+        proc = subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp)], capture_output=True, text=True)
+    except OSError as exc:
+        raise RuntimeError(f"{wheel.file}: dpkg-deb cannot run: {exc}") from None
     if proc.returncode != 0:
         raise RuntimeError(f"{wheel.file}: dpkg-deb -x failed: {proc.stderr.strip()}")
     tmp.rename(folder)

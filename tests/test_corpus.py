@@ -1,8 +1,10 @@
 """A small real subset of the corpus (bench/corpus.py): wheels from the package index,
 downloaded with pip at test time (for their own platform, whatever runs the tests), audited and
 compared with the hand-written expectations. orjson (Linux, Windows, macOS) is a clean control;
-numpy bundles OpenBLAS (renamed by auditwheel) and links it; numpy for macOS 14 loads Accelerate.
-Skipped only when the package index cannot be reached."""
+numpy bundles OpenBLAS (renamed by auditwheel) and links it; numpy for macOS 14 loads Accelerate;
+Debian's libblis4-openmp (a 4.5 MB .deb from apt-get download, else deb.debian.org) is BLIS twice,
+once with its bli_ symbols hidden. Skipped only when the package index (or Debian's archive, for
+the .deb) cannot be reached."""
 
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ CACHE = REPO / "tests" / "_fixtures_build" / "corpus-wheels"
 SUBSET = ("orjson", "numpy", "orjson-win", "orjson-macos", "numpy-macos14")
 
 
-def _index_reachable() -> bool:
+def _index_reachable(host: str = "pypi.org", port: int = 443) -> bool:
     try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
+        socket.create_connection((host, port), timeout=5).close()
         return True
     except OSError:
         return False
@@ -123,3 +125,31 @@ def test_writing_the_last_run_keeps_the_history_after_it(tmp_path):
     assert out == "# Head\n\nintro\n\n## Last run\n\nnew tables\n\n## Since the first runs\n\nhistory\n"
     fresh = corpus.with_last_run(tmp_path / "absent.md", "## Last run\n\nnew tables\n")
     assert fresh.startswith(corpus.DOC_HEAD) and fresh.endswith("## Last run\n\nnew tables\n")
+
+
+@pytest.fixture(scope="module")
+def blis_deb(tmp_path_factory) -> corpus.Audit:
+    w = next(w for w in corpus.load_expectations() if w.name == "deb-libblis4-openmp")
+    try:
+        path = corpus.fetch(w, CACHE, [])
+    except RuntimeError as exc:
+        if not _index_reachable("deb.debian.org", 80):
+            pytest.skip(f"Debian's archive (deb.debian.org) cannot be reached to download {w.deb}")
+        raise AssertionError(str(exc)) from None
+    return corpus.audit(w, path, tmp_path_factory.mktemp("corpus-deb"))
+
+
+def test_debian_blis_found_by_its_messages_where_its_symbols_are_hidden(blis_deb):
+    """libblas.so.3 from libblis4-openmp defines no bli_ symbol (nm -D: 342 definitions, BLAS and
+    CBLAS only), but holds BLIS's own "libblis: ..." messages (strings -a): BLIS by static-string,
+    as in libblis.so.4, which also says so by its soname and its 1184 bli_ exports."""
+    a = blis_deb
+    assert a.error is None and a.exit_code == 1
+    assert all(not f["path"].startswith("/") for f in a.files)  # named from the package's root
+    rows = corpus.score(a)
+    assert [r for r in rows if r.outcome != "TP"] == []
+    tp = {(r.member.rsplit("/", 1)[1].split(".so")[0], r.component, r.mechanism) for r in rows}
+    assert {("libblas", "blas.blis", "static-string"), ("libblas", "blas.reference", "soname"),
+            ("libblis", "blas.blis", "soname"), ("libblis", "blas.blis", "static-symbol")} <= tp
+    assert ("libblas", "blas.blis", "static-symbol") not in tp
+    assert corpus.unexplained([a], rows) == []
