@@ -382,3 +382,28 @@ def test_conda_member_replacing_a_folder_with_a_file_is_no_internal_error(built,
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr, proc.stderr
     # nothing audited is left in the package: an error, never a pass
     assert proc.returncode == EXIT_INPUT, proc.stdout + proc.stderr
+
+
+def test_image_whiteout_of_a_folder_with_files_removes_them_all(built, tmp_path):
+    """A later layer's `.wh.lib` deletes the folder lib/ and what lower layers put in it (an
+    internal KeyError before: the folder's children were dropped before each child was)."""
+    from image_fixtures import layer_tar, oci_layout
+
+    lower = layer_tar([("file", "usr/lib/libclean.so", built["clean"].read_bytes()),
+                       ("file", "usr/lib/sub/libgone.so", built["clean"].read_bytes()),
+                       ("file", "opt/libkept.so", built["clean"].read_bytes())])
+    upper = layer_tar([("whiteout", "usr/lib")])
+    img = oci_layout(tmp_path / "img", [lower, upper], as_tar=True)
+    proc = cli("check", "--format", "json", img)
+    assert "internal error" not in proc.stderr and proc.returncode == EXIT_OK, proc.stdout + proc.stderr
+    assert [f["path"] for f in json.loads(proc.stdout)["files"]] == [f"{img}!/opt/libkept.so"]
+
+
+def test_wheel_member_with_an_empty_name_is_an_input_error(built, tmp_path):
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.write(built["clean"], "demo/libclean.so")
+        zf.writestr(zipfile.ZipInfo(""), built["clean"].read_bytes())  # an ELF file with no name
+    proc = cli("check", whl)
+    assert "internal error" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == EXIT_INPUT, proc.stdout + proc.stderr

@@ -423,7 +423,7 @@ class Inputs:
         errors: list[Input] = []  # reported first, in member order, as they are found
         try:
             with zipfile.ZipFile(host) as zf:
-                members = [m for m in zf.infolist() if not m.is_dir()]
+                members = [m for m in zf.infolist() if not m.filename.endswith("/")]  # is_dir() fails on ''
             if len(members) > _MAX_WHEEL_MEMBERS:
                 yield Input(report, None, True, f"wheel has {len(members)} members (limit {_MAX_WHEEL_MEMBERS})")
                 return

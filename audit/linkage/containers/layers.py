@@ -236,12 +236,16 @@ class ImageTree:
             self.children.setdefault(path, set())
 
     def _remove(self, path: str) -> None:
+        """A whiteout: the entry and, for a folder, everything under it (without recursion: a
+        layer may nest deep; a folder's children go with it, so a child's parent may be gone)."""
         if path not in self.entries or path == "/":
             return
-        for name in list(self.children.pop(path, ())):
-            self._remove(posixpath.join(path, name))
-        del self.entries[path]
-        self.children[posixpath.dirname(path)].discard(posixpath.basename(path))
+        stack = [path]
+        while stack:
+            cur = stack.pop()
+            stack.extend(posixpath.join(cur, name) for name in self.children.pop(cur, ()))
+            self.entries.pop(cur, None)
+            self.children.get(posixpath.dirname(cur), set()).discard(posixpath.basename(cur))
 
     # -- what the audit reads ----------------------------------------------------------------
     def elf_files(self) -> list[tuple[str, Entry, bool]]:
