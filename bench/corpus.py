@@ -316,13 +316,20 @@ def wheel_table(audits: list[Audit], rows: list[Row]) -> list[str]:
 
 
 def misses(rows: list[Row]) -> list[str]:
-    lines = []
+    """One line per miss; the misses of one cause over many files of a wheel (a folder of 93
+    cubins) are one line with their count and the first file."""
+    groups: dict[tuple, list[Row]] = {}
     for r in rows:
-        if r.outcome == "TP":
-            continue
-        what = "missed" if r.outcome == "FN" else f"reported, {r.why}"
-        known = f" (known: {' '.join(r.known.split())})" if r.known else ""
-        lines.append(f"- {r.outcome} {r.wheel} `{r.member}`: {r.component} by {r.mechanism}, {what}{known}")
+        if r.outcome != "TP":
+            groups.setdefault((r.wheel, r.outcome, r.component, r.mechanism, r.why, r.known), []).append(r)
+    lines = []
+    for (wheel, outcome, component, mechanism, why, known), rs in groups.items():
+        what = "missed" if outcome == "FN" else f"reported, {why}"
+        note = f" (known: {' '.join(known.split())})" if known else ""
+        many = [rs] if len(rs) > 3 else [[r] for r in rs]
+        for part in many:
+            files = f"`{part[0].member}`" if len(part) == 1 else f"{len(part)} files (`{part[0].member}`, ...)"
+            lines.append(f"- {outcome} {wheel} {files}: {component} by {mechanism}, {what}{note}")
     return lines
 
 
