@@ -36,6 +36,7 @@ from audit.errors import InputError
 from audit.binary import common
 from audit.binary.common import Region
 from audit.macho import stubs
+from audit.macho.sections import ZEROFILL_TYPES, section_headers
 from audit.binary.model import IMPORT, LAZY, REEXPORT, UPWARD, WEAK, BinaryInfo, Import
 
 FAT_MAGIC, FAT_MAGIC_64 = 0xCAFEBABE, 0xCAFEBABF  # big-endian on disk
@@ -58,7 +59,6 @@ DYLIB_COMMANDS = {LC_LOAD_DYLIB: (IMPORT, "LC_LOAD_DYLIB"), LC_LOAD_WEAK_DYLIB: 
                   LC_LOAD_UPWARD_DYLIB: (UPWARD, "LC_LOAD_UPWARD_DYLIB")}
 N_STAB, N_TYPE, N_EXT, N_UNDF, N_SECT = 0xE0, 0x0E, 0x01, 0x0, 0xE
 N_WEAK_REF, N_WEAK_DEF = 0x40, 0x80
-S_ZEROFILL_TYPES = {0x1, 0xC, 0x12}
 S_ATTR_PURE_INSTRUCTIONS, S_ATTR_SOME_INSTRUCTIONS = 0x80000000, 0x400
 MAX_SLICES = 64
 MAX_SYMBOLS = 1 << 24
@@ -244,21 +244,10 @@ class _Slice:
         return common.cstring(self.buf, pos + off, pos + cmdsize, f"{what} name")
 
     def _sections(self, pos: int, cmdsize: int, is64: bool):
-        e = self.e
-        if is64:
-            head, entry, fmt = 72, 80, e + "16s16sQQIIIIIIII"
-        else:
-            head, entry, fmt = 56, 68, e + "16s16sIIIIIIIII"
-        if cmdsize < head:
-            raise ValueError(f"segment command of {cmdsize} bytes")
-        nsects = struct.unpack_from(e + "I", self.buf, pos + head - 8)[0]
-        if head + entry * nsects > cmdsize:
-            raise ValueError(f"segment lists {nsects} sections in {cmdsize} bytes")
-        for k in range(nsects):
-            f = struct.unpack_from(fmt, self.buf, pos + head + entry * k)
+        for f in section_headers(self.buf, self.e, pos, cmdsize, is64):
             sect, seg, size, offset, flags = f[0], f[1], f[3], f[4], f[8]
             name = decode(seg.rstrip(b"\0")) + "," + decode(sect.rstrip(b"\0"))
-            if flags & 0xFF in S_ZEROFILL_TYPES or not size or not offset:
+            if flags & 0xFF in ZEROFILL_TYPES or not size or not offset:
                 continue
             yield name, self.at(offset, size, f"section {name}"), size, flags
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import struct
 
 from audit.elf.model import Forward
+from audit.macho.sections import ZEROFILL_TYPES, section_headers
 
 LC_SEGMENT, LC_SYMTAB, LC_DYSYMTAB, LC_SEGMENT_64 = 0x1, 0x2, 0xB, 0x19
 CPU_X86_64, CPU_ARM64 = 0x01000007, 0x0100000C
@@ -96,17 +97,9 @@ class _Image:
             self.stubs = []
 
     def _segment(self, pos: int, cmdsize: int, is64: bool) -> None:
-        e = self.e
-        head, entry, fmt = (72, 80, e + "16s16sQQIIIIIIII") if is64 else (56, 68, e + "16s16sIIIIIIIII")
-        if cmdsize < head:
-            raise ValueError(f"segment command of {cmdsize} bytes")
-        nsects = struct.unpack_from(e + "I", self.buf, pos + head - 8)[0]
-        if head + entry * nsects > cmdsize:
-            raise ValueError(f"segment lists {nsects} sections in {cmdsize} bytes")
-        for k in range(nsects):
-            f = struct.unpack_from(fmt, self.buf, pos + head + entry * k)
+        for f in section_headers(self.buf, self.e, pos, cmdsize, is64):
             addr, size, offset, flags, res1, res2 = f[2], f[3], f[4], f[8], f[9], f[10]
-            if not size or not offset or flags & 0xFF in (0x1, 0xC, 0x12):  # zero-fill: no bytes
+            if not size or not offset or flags & 0xFF in ZEROFILL_TYPES:  # no bytes in the file
                 continue
             if offset + size > self.size:
                 raise ValueError(f"section at {offset:#x}+{size:#x} lies outside the slice")
