@@ -207,6 +207,11 @@ class Audit:
     max_rss_mb: float
     files: list[dict]  # the JSON report's files
     error: str | None = None
+    binaries: int = -1  # how many files the report had (kept when `files` is dropped after scoring)
+
+    def __post_init__(self):
+        if self.binaries < 0:
+            self.binaries = len(self.files)
 
 
 def audit(wheel: Wheel, path: Path, workdir: Path) -> Audit:
@@ -217,19 +222,33 @@ def audit(wheel: Wheel, path: Path, workdir: Path) -> Audit:
     errfile = workdir / f"{wheel.name}.stderr"
     # a folder (an unpacked .deb) is audited from its parent, so members are named FOLDER/usr/lib/...
     target, cwd = (path.name, path.parent) if path.is_dir() else (str(path), workdir)
+    rssfile = workdir / f"{wheel.name}.maxrss"
     start = time.perf_counter()
     with open(errfile, "wb") as errfh:  # a file, not a pipe: a long stderr cannot block the child
-        proc = subprocess.Popen([sys.executable, "-m", "audit", "check", target, "--format", f"json={out.resolve()}"],
+        # started through a small process that waits for it: a child's peak RSS (wait4) counts the
+        # pages it shared with its parent between fork and exec, and this process grows with the
+        # reports it has read (a 16,000-file report)
+        proc = subprocess.Popen([sys.executable, "-c", _PEAK_RSS, str(rssfile), sys.executable, "-m", "audit", "check",
+                                 target, "--format", f"json={out.resolve()}"],
                                 stdout=subprocess.DEVNULL, stderr=errfh, env=env, cwd=str(cwd))
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS, not the largest child's so far
+        proc.wait()
     seconds = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    try:
+        rss_mb = int(rssfile.read_text()) / 1024
+    except (OSError, ValueError):
+        rss_mb = float("nan")
     err = errfile.read_text(encoding="utf-8", errors="replace").strip()
     try:
         files = json.loads(out.read_text())["files"]
     except (OSError, ValueError, KeyError):
-        return Audit(wheel, proc.returncode, seconds, usage.ru_maxrss / 1024, [], err or "no JSON report written")
-    return Audit(wheel, proc.returncode, seconds, usage.ru_maxrss / 1024, files)
+        return Audit(wheel, proc.returncode, seconds, rss_mb, [], err or "no JSON report written")
+    return Audit(wheel, proc.returncode, seconds, rss_mb, files)
+
+
+# argv: RSSFILE CMD...: runs CMD, writes its own peak RSS (KB, wait4: the largest of it and the
+# workers it waited for) to RSSFILE, exits with its exit code
+_PEAK_RSS = ("import os, subprocess, sys; p = subprocess.Popen(sys.argv[2:]); _, st, ru = os.wait4(p.pid, 0); "
+             "open(sys.argv[1], 'w').write(str(ru.ru_maxrss)); sys.exit(os.waitstatus_to_exitcode(st))")
 
 
 def _member(path: str) -> str:
@@ -309,7 +328,7 @@ def wheel_table(audits: list[Audit], rows: list[Row]) -> list[str]:
         mine = [r for r in rows if r.wheel == a.wheel.name]
         n = {o: sum(r.outcome == o for r in mine) for o in ("TP", "FN", "FP")}
         want = "pass (clean control)" if a.wheel.clean else "fail"
-        lines.append(f"| {a.wheel.file} | {a.wheel.platform} | {len(a.files)} | {a.exit_code} | {want} | "
+        lines.append(f"| {a.wheel.file} | {a.wheel.platform} | {a.binaries} | {a.exit_code} | {want} | "
                      f"{n['TP']} | {n['FN']} | "
                      f"{n['FP']} | {a.seconds:.1f} | {a.max_rss_mb:.0f} |")
     return lines
@@ -440,8 +459,9 @@ def main(argv: list[str] | None = None) -> int:
             return 3
         a = audit(w, path, work)
         print(f"{w.name}: exit {a.exit_code}, {len(a.files)} binaries, {a.seconds:.1f} s", file=sys.stderr)
-        audits.append(a)
         rows += score(a)
+        a.files = []  # scored: dropped (16,000 files of flashinfer-cubin's report add up)
+        audits.append(a)
     command = "python3 bench/corpus.py" + (f" --only {args.only}" if args.only else "") \
         + (f" --platform {args.platform}" if args.platform else "")
     text = report(audits, rows, command)
