@@ -69,7 +69,7 @@ def test_a_bare_group_still_shows_its_help(capsys):
 def test_an_empty_policy_is_one_clear_line(command, value, capsys):
     rc, out, err = cli(capsys, *command, "--policy", value)
     assert rc == EXIT_USAGE and out == ""
-    assert err.splitlines() == ["error: the policy is empty: give a policy file or a shipped policy's name (sovereign)"]
+    assert err.splitlines() == ["error: the policy is empty: give a policy file or a shipped policy's name (sovereign, strict)"]
 
 
 def _stated(text: str, code: int) -> str:
