@@ -40,7 +40,7 @@ test: setup
 bench: setup
 	$(PYTHON) bench/audit_speed.py
 
-# the real-world corpus: ~2.6 GB of wheels from the package index (kept in CORPUS_CACHE), each audited
+# the real-world corpus: ~7 GB of wheels and Debian packages (Linux, Windows, macOS; kept in CORPUS_CACHE), each audited
 # and compared with bench/corpus_expectations.toml; the tables go to docs/corpus.md
 CORPUS_CACHE ?= $(HOME)/.cache/sovereign-audit/corpus
 corpus: setup
