@@ -328,6 +328,12 @@ def default_dirs(bits: int, machine: int) -> list[str]:
 
 
 
+def loaded_again(node: DepNode, name: str, first: DepNode) -> None:
+    """A NEEDED name some object of the tree already loaded: shown under `node`, not walked again."""
+    node.children.append(DepNode(name=name, status="loaded", path=first.path, realpath=first.realpath,
+                                 how="loaded", note="already loaded"))
+
+
 def attach(node: DepNode, child: DepNode, key: str, edge: str, loaded: dict, by_real: dict, chain: tuple,
            queue, by_soname: bool = False) -> None:
     """Add a resolved library under `node` (every resolver builds its tree the same way): a file
@@ -392,9 +398,7 @@ class Resolver:
                     raise TreeTooLarge(f"dependency tree has more than {self.options.max_nodes} edges")
                 if needed in loaded:
                     if edge == "needed":
-                        first = loaded[needed]
-                        node.children.append(DepNode(name=needed, status="loaded", path=first.path,
-                                                     realpath=first.realpath, how="loaded", note="already loaded"))
+                        loaded_again(node, needed, loaded[needed])
                     continue
                 if edge == "dlopen":
                     # A denied name is a dlopen-string finding already; a trusted one is a system

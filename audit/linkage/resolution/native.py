@@ -34,7 +34,7 @@ from collections import deque
 from audit.binary.model import BinaryInfo
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.linkage.resolution.fs import HOST, FileSystem
-from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, attach
+from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, attach, loaded_again
 
 PE_KINDS = (Kind.PE_DLL, Kind.PE_EXECUTABLE)
 MACHO_KINDS = (Kind.MACHO, Kind.MACHO_FAT)
@@ -161,9 +161,7 @@ class _NativeResolver:
                     raise TreeTooLarge(f"dependency tree has more than {self.options.max_nodes} edges")
                 if key in loaded:
                     if edge == "needed":
-                        first = loaded[key]
-                        node.children.append(DepNode(name=name, status="loaded", path=first.path,
-                                                     realpath=first.realpath, how="loaded", note="already loaded"))
+                        loaded_again(node, name, loaded[key])
                     continue
                 if edge == "dlopen" and (self.policy.is_trusted(name) or self.policy.deny_rule_for_soname(name)):
                     continue  # a denied name is a dlopen-string finding already; a trusted one the system's
