@@ -10,18 +10,16 @@ sources and the .def file. Each case runs the CLI in a subprocess.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from conftest import require_tool
 from linkage_fixtures import run
+from test_static_archive import as_json, cli  # the same CLI runners
 
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 
-REPO = Path(__file__).resolve().parents[1]
 VENDOR = "int cublasSgemm_v2(int a) { return a * 2; }\n"
 CLEAN = "int own_add(int a, int b) { return a + b; }\n"
 CALLER = "extern int cublasSgemm_v2(int);\nint use_gemm(int a) { return cublasSgemm_v2(a) + 1; }\n"
@@ -30,16 +28,6 @@ CBLAS = "double cblas_dgemm(double a) { return a * 2; }\n"
 DEF = "LIBRARY cublas64_12.dll\nEXPORTS\ncublasSgemm_v2\ncublasCreate_v2\n"
 
 
-def cli(*args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "audit", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=REPO, env=env)
-
-
-def as_json(*args) -> tuple[int, dict]:
-    proc = cli("check", "--format", "json", *args)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
 
 
 def findings(doc: dict, path: str) -> set[tuple[str, str, str]]:
