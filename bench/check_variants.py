@@ -5,7 +5,7 @@ Each LABEL=PATH library runs every head dim of --dims in fp16 and bf16, in both 
 random inputs with NaN-poisoned outputs, and must match softmax(Q K^T / sqrt(d)) V in float64 within
 the GPU tests' tolerances and report the expected flash path. One line per library:
 `LABEL: ok (worst rel L2 / tolerance 0.23)` or `LABEL: FAIL (...) <the first failures>`; exit 1 if
-any failed. The device scripts (bench/device_variants.sh, bench/device_wide.sh) run it.
+any failed. The device runs `variants` and `wide` (bench/device.sh) run it.
 
     python3 bench/check_variants.py --dims 64,72,128 --cases many default=build/sm_90a/libflash_kernel.so v1=...
     python3 bench/check_variants.py --dims 136-256/8 --cases ragged ...
