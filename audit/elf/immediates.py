@@ -11,8 +11,13 @@ Read here: each `movabs` (REX.W B8+r) whose 8 immediate bytes start with `lib` a
 characters, then the printable immediates of the next few stores (movabs imm64, mov imm32 /
 imm16 / imm8 to memory) within a short window, merged where one piece's start repeats the end of
 the name so far (an overlapping store writes the same bytes) and appended otherwise, up to the
-first NUL. The result is kept only if it holds a library file name (`lib<name>.so[.N]`), so
-unrelated immediates never make a finding. x86-64 only; other machines yield nothing (aarch64
+first NUL. A name longer than 15 bytes copied into a std::string's buffer is compiled to a
+16-byte constant in .rodata that a vector load reads RIP-relative (`movdqa .LC0(%rip),%xmm0`,
+`vmovdqa` under AVX) and stores, then immediates for the rest (PaddlePaddle's libphi_core.so:
+the constant `libmklml_intel.s`, then `movb $0x6f,0x10(%rax)`): each such load of a 16-byte
+aligned constant that starts with `lib` and holds only name characters (name_constants) starts
+a name too, its stores merged the same way. The result is kept only if it holds a library file
+name (`lib<name>.so[.N]`), so unrelated immediates never make a finding. x86-64 only; other machines yield nothing (aarch64
 compilers load such a literal from .rodata with adrp/ldr, where the library-name scan finds it).
 
 Fail closed: an executable section outside the file is Malformed (the reader checks the
@@ -24,8 +29,11 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
+from audit.elf.membership import in_sorted
 from audit.elf.model import StringHit
-from audit.elf.parse import SHF_EXECINSTR, SHT_PROGBITS, ElfImage, Malformed, decode, release
+from audit.elf.parse import SHF_ALLOC, SHF_EXECINSTR, SHT_PROGBITS, ElfImage, Malformed, decode, release
 from audit.elf.strings import library_names
 
 _NAME = rb"[A-Za-z0-9_.+\-]"
@@ -80,6 +88,7 @@ def assembled_names(img: ElfImage, warnings: list[str]) -> list[StringHit]:
     hits: list[StringHit] = []
     seen: set[str] = set()
     buf = img.buf
+    constants = name_constants(img)
     for sec in img.sections:
         if sec.type != SHT_PROGBITS or not sec.flags & SHF_EXECINSTR or not sec.size:
             continue
@@ -87,22 +96,12 @@ def assembled_names(img: ElfImage, warnings: list[str]) -> list[StringHit]:
             raise Malformed(f"section {sec.name or sec.index} (offset {sec.offset:#x}, size {sec.size:#x}) "
                             f"lies outside the file ({img.size:#x} bytes): its code cannot be read")
         end = sec.offset + sec.size
-        for m in _matches(buf, sec.offset + 2, end):
-            at = m.start() - 2
-            if buf[at] not in (0x48, 0x49) or not 0xB8 <= buf[at + 1] <= 0xBF:
-                continue
-            name, pos = m.group(), m.end()
-            for _ in range(_MAX_PIECES):
-                p = _PIECE.search(buf, pos, min(pos + _WINDOW, end))
-                if p is None:
-                    break
-                imm = p.group(p.lastgroup)
-                piece = imm.split(b"\0", 1)[0]
-                name = _merge(name, piece) if piece else name
-                pos = p.end()
-                if len(piece) < len(imm):  # the terminating NUL: the name is complete
-                    break
-            for _, lib in library_names(name):
+        starts = [(m.start() - 2, m.group(), m.end()) for m in _matches(buf, sec.offset + 2, end)
+                  if buf[m.start() - 2] in (0x48, 0x49) and 0xB8 <= buf[m.start() - 1] <= 0xBF]
+        if constants:
+            starts = sorted(starts + _vector_loads(img, sec, constants))
+        for at, name, pos in starts:
+            for _, lib in library_names(_pieces(buf, name, pos, end)):
                 text = decode(lib)
                 if len(hits) >= MAX_HITS:  # past the cap: each name still once, so none is dropped
                     if text in seen:
@@ -113,3 +112,84 @@ def assembled_names(img: ElfImage, warnings: list[str]) -> list[StringHit]:
                 seen.add(text)
                 hits.append(StringHit(section=sec.name, offset=at, text=text))
     return hits
+
+
+def _pieces(buf, name: bytes, pos: int, end: int) -> bytes:
+    """`name` with the immediates of the stores that follow it at `pos` merged in (up to
+    _MAX_PIECES, each within _WINDOW bytes of the last), up to a stored NUL."""
+    for _ in range(_MAX_PIECES):
+        p = _PIECE.search(buf, pos, min(pos + _WINDOW, end))
+        if p is None:
+            break
+        imm = p.group(p.lastgroup)
+        piece = imm.split(b"\0", 1)[0]
+        name = _merge(name, piece) if piece else name
+        pos = p.end()
+        if len(piece) < len(imm):  # the terminating NUL: the name is complete
+            break
+    return name
+
+
+def name_constants(img: ElfImage) -> dict[int, bytes]:
+    """Address -> bytes of each 16-byte constant in the loaded data that is the head of a library
+    name with no NUL in it ("libmklml_intel.s"): 16-byte aligned, as a vector load needs it and
+    compilers place it. Only code can finish such a name, so only code that loads it matters."""
+    out: dict[int, bytes] = {}
+    buf = img.buf
+    for sec in img.sections:
+        if sec.type != SHT_PROGBITS or not sec.flags & SHF_ALLOC or sec.flags & SHF_EXECINSTR or not sec.size:
+            continue
+        end = min(sec.offset + sec.size, img.size)
+        pos = buf.find(b"lib", sec.offset, end)
+        while pos >= 0:
+            addr = sec.addr + (pos - sec.offset)
+            if not addr % 16 and pos + 16 <= end and _CONSTANT.fullmatch(buf, pos, pos + 16):
+                out[addr] = bytes(buf[pos:pos + 16])
+                if len(out) > MAX_NAMES:
+                    raise Malformed(f"more than {MAX_NAMES} library-name constants in the data (the limit)")
+            pos = buf.find(b"lib", pos + 3, end)
+    return out
+
+
+_VECTOR_OPS = np.zeros(256, dtype=bool)
+_VECTOR_OPS[[0x10, 0x28, 0x6F]] = True  # movups/movaps/movdqa-movdqu load opcodes (SSE and VEX)
+_STEP = 8 << 20
+
+
+def _vector_loads(img: ElfImage, sec, constants: dict[int, bytes]) -> list[tuple[int, bytes, int]]:
+    """(instruction offset, the constant's bytes, offset after the instruction) of each 16-byte
+    RIP-relative load in `sec` of one of `constants`: [VEX c5 xx | [66|f3] [REX] 0f] op modrm
+    disp32 with op 10/28/6f and modrm mod 00 rm 101 (gcc's movdqa .LC0(%rip),%xmm0 that copies
+    a literal into a std::string's buffer; vmovdqa under AVX). Vectorised: the opcode and ModRM
+    bytes of a window are tested with numpy, and only the few loads aimed at a constant read."""
+    wanted = np.array(sorted(constants), dtype=np.int64)
+    buf, out = img.buf, []
+    end = sec.offset + sec.size
+    for lo in range(sec.offset, end, _STEP):
+        n = min(_STEP + 6, end - lo)
+        if n < 7:
+            break
+        a = np.frombuffer(buf, dtype=np.uint8, count=n, offset=lo)
+        op = np.flatnonzero(_VECTOR_OPS[a[:n - 6]] & ((a[1:n - 5] & 0xC7) == 0x05))
+        op = op[op < _STEP]
+        if len(op):
+            disp = (a[op + 2].astype(np.uint32) | a[op + 3].astype(np.uint32) << 8
+                    | a[op + 4].astype(np.uint32) << 16 | a[op + 5].astype(np.uint32) << 24).view(np.int32)
+            target = sec.addr + (lo - sec.offset) + op.astype(np.int64) + 6 + disp
+            for i in np.flatnonzero(in_sorted(target, wanted)).tolist():
+                at = lo + int(op[i])
+                if buf[at - 2] == 0xC5:  # two-byte VEX prefix
+                    start = at - 2
+                elif buf[at - 1] == 0x0F:
+                    start = at - 1
+                    while start > sec.offset and buf[start - 1] in _LEGACY:
+                        start -= 1
+                else:
+                    continue
+                out.append((start, constants[int(target[i])], at + 6))
+        release(buf, lo, lo + _STEP)
+    return out
+
+
+_LEGACY = frozenset([0x66, 0xF3]) | frozenset(range(0x40, 0x50))  # operand-size/rep prefixes, REX
+_CONSTANT = re.compile(rb"lib" + _NAME + rb"{13}")

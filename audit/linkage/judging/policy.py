@@ -195,6 +195,22 @@ def affixed(patterns: tuple[str, ...], prefixes: tuple[str, ...], suffixes: tupl
     return tuple(dict.fromkeys(out))
 
 
+LIST_PREFIX_MIN = 8  # names of a list that share a namespace prefix before it is read as the list's
+
+
+def list_prefixes(names) -> list[str]:
+    """The namespace prefixes of a closed symbol list: the text up to and including a name's
+    first '_' (not its last character, 4 bytes or more), where LIST_PREFIX_MIN names or more
+    share it (CBLAS's `cblas_`, LAPACKE's `LAPACKE_`). Fortran names (`dgemm_`) have none: no
+    3-byte head of them is specific enough to search every data string for."""
+    counts: dict[str, int] = {}
+    for name in names:
+        cut = name.find("_")
+        if cut >= 3 and cut < len(name) - 1 and not name.startswith("_Z"):
+            counts[name[:cut + 1]] = counts.get(name[:cut + 1], 0) + 1
+    return sorted(p for p, n in counts.items() if n >= LIST_PREFIX_MIN)
+
+
 def affixed_names(names: frozenset[str], prefixes: tuple[str, ...], suffixes: tuple[str, ...]) -> frozenset[str]:
     """frozenset(affixed(names)) for exact names (no `*` in them), made a whole list at a time:
     the shipped BLAS/LAPACK lists hold ~5k names, each in four forms."""
@@ -439,12 +455,17 @@ class Policy:
 
     @property
     def api_prefixes(self) -> tuple[bytes, ...]:
-        """Literal prefixes (3 bytes or more) of the rules' C symbol patterns: what the reader
-        looks for among the strings an object hands to dlsym."""
+        """Literal prefixes (3 bytes or more) of the rules' C symbol patterns, and the namespace
+        prefixes of their symbol lists (`cblas_`, `LAPACKE_`: list_prefixes), each also behind
+        the policy's symbol-prefixes: what the reader looks for among the strings an object
+        hands to dlsym. A string kept is a rule's only where it is a whole name the rule
+        matches (a list's names exactly)."""
         if not hasattr(self, "_api_prefixes"):
             lits = {lit for r in self.rules for p in r.match_symbols if not p.startswith("_Z")
                     for lit, _ in literal_prefixes(p) if len(lit) >= 3}
-            self._api_prefixes = tuple(sorted(x.encode("ascii") for x in lits))
+            lists = {pre + lit for r in self.rules for lit in list_prefixes(r.names)
+                     for pre in ("",) + self.symbol_prefixes}
+            self._api_prefixes = tuple(sorted(x.encode("ascii") for x in lits | lists))
         return self._api_prefixes
 
     @property
