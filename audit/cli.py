@@ -29,6 +29,7 @@ COMMANDS = {
     "report": "audit.report.commands:report_cmd",
     "verify": "audit.report.sign_commands:verify_cmd",
     "keygen": "audit.report.sign_commands:keygen_cmd",
+    "verify-attestation": "audit.report.sign_commands:verify_attestation_cmd",
 }
 
 

@@ -46,9 +46,18 @@ HASHED_FORMATS = frozenset({"json", "sarif", "junit"})
               help="Text lists every match of every finding, not a few examples, and long names and notes uncut.")
 @click.option("--timing", is_flag=True,
               help="Record the elapsed time (text, JSON, JUnit). Off by default: the same input gives the same bytes.")
+@click.option("--attest", "attest_path", metavar="FILE",
+              help="Write the verdict as a signed SLSA verification summary (DSSE, in-toto; name it *.intoto.jsonl).")
+@click.option("--key", "key_path", metavar="KEY",
+              help="Ed25519 PKCS#8 PEM key to sign --attest with (else $SOVEREIGN_AUDIT_SIGNING_KEY, else an "
+                   "ephemeral key whose public half is written to FILE.pub).")
+@click.option("--resource-uri", metavar="URI",
+              help="What --attest's verdict is about, e.g. pkg:pypi/NAME@VERSION or an image reference "
+                   "(default: the purl of one wheel, else the one PATH).")
 @click.pass_context
 def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_prefix, baseline_path, write_baseline,
-              jobs, max_member_size, max_member_ratio, max_archive_size, verbose, timing):
+              jobs, max_member_size, max_member_ratio, max_archive_size, verbose, timing, attest_path, key_path,
+              resource_uri):
     """Fail if PATH... links, loads or embeds a denied vendor library.
 
     PATH is an ELF file, a directory (searched recursively; the wheels, conda packages and
@@ -69,6 +78,9 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
       sarif    SARIF 2.1.0 for code scanning       --format sarif=linkage.sarif
       junit    JUnit XML, one test per file/rule   --format junit=linkage.xml
       github   workflow annotations + job summary  --format github
+    \b
+    A signed verdict for other tools (verify with `sovereign-audit verify-attestation`):
+      sovereign-audit check dist/x.whl --attest check.intoto.jsonl --key signing.key
     \b
     Adopting a policy in a repository that already has findings:
       sovereign-audit check dist/ --write-baseline linkage-baseline.json
@@ -91,7 +103,7 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
         specs = (specs or [OutputSpec("text")]) + [OutputSpec("json", write_baseline)]
     # Each file's sha256 only where an output carries it: the text log and the GitHub
     # annotations show none, and hashing libtorch_cpu.so's 434 MB costs more CPU than reading it.
-    sha256 = any(spec.format in HASHED_FORMATS for spec in specs)
+    sha256 = any(spec.format in HASHED_FORMATS for spec in specs) or attest_path is not None
     if sha256 and len(paths) == 1 and os.path.isfile(paths[0]):  # one large ELF file: hashed while the rest loads
         from audit.elf.hashing import prefetch
 
@@ -103,7 +115,8 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     from audit.linkage.judging.policy import load_policy
     from audit.linkage.resolution.ldso import ResolveOptions
 
-    check_destinations(specs)
+    check_destinations(specs + _attest_outputs(attest_path, key_path, resource_uri, paths))
+    signing_key = _attest_key(attest_path, key_path)
     if root is not None and not os.path.isdir(root):
         raise UsageError(f"--root {root}: not a directory")
     for d in ldpath:
@@ -122,7 +135,49 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     if baseline is not None:
         apply_baseline(report, baseline)
     write_outputs(report, policy, specs, verbose)
+    if attest_path is not None:
+        _attest(report, attest_path, signing_key, resource_uri, specs)
     ctx.exit(report.exit_code)
+
+
+def _attest_outputs(attest_path, key_path, resource_uri, paths) -> list:
+    """--attest's file (and an ephemeral key's FILE.pub) as outputs whose folders are checked
+    with the others before any work; --key and --resource-uri without --attest are refused."""
+    from audit.linkage.outputs.write import OutputSpec
+
+    if attest_path is None:
+        for option, value in (("--key", key_path), ("--resource-uri", resource_uri)):
+            if value is not None:
+                raise UsageError(f"{option} signs or names --attest's verdict: give --attest FILE too")
+        return []
+    if not attest_path:
+        raise UsageError("--attest: empty file name")
+    from audit.linkage.outputs.attestation import default_resource_uri, source_date_epoch
+
+    source_date_epoch()  # a malformed $SOURCE_DATE_EPOCH is refused before the audit
+    if resource_uri is None and default_resource_uri(list(paths)) is None:
+        raise UsageError("--attest with several PATHs: name what the verdict is about with --resource-uri URI")
+    return [OutputSpec("attest", attest_path), OutputSpec("attest key", attest_path + ".pub")]
+
+
+def _attest_key(attest_path, key_path):
+    """The key to sign --attest with, loaded before the audit so a bad key costs no time."""
+    if attest_path is None:
+        return None
+    from audit.report.keys import load_signing_key
+
+    return load_signing_key(key_path)
+
+
+def _attest(report, attest_path, key, resource_uri, specs) -> None:
+    from audit.errors import printable
+    from audit.linkage.outputs.attestation import write_attestation
+
+    written = [(s.format, s.file) for s in specs if s.file is not None]
+    result = write_attestation(attest_path, report, key, resource_uri, written)
+    if result.ephemeral:
+        click.echo(f"note: {printable(attest_path)} is signed with an ephemeral key (integrity only, no identity); "
+                   f"its public key is {printable(result.public_key_path)}", err=True)
 
 
 def _number(text: str, option: str, kind, least):
