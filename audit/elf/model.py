@@ -152,6 +152,10 @@ class ElfInfo:
     # demand: the scan reads all code, so the caller asks only where other evidence points to it.
     # None where the file cannot be read again (a member read from memory).
     read_assembled_names: Callable[[], list[StringHit]] | None = field(default=None, repr=False, compare=False)
+    # What the file says of itself in its FDO notes (audit.elf.notes): .note.package's object,
+    # and the libraries .note.dlopen declares (DlopenDecl)
+    package_note: dict | None = None
+    dlopen_declared: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = asdict(replace(self, symbols=list(self.symbols)))

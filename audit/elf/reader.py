@@ -48,6 +48,7 @@ from audit.elf.forward import read_forwarders
 from audit.elf.immediates import assembled_names
 from audit.elf.model import DeviceCode, ElfInfo, Forward, StringHit, SymbolColumns
 from audit.elf.nvidia import cubin_kernels, read_nv_fatbin
+from audit.elf.notes import read_notes
 from audit.elf.parse import (EM_AMDGPU, EM_CUDA, PT_LOAD, SHF_ALLOC, SHF_EXECINSTR, SHN_UNDEF, SHT_GNU_VERSYM,
                              SHT_NOBITS, SHT_PROGBITS, ElfImage, Malformed, release)
 from audit.elf.strings import SKIP_SECTIONS, identifier_strings, library_strings, scannable
@@ -394,6 +395,7 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     device += _device_elsewhere(img, synthetic)
     device += _device_file(img)
     warnings += lib_warn
+    notes = read_notes(img)
 
     return ElfInfo(
         path=path, sha256="", size=img.size, build_id=read_build_id(img), elf_class=img.bits,
@@ -402,7 +404,8 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
         version_needs=needs, symbols=symbols, symbol_counts=counts,
         code_loading_imports=code_loading, forwarders=forwarders, library_strings=strings,
         api_strings=api, marker_strings=marked,
-        device_code=device, warnings=warnings)
+        device_code=device, warnings=warnings + notes.warnings, package_note=notes.package,
+        dlopen_declared=notes.dlopen)
 
 
 def _device_elsewhere(img: ElfImage, synthetic: bool) -> list:

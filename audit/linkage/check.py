@@ -21,6 +21,7 @@ from collections.abc import Callable
 from audit.elf.model import ElfInfo
 from audit.linkage.resolution.fs import HOST, FileSystem
 from audit.linkage.judging.group import group_findings
+from audit.linkage.containers.identity import note_package, stamp_tree
 from audit.linkage.containers.inputs import ArchiveLimits, Input, Inputs, Scope
 from audit.linkage.model import CheckReport, FileResult, Finding
 from audit.linkage.parallel import cpu_count, map_ordered
@@ -178,6 +179,8 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
         warnings=[w for s in slices for w in s.warnings], layer=inp.layer, archive=inp.archive,
         format=None if fmt == "elf" else fmt,
         slices=[s.slice for s in slices] if len(slices) > 1 else None,
+        package=note_package(getattr(first, "package_note", None)),
+        dlopen_declared=list(getattr(first, "dlopen_declared", ())),
     )
     name = os.path.basename(inp.shown)
     findings: list[Finding] = []
@@ -196,6 +199,8 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
             tree, warns = resolver.tree(one, inp.read_from, members=inp.members)
             tree.name = name
             trees.append(tree)
+            if first.sha256:  # hashed for an output that shows it (an SBOM): each library's too
+                stamp_tree(tree, inp.scope is None or inp.scope.fs is HOST)
             result.warnings += [w for w in warns if w not in result.warnings]
             more, errs = tree_findings(tree, resolver, policy)
             found += more
@@ -306,7 +311,7 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
         resolver, read = context(inp.scope)
         return check_file(inp, policy, resolver, read)
 
-    inputs = Inputs(conda_prefix=options.conda_prefix, limits=limits or ArchiveLimits(), jobs=jobs)
+    inputs = Inputs(conda_prefix=options.conda_prefix, limits=limits or ArchiveLimits(), jobs=jobs, identify=sha256)
     files: list[FileResult] = []
     used: set[int] = set()
     try:
@@ -338,5 +343,5 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
     return CheckReport(
         files=files, policy={"name": policy.name, "sources": policy.sources}, options=options.to_dict(),
         inputs=[str(p) for p in paths], skipped=inputs.skipped, warnings=warnings, errors=errors,
-        elapsed_s=time.perf_counter() - start, timing=timing,
+        elapsed_s=time.perf_counter() - start, timing=timing, containers=list(inputs.containers.values()),
     )

@@ -14,7 +14,7 @@ from audit.errors import UsageError
 
 # Outputs that carry each file's sha256 (JSON and SARIF list it; JUnit reads it as "the file was
 # read"): the files are hashed only when one of them is asked for.
-HASHED_FORMATS = frozenset({"json", "sarif", "junit"})
+HASHED_FORMATS = frozenset({"json", "sarif", "junit", "cyclonedx", "spdx"})
 
 
 @click.command("check")
@@ -23,8 +23,8 @@ HASHED_FORMATS = frozenset({"json", "sarif", "junit"})
 @click.option("--policy", "policy_path", metavar="FILE",
               help="Policy file or shipped policy name (default: sovereign).")
 @click.option("--format", "formats", multiple=True, metavar="FMT[=FILE]",
-              help="text, json, sarif, junit or github (examples above); =FILE writes there instead of stdout. "
-                   "Repeatable.")
+              help="text, json, sarif, junit, github, cyclonedx or spdx (examples above); =FILE writes there "
+                   "instead of stdout. Repeatable.")
 @click.option("--root", metavar="DIR", help="Sysroot: resolve libraries inside DIR (hermetic audit).")
 @click.option("--ldpath", multiple=True, metavar="DIR", help="Extra library directory (like LD_LIBRARY_PATH). Repeatable.")
 @click.option("--use-env", is_flag=True, help="Also search $LD_LIBRARY_PATH (ignored by default).")
@@ -78,6 +78,8 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
       sarif    SARIF 2.1.0 for code scanning       --format sarif=linkage.sarif
       junit    JUnit XML, one test per file/rule   --format junit=linkage.xml
       github   workflow annotations + job summary  --format github
+      cyclonedx CycloneDX 1.6 SBOM (docs/sbom.md)  --format cyclonedx=sbom.cdx.json
+      spdx     SPDX 2.3 SBOM (docs/sbom.md)        --format spdx=sbom.spdx.json
     \b
     A signed verdict for other tools (verify with `sovereign-audit verify-attestation`):
       sovereign-audit check dist/x.whl --attest check.intoto.jsonl --key signing.key

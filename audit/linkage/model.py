@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from audit import __version__
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
+from audit.elf.notes import DlopenDecl
+from audit.linkage.containers.identity import Container, PackageId
 from audit.linkage.resolution.ldso import DepNode
 
 SCHEMA = "sovereign-audit.linkage/1"
@@ -128,6 +130,8 @@ class FileResult:
     error: str | None = None
     format: str | None = None  # "pe" | "macho"; None: ELF
     slices: list[str] | None = None  # a universal Mach-O binary's slices, each judged
+    package: PackageId | None = None  # what the file says it is (.note.package), where it says
+    dlopen_declared: list[DlopenDecl] = field(default_factory=list)  # libraries its .note.dlopen declares
 
     @property
     def failing(self) -> list[Finding]:
@@ -163,6 +167,9 @@ class CheckReport:
     tool_version: str = __version__
     schema: str = SCHEMA
     baseline: dict | None = None  # with --baseline: {"file", "new", "unchanged", "absent": [{rule, kind, subject, path}]}
+    # the wheels, conda packages and images audited files came from (filled for outputs that name
+    # them: the SBOMs), by FileResult.archive
+    containers: list[Container] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:

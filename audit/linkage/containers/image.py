@@ -98,6 +98,7 @@ class Image:
     layers: list[LayerRef]
     env: dict[str, str] = field(default_factory=dict)
     fds: list[int] = field(default_factory=list)  # open files the layers are read from
+    config_digest: str | None = None  # hex sha256 of the config blob: the image ID
 
     def close(self) -> None:
         while self.fds:
@@ -216,11 +217,13 @@ def open_image(path: str) -> Image:
         files = _Files(path, fd)
         if files.has("manifest.json"):
             config_name, layer_names, layer_descs = _docker_manifest(files)
-            config = files.json(config_name, _digest_in_name(config_name))
+            config_digest = _digest_in_name(config_name)
+            config = files.json(config_name, config_digest)
         elif files.has("index.json"):
             manifest = _oci_manifest(files)
             desc = _obj(manifest.get("config"))
-            config = files.json(_blob_name(files, desc), _descriptor_digest(files, desc))
+            config_digest = _descriptor_digest(files, desc)
+            config = files.json(_blob_name(files, desc), config_digest)
             layer_descs = manifest.get("layers")
             if not isinstance(layer_descs, list):
                 raise InputError(f"{path}: image manifest has no layers list")
@@ -228,7 +231,7 @@ def open_image(path: str) -> Image:
         else:
             raise InputError(f"{path}: not a container image (no manifest.json or index.json)")
         return Image(label=path, layers=_layers(files, config, layer_names, layer_descs), env=_env(config),
-                     fds=files.opened)
+                     fds=files.opened, config_digest=config_digest)
     except BaseException:
         for opened in (files.opened if files else [fd] if fd >= 0 else []):
             os.close(opened)

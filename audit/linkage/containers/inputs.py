@@ -27,6 +27,7 @@ from audit.linkage.resolution.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
 from audit.linkage.resolution.native import AUDITED
 from audit.linkage.parallel import cpu_count, map_ordered
+from audit.linkage.containers.identity import Container, container
 from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
 from audit.linkage.containers.static_archive import ArMember, read_members
@@ -94,7 +95,9 @@ class Inputs:
     """Expands PATH arguments into ELF files: files, directory trees, wheels, conda packages, images."""
 
     def __init__(self, conda_prefix: str | None = None, limits: ArchiveLimits | None = None,
-                 jobs: int | None = None):
+                 jobs: int | None = None, identify: bool = False):
+        self.identify = identify  # record each container's digest and package (identity.py), for an SBOM
+        self.containers: dict[str, Container] = {}  # by the name reports give it
         self.conda_prefix = conda_prefix  # a conda environment the packages' libraries resolve against
         self.limits = limits or ArchiveLimits()
         self.jobs = jobs  # processes that unpack an archive (None: one per core)
@@ -263,6 +266,8 @@ class Inputs:
         try:
             image = open_image(arg)
             self.images.append(image)
+            if self.identify:
+                self.containers[arg] = container(arg, "image", image.config_digest)
             tree = ImageTree(image, self.limits.total_bytes, self.limits.ratio)
         except InputError as exc:
             yield Input(arg, None, True, exc.message)
@@ -415,6 +420,8 @@ class Inputs:
     def _wheel(self, report: str, host: str):
         if self._again(host):
             return
+        if self.identify:
+            self.containers[report] = container(host, "wheel")
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-wheel-")
         self.tmpdirs.append(tmp)
         for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
@@ -493,6 +500,8 @@ class Inputs:
     def _conda(self, report: str, host: str):
         if self._again(host):
             return
+        if self.identify:
+            self.containers[report] = container(host, "conda")
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-conda-")
         self.tmpdirs.append(tmp)
         root = os.path.join(tmp.name, "pkg")  # the package's files; its bytes wait beside it while it is read

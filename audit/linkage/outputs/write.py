@@ -13,7 +13,7 @@ from audit.errors import UsageError
 from audit.linkage.model import CheckReport
 from audit.linkage.judging.policy import Policy
 
-FORMATS = ("text", "json", "sarif", "junit", "github")
+FORMATS = ("text", "json", "sarif", "junit", "github", "cyclonedx", "spdx")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,12 @@ def render(report: CheckReport, policy: Policy, fmt: str, verbose: bool = False)
     if fmt == "junit":
         from audit.linkage.outputs.junit import render_junit
         return render_junit(report, policy)
+    if fmt == "cyclonedx":
+        from audit.linkage.outputs.cyclonedx import render_cyclonedx
+        return render_cyclonedx(report, policy)
+    if fmt == "spdx":
+        from audit.linkage.outputs.spdx import render_spdx
+        return render_spdx(report, policy)
     from audit.linkage.outputs.github import render_github
     return render_github(report)
 

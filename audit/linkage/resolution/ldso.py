@@ -109,6 +109,10 @@ class DepNode:
     info: ElfInfo | None = field(default=None, repr=False, compare=False)
     # how a PE or Mach-O file asks for it ("delay-load import", "LC_LOAD_WEAK_DYLIB"); None: DT_NEEDED
     request: str | None = None
+    # the file it led to, as read (for the SBOMs): its digest, size and .note.package object
+    sha256: str | None = None
+    size: int | None = None
+    package_note: dict | None = None
 
     def to_dict(self) -> dict:
         """The tree as nested dicts, made with a stack, not by recursion (see MAX_DEPTH)."""

@@ -1,0 +1,208 @@
+"""What a container or a binary says it is, from its own metadata, and its package URL (purl):
+
+  - a wheel: its `NAME-VERSION.dist-info/METADATA` (Name, Version) -> pkg:pypi/name@version
+    (the name normalised as PEP 503 and the purl spec say: lower case, runs of -_. as -);
+  - a conda package: its `info/index.json` (name, version, build, subdir) ->
+    pkg:conda/name@version?build=...&subdir=...&type=conda|tar.bz2;
+  - a container image: the digest of its config (the image ID); no purl (a saved image
+    carries no registry name it could be looked up by);
+  - a binary's `.note.package` (audit.elf.notes): pkg:deb/os/name@version?arch=... (rpm,
+    alpm, apk alike), pkg:generic/name@version for any other type.
+
+Nothing here is trusted: each field is bounded, and a container without readable metadata
+simply has no PackageId (the file is still audited, and named by its path and digest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from urllib.parse import quote
+
+_MAX_METADATA = 1 << 20  # a METADATA or index.json larger than this is not read
+_MAX_FIELD = 256
+# .note.package types whose purl type is the same word and takes the os as its namespace
+_OS_TYPES = {"deb", "rpm", "alpm", "apk"}
+
+
+@dataclass(frozen=True)
+class PackageId:
+    """A package as its own metadata names it. `source`: where that was read."""
+
+    name: str
+    version: str | None = None
+    purl: str | None = None
+    source: str = ""  # "METADATA" | "info/index.json" | ".note.package"
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "version": self.version, "purl": self.purl, "source": self.source}
+
+
+@dataclass
+class Container:
+    """A wheel, conda package or image that audited files are members of (FileResult.archive
+    names it by `path`)."""
+
+    path: str  # as given or found, as reports name it
+    kind: str  # "wheel" | "conda" | "image"
+    sha256: str | None = None  # of the file (a wheel, a conda package); None for an image
+    size: int | None = None
+    package: PackageId | None = None
+    digest: str | None = None  # an image: "sha256:..." of its config, the image ID
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "kind": self.kind, "sha256": self.sha256, "size": self.size,
+                "package": self.package.to_dict() if self.package else None, "digest": self.digest}
+
+
+def _enc(text: str) -> str:
+    return quote(text, safe="")
+
+
+def purl(ptype: str, name: str, version: str | None = None, namespace: str | None = None,
+         qualifiers: dict[str, str | None] | None = None) -> str:
+    """A package URL (github.com/package-url/purl-spec): each part percent-encoded, qualifiers
+    sorted by key, empty ones left out."""
+    text = f"pkg:{ptype}/" + (f"{_enc(namespace)}/" if namespace else "") + _enc(name)
+    if version:
+        text += "@" + _enc(version)
+    quals = sorted((k, v) for k, v in (qualifiers or {}).items() if v)
+    if quals:
+        text += "?" + "&".join(f"{k}={_enc(v)}" for k, v in quals)
+    return text
+
+
+def _field(value) -> str | None:
+    if not isinstance(value, str):
+        return None
+    value = value.strip()
+    return value if 0 < len(value) <= _MAX_FIELD and value.isprintable() else None
+
+
+def pypi_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_package(path: str) -> PackageId | None:
+    """The wheel's Name and Version from its top-level `*.dist-info/METADATA`."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            metas = sorted(i for i in zf.infolist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", i.filename))
+            if not metas:
+                return None
+            base = os.path.basename(path).split("-")[0].lower()
+            meta = next((m for m in metas if m.filename.split("-")[0].lower() == base), metas[0])
+            if meta.file_size > _MAX_METADATA:
+                return None
+            with zf.open(meta) as fh:
+                text = fh.read(_MAX_METADATA + 1)[:_MAX_METADATA].decode("utf-8", "replace")
+    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, RuntimeError):
+        return None
+    headers = HeaderParser().parsestr(text, headersonly=True)
+    name, version = _field(headers.get("Name")), _field(headers.get("Version"))
+    if not name:
+        return None
+    return PackageId(name, version, purl("pypi", pypi_name(name), version), "METADATA")
+
+
+def _index_json(tf: tarfile.TarFile) -> dict | None:
+    for m in tf:
+        if m.name.lstrip("./") == "info/index.json" and m.isreg() and m.size <= _MAX_METADATA:
+            with tf.extractfile(m) as fh:
+                doc = json.loads(fh.read(_MAX_METADATA))
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+def conda_package(path: str) -> PackageId | None:
+    """name, version, build and subdir from the package's info/index.json."""
+    try:
+        if path.endswith(".tar.bz2"):
+            with tarfile.open(path, mode="r|bz2") as tf:
+                doc = _index_json(tf)
+        else:
+            with zipfile.ZipFile(path) as zf:
+                infos = [n for n in zf.namelist() if n.startswith("info-") and n.endswith(".tar.zst") and "/" not in n]
+                if len(infos) != 1:
+                    return None
+                import zstandard
+
+                with zf.open(infos[0]) as raw, zstandard.ZstdDecompressor().stream_reader(
+                        raw, read_across_frames=True) as z, tarfile.open(fileobj=z, mode="r|") as tf:
+                    doc = _index_json(tf)
+    except Exception:  # noqa: BLE001  metadata only: an unreadable one names nothing
+        return None
+    if doc is None:
+        return None
+    name, version = _field(doc.get("name")), _field(doc.get("version"))
+    if not name:
+        return None
+    kind = "tar.bz2" if path.endswith(".tar.bz2") else "conda"
+    quals = {"build": _field(doc.get("build")), "subdir": _field(doc.get("subdir")), "type": kind}
+    return PackageId(name, version, purl("conda", name.lower(), version, qualifiers=quals), "info/index.json")
+
+
+def note_package(note: dict | None) -> PackageId | None:
+    """A binary's .note.package object as a PackageId."""
+    if not note:
+        return None
+    name, version = _field(note.get("name")), _field(note.get("version"))
+    ptype = (_field(note.get("type")) or "").lower()
+    if not name:
+        return None
+    if ptype in _OS_TYPES:
+        ref = purl(ptype, name, version, _field(note.get("os")), {"arch": _field(note.get("architecture"))})
+    else:
+        ref = purl("generic", name, version)
+    return PackageId(name, version, ref, ".note.package")
+
+
+def file_digest(path: str) -> tuple[str, int] | None:
+    """(sha256, size) of a file on this machine, or None if it cannot be read."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+                size += len(chunk)
+    except OSError:
+        return None
+    return h.hexdigest(), size
+
+
+def container(path: str, kind: str, image_digest: str | None = None) -> Container:
+    """A container's identity: its file's digest and what its metadata says it is."""
+    if kind == "image":
+        return Container(path, kind, digest=f"sha256:{image_digest}" if image_digest else None)
+    got = file_digest(path)
+    package = wheel_package(path) if kind == "wheel" else conda_package(path)
+    return Container(path, kind, sha256=got[0] if got else None, size=got[1] if got else None, package=package)
+
+
+_HOST_DIGESTS: dict[str, tuple[str, int] | None] = {}  # real path -> digest, once per process
+
+
+def stamp_tree(tree, on_host: bool) -> None:
+    """Each node of a resolved tree (audit.linkage.resolution.ldso.DepNode) keeps what the file
+    it led to is: the digest, size and package note of a file that was read, else (on this
+    machine's file system) the digest of a library the policy did not read (trusted, denied)."""
+    for node, _ in tree.walk():
+        if node.sha256 is not None:
+            continue
+        if node.info is not None:
+            node.sha256, node.size = node.info.sha256 or None, node.info.size
+            node.package_note = getattr(node.info, "package_note", None)
+        elif on_host and node.path and node.status in ("trusted", "denied"):
+            real = os.path.realpath(node.path)
+            if real not in _HOST_DIGESTS:
+                _HOST_DIGESTS[real] = file_digest(real)
+            got = _HOST_DIGESTS[real]
+            if got is not None:
+                node.sha256, node.size = got

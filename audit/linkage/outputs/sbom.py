@@ -1,0 +1,263 @@
+"""What both SBOMs (cyclonedx.py, spdx.py) describe, taken once from a CheckReport: a graph of
+components and typed edges (docs/sbom.md).
+
+Components, each once, by a reference unique in the document:
+  - `container:PATH`  a wheel, conda package or image that audited files came from;
+  - the audited files, by their reported path (`x.whl!/pkg/lib.so`), in their container;
+  - `lib:PATH`        a library a file's tree resolved to that is not itself audited here;
+  - `unresolved:NAME` a library named (DT_NEEDED, a dlopen string, .note.dlopen) but not found;
+  - `vendor:RULE`     a vendor library known only by its evidence (a static copy of its code,
+                      its device kernels, imports of its API), named after the policy's rule.
+Edges (EDGE_KINDS): the resolved tree's NEEDED and dlopen edges, the libraries a file's
+`.note.dlopen` declares, and each finding that shows a library without a tree edge to it.
+Every finding stays on the component it was found in, with the file's verdict.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+
+from audit import __version__
+from audit.linkage.containers.identity import PackageId, note_package
+from audit.linkage.judging.policy import Policy
+from audit.linkage.model import WHEEL_SEP, CheckReport, FileResult, Finding
+
+NS = "sovereign-audit"
+# edge kind -> (what it means, the SPDX 2.3 relationship type)
+EDGE_KINDS = {
+    "needed": ("loaded by the dynamic loader at start (DT_NEEDED, an import, a load command)", "DYNAMIC_LINK"),
+    "dlopen": ("loaded at run time by name (a library-name string, a name assembled in code)", "DYNAMIC_LINK"),
+    "dlopen-declared": ("declared in the file's .note.dlopen as loaded at run time", "DYNAMIC_LINK"),
+    "imported-symbols": ("the file imports the vendor library's API", "DYNAMIC_LINK"),
+    "static-copy": ("the vendor library's code is compiled into the file", "STATIC_LINK"),
+    "embedded-device-code": ("the file embeds the vendor library's GPU kernels", "CONTAINS"),
+}
+# finding kind -> edge kind towards the library it names (kinds absent here are properties only)
+_FINDING_EDGES = {"dlopen-string": "dlopen", "assembled-name": "dlopen", "dlsym-string": "dlopen",
+                  "imported-symbol": "imported-symbols", "static-symbol": "static-copy",
+                  "static-string": "static-copy", "device-kernel": "embedded-device-code"}
+_NAMED = {"dlopen-string", "assembled-name"}  # the finding's subject is a library's file name
+_SHARED = {"ET_DYN", "MH_DYLIB", "MH_BUNDLE"}
+
+
+@dataclass
+class Component:
+    ref: str
+    role: str  # "container" | "file" | "library" | "unresolved" | "vendor"
+    name: str
+    kind: str  # CycloneDX component type: "library" | "application" | "file" | "container"
+    sha256: str | None = None
+    size: int | None = None
+    package: PackageId | None = None
+    parent: str | None = None  # the container component it is nested in
+    properties: list[tuple[str, str]] = field(default_factory=list)  # (name without NS prefix, value)
+
+    def prop(self, name: str, value) -> None:
+        if value is not None and value != "" and (name, str(value)) not in self.properties:
+            self.properties.append((name, str(value)))
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    kind: str  # one of EDGE_KINDS
+    detail: str | None = None  # e.g. the finding or note that shows it
+
+
+@dataclass
+class Graph:
+    components: dict[str, Component]
+    edges: list[Edge]
+    report: CheckReport
+    policy: Policy
+
+    def children(self, parent: str | None) -> list[Component]:
+        return [c for c in self.components.values() if c.parent == parent]
+
+    def depends(self) -> dict[str, list[str]]:
+        """Each component's targets, in edge order, without repeats."""
+        out: dict[str, list[str]] = {ref: [] for ref in self.components}
+        for e in self.edges:
+            if e.target not in out[e.source]:
+                out[e.source].append(e.target)
+        return out
+
+
+def finding_value(f: Finding) -> str:
+    """A finding as one property value: compact JSON, keys sorted (docs/sbom.md)."""
+    d = {"rule": f.rule, "mechanism": f.kind, "subject": f.subject, "where": f.where, "reason": f.reason,
+         "severity": f.severity, "failing": f.failing, "count": f.count}
+    for k in ("in_file", "excepted", "exception_expired", "baseline", "use_instead"):
+        if getattr(f, k):
+            d[k.replace("_", "-")] = getattr(f, k)
+    if len(f.chain) > 1:
+        d["chain"] = f.chain
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def build_graph(report: CheckReport, policy: Policy) -> Graph:
+    comps: dict[str, Component] = {}
+    edges: list[Edge] = []
+    seen_edges: set[tuple[str, str, str]] = set()
+
+    def edge(source: str, target: str, kind: str, detail: str | None = None) -> None:
+        if source != target and (source, target, kind) not in seen_edges:
+            seen_edges.add((source, target, kind))
+            edges.append(Edge(source, target, kind, detail))
+
+    for c in report.containers:
+        comp = comps[f"container:{c.path}"] = Component(
+            f"container:{c.path}", "container", c.package.name if c.package else os.path.basename(c.path.rstrip("/")),
+            "container" if c.kind == "image" else "library", c.sha256, c.size, c.package)
+        comp.prop("container", c.kind)
+        comp.prop("path", c.path)
+        comp.prop("image-id", c.digest)
+    containers = {c.path for c in report.containers}
+
+    # the audited files first: a library audited in this run is named by its own result
+    by_path: dict[str, str] = {}
+    for fr in report.files:
+        comps[fr.path] = _file_component(fr, containers)
+        by_path[fr.path] = fr.path
+        if WHEEL_SEP not in fr.path:  # a file on this machine: its tree names it by its real path
+            by_path.setdefault(os.path.realpath(fr.path), fr.path)
+
+    members = {}  # (container ref, file name) -> the audited file's ref
+    for fr in report.files:
+        members.setdefault((comps[fr.path].parent, comps[fr.path].name), fr.path)
+
+    def library(node) -> str:
+        where = node.realpath or node.path
+        if where and where in by_path:
+            return by_path[where]
+        if node.path and node.path in by_path:
+            return by_path[node.path]
+        if not where:
+            return unresolved(node.name, node.status)
+        ref = f"lib:{where}"
+        if ref not in comps:
+            name = node.soname or os.path.basename(where.split(WHEEL_SEP)[-1]) or node.name
+            comp = comps[ref] = Component(ref, "library", name, "library", node.sha256, node.size,
+                                          note_package(node.package_note), parent=_container_of(where, containers))
+            comp.prop("path", where)
+            comp.prop("soname", node.soname)
+            comp.prop("size", node.size)
+            comp.prop("status", node.status)
+            comp.prop("found-by", node.how)
+            comp.prop("rule", node.rule)
+            if node.sha256 is None:
+                comp.prop("not-hashed", "trusted by the policy: not read" if node.status == "trusted" else "not read")
+        return ref
+
+    def unresolved(name: str, status: str | None = None) -> str:
+        ref = f"unresolved:{name}"
+        if ref not in comps:
+            comp = comps[ref] = Component(ref, "unresolved", name, "library")
+            comp.prop("status", "unresolved")
+            comp.prop("note", "named but not found where the loader would search; no file read")
+        return ref
+
+    def vendor(rule_id: str) -> str:
+        ref = f"vendor:{rule_id}"
+        if ref not in comps:
+            rule = policy.rule(rule_id)
+            comp = comps[ref] = Component(ref, "vendor", (rule.name if rule and rule.name else rule_id), "library")
+            comp.prop("rule", rule_id)
+            comp.prop("note", "known by its evidence in the files that depend on it, not as a file")
+        return ref
+
+    for fr in report.files:
+        names: dict[str, str] = {}  # a library's requested name -> its ref, in this file's tree
+        if fr.tree is not None:
+            refs: dict[int, str] = {}
+            for node, chain in fr.tree.walk():
+                if len(chain) == 1 or node.status == "root":
+                    refs[id(node)] = fr.path
+                    continue
+                ref = refs[id(node)] = library(node) if node.status not in ("unresolved",) else unresolved(node.name)
+                names.setdefault(node.name, ref)
+                parent = refs.get(id(chain[-2]), fr.path)
+                edge(parent, ref, "dlopen" if node.edge == "dlopen" else "needed", node.request)
+        for decl in fr.dlopen_declared:
+            for soname in decl.sonames:
+                detail = ", ".join(x for x in (decl.priority, decl.feature) if x) or None
+                # not walked by the resolver: found as its tree names it, else among the files
+                # audited with it in its container (as the member fallback would)
+                target = names.get(soname) or members.get((comps[fr.path].parent, soname)) or unresolved(soname)
+                edge(fr.path, target, "dlopen-declared", detail)
+        for f in fr.findings:
+            source = by_path.get(f.in_file or "", fr.path) if f.in_file else fr.path
+            comps[source].prop("finding", finding_value(f))
+            kind = _FINDING_EDGES.get(f.kind)
+            if kind is None:
+                continue
+            if f.kind in _NAMED:
+                target = names.get(f.subject) or unresolved(f.subject)
+            else:
+                target = vendor(f.rule)
+            edge(source, target, kind, f"{f.kind}: {f.subject}")
+    return Graph(comps, edges, report, policy)
+
+
+def _file_component(fr: FileResult, containers: set[str]) -> Component:
+    shared = fr.soname or fr.elf_type in _SHARED or fr.path.lower().endswith((".dll", ".pyd", ".so", ".dylib"))
+    kind = "library" if shared else "application" if fr.elf_type in ("ET_EXEC", "MH_EXECUTE") else "file"
+    name = fr.path.split(WHEEL_SEP)[-1].rsplit("/", 1)[-1] or fr.path
+    comp = Component(fr.path, "file", name, kind, fr.sha256, fr.size, fr.package,
+                     parent=f"container:{fr.archive}" if fr.archive in containers else _container_of(fr.path, containers))
+    comp.prop("path", fr.path)
+    comp.prop("verdict", fr.verdict)
+    comp.prop("error", fr.error)
+    comp.prop("soname", fr.soname)
+    comp.prop("size", fr.size)
+    comp.prop("format", fr.format or ("elf" if fr.sha256 or fr.machine else None))
+    comp.prop("machine", fr.machine)
+    if fr.layer:
+        comp.prop("layer-index", fr.layer.get("index"))
+        comp.prop("layer-digest", fr.layer.get("digest"))
+    for t in fr.device_targets:
+        comp.prop("device-target", t)
+    for d in fr.dlopen_declared:
+        comp.prop("dlopen-declared", json.dumps({"soname": list(d.sonames), "feature": d.feature,
+                                                 "priority": d.priority, "description": d.description},
+                                                sort_keys=True, separators=(",", ":"), ensure_ascii=True))
+    if fr.package is not None:
+        comp.prop("package-source", fr.package.source)
+    return comp
+
+
+def _container_of(path: str, containers: set[str]) -> str | None:
+    outer = path.split("!", 1)[0] if "!" in path else None
+    if outer is not None and outer in containers:
+        return f"container:{outer}"
+    return None
+
+
+def created(report: CheckReport) -> str:
+    """The documents' date: SOURCE_DATE_EPOCH when set (reproducible builds' convention), else
+    the Unix epoch, so the same input always gives the same bytes (docs/sbom.md)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    seconds = int(epoch) if epoch.isdigit() else 0
+    return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def content_uuid(doc: dict) -> str:
+    """A UUID made from the document's own content (without its serial): the same content, the
+    same UUID; any change to it, another."""
+    digest = hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=True).encode()).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=5))
+
+
+def summary_properties(report: CheckReport, policy: Policy) -> list[tuple[str, str]]:
+    props = [("tool", f"sovereign-audit {__version__}"), ("policy", policy.name)]
+    props += [("policy-source", f"{s['path']} sha256:{s['sha256']}") for s in policy.sources]
+    props += [("verdict", report.verdict), ("exit-code", str(report.exit_code))]
+    props += [("input", p) for p in report.inputs]
+    props += [("error", e) for e in report.errors]
+    return props

@@ -1,0 +1,300 @@
+"""`check --format cyclonedx|spdx`: SBOMs of what was audited (docs/sbom.md).
+
+Every document is validated twice: against the official JSON schemas (CycloneDX 1.6 with its
+SPDX-licence and JSF references, SPDX 2.3; tests/fixtures/sbom/README.md says where each came
+from) and with the ecosystem's own libraries (cyclonedx-python-lib's strict JSON validator,
+spdx-tools' parser and validator), then read back with those libraries to find the edges a
+reader needs. Inputs: a wheel of gcc-built libraries shaped like onnxruntime-gpu and numpy
+(a CUDA provider that needs cuDNN, an extension that needs a renamed OpenBLAS), binaries with
+ELF package and dlopen notes written by ld and gcc, and real corpus wheels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+from referencing import Registry, Resource
+
+from audit.cli import main
+from linkage_fixtures import cc_shared
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMAS = REPO / "tests" / "fixtures" / "sbom"
+CUDA_NAME = "demo_pkg/capi/libonnxruntime_providers_cuda.so"
+UMATH_NAME = "demo_pkg/core/_umath.so"
+PACKAGE_NOTE = '{"type":"deb","os":"debian","name":"demo-notes","version":"1.2-3","architecture":"amd64"}'
+
+
+def cli(capsys, *args, env=None):
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main([str(a) for a in args])
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def dlopen_note_source(json_text: str, section: str = ".note.dlopen", ntype: str = "0x407c0c0a") -> str:
+    """C that puts a .note.dlopen (owner FDO, type 0x407c0c0a) holding `json_text` into the
+    object, as systemd's SD_ELF_NOTE_DLOPEN macro does (or another FDO note, by section and type)."""
+    lit = json.dumps(json_text)
+    return ("#include <stdint.h>\n"
+            f"__attribute__((used, section(\"{section}\"), aligned(4))) static const struct {{\n"
+            "  struct { uint32_t n_namesz, n_descsz, n_type; } nhdr; char name[4];\n"
+            f"  __attribute__((aligned(4))) char json[sizeof({lit})];\n"
+            f"}} note = {{ {{ 4, sizeof({lit}), {ntype} }}, \"FDO\", {lit} }};\n"
+            "int noted(void) { return 1; }\n")
+
+
+@pytest.fixture(scope="module")
+def demo_wheel(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("sbom-wheel")
+    libs = d / "libs"
+    cc_shared(libs / "libcudnn.so.9", "int cudnnCreate(void **h) { return 0; }", "-Wl,-soname,libcudnn.so.9")
+    cc_shared(libs / "libonnxruntime_providers_cuda.so",
+              "int cudnnCreate(void **h);\nint provider(void) { void *h; return cudnnCreate(&h); }",
+              f"-L{libs}", "-l:libcudnn.so.9")
+    blas = "libscipy_openblas64_-6bb31eeb.so"
+    cc_shared(libs / blas, "void scipy_dgemm_64_(void) {}", f"-Wl,-soname,{blas}")
+    cc_shared(libs / "_umath.so", "void scipy_dgemm_64_(void);\nvoid umath(void) { scipy_dgemm_64_(); }",
+              f"-L{libs}", f"-l:{blas}", "-Wl,-rpath,$ORIGIN/../../demo_pkg.libs")
+    noted = cc_shared(libs / "libnoted.so", dlopen_note_source(
+        '[{"feature":"dnn","description":"convolutions","priority":"recommended","soname":["libcudnn.so.9"]}]'),
+        "-Xlinker", f"--package-metadata={PACKAGE_NOTE}")
+    whl = d / "demo_pkg-1.0-py3-none-linux_x86_64.whl"
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("demo_pkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo_pkg\nVersion: 1.0\n")
+        zf.write(libs / "libonnxruntime_providers_cuda.so", CUDA_NAME)
+        zf.write(libs / "libcudnn.so.9", "demo_pkg/cudnn/lib/libcudnn.so.9")
+        zf.write(libs / "_umath.so", UMATH_NAME)
+        zf.write(libs / blas, f"demo_pkg.libs/{blas}")
+        zf.write(noted, "demo_pkg/libnoted.so")
+    return whl
+
+
+def _registry() -> Registry:
+    reg = Registry()
+    for name in ("bom-1.6.schema.json", "spdx.schema.json", "jsf-0.82.schema.json"):
+        res = Resource.from_contents(json.loads((SCHEMAS / name).read_text()))
+        reg = reg.with_resource(f"http://cyclonedx.org/schema/{name}", res)
+    return reg
+
+
+def validate_cyclonedx(text: str) -> dict:
+    doc = json.loads(text)
+    schema = json.loads((SCHEMAS / "bom-1.6.schema.json").read_text())
+    validator = jsonschema.Draft7Validator(schema, registry=_registry(), format_checker=jsonschema.FormatChecker())
+    errors = [f"{list(e.absolute_path)}: {e.message[:200]}" for e in validator.iter_errors(doc)]
+    assert errors == []
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    return doc
+
+
+def validate_spdx(path: Path):
+    doc = json.loads(path.read_text())
+    schema = json.loads((SCHEMAS / "spdx-2.3.schema.json").read_text())
+    validator = jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker())
+    assert [e.message[:200] for e in validator.iter_errors(doc)] == []
+    from spdx_tools.spdx.parser.parse_anything import parse_file
+    from spdx_tools.spdx.validation.document_validator import validate_full_spdx_document
+
+    parsed = parse_file(str(path))
+    assert [m.validation_message for m in validate_full_spdx_document(parsed)] == []
+    return parsed
+
+
+def sboms(capsys, tmp_path: Path, *inputs, env=None, tag="a") -> tuple[int, Path, Path, str]:
+    cdx, spdx = tmp_path / f"{tag}.cdx.json", tmp_path / f"{tag}.spdx.json"
+    rc, _, err = cli(capsys, "check", *inputs, "--format", f"cyclonedx={cdx}", "--format", f"spdx={spdx}", env=env)
+    return rc, cdx, spdx, err
+
+
+def cdx_components(doc: dict):
+    todo = list(doc["components"])
+    while todo:
+        c = todo.pop(0)
+        yield c
+        todo += c.get("components", [])
+
+
+def props(c: dict, name: str) -> list[str]:
+    return [p["value"] for p in c.get("properties", []) if p["name"] == f"sovereign-audit:{name}"]
+
+
+def bom_edges(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """cyclonedx-python-lib's reading: bom-ref -> (component name, the names it depends on)."""
+    from cyclonedx.model.bom import Bom
+
+    bom = Bom.from_json(json.loads(path.read_text()))
+    names = {}
+    todo = list(bom.components)
+    while todo:
+        c = todo.pop()
+        names[str(c.bom_ref)] = c.name
+        todo += list(c.components)
+    return {str(d.ref): (names[str(d.ref)], [names[str(x.ref)] for x in d.dependencies]) for d in bom.dependencies}
+
+
+def spdx_edges(parsed) -> list[tuple[str, str, str, str]]:
+    """spdx-tools' reading: (from name, relationship, to name, comment)."""
+    names = {p.spdx_id: p.name for p in parsed.packages}
+    return [(names.get(r.spdx_element_id), r.relationship_type.name, names.get(str(r.related_spdx_element_id)),
+             r.comment or "") for r in parsed.relationships]
+
+
+def test_both_sboms_of_a_wheel_validate_and_show_the_cudnn_and_openblas_edges(capsys, tmp_path, demo_wheel):
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, demo_wheel)
+    assert rc == 1, err  # cuDNN and OpenBLAS are denied
+    doc = validate_cyclonedx(cdx.read_text())
+    parsed = validate_spdx(spdx)
+
+    edges = bom_edges(cdx)
+    by_name = {name: deps for name, deps in edges.values()}
+    assert "libcudnn.so.9" in by_name["libonnxruntime_providers_cuda.so"]
+    assert "libscipy_openblas64_-6bb31eeb.so" in by_name["_umath.so"]
+    rels = spdx_edges(parsed)
+    assert ("libonnxruntime_providers_cuda.so", "DYNAMIC_LINK", "libcudnn.so.9",
+            "sovereign-audit:edge=needed") in rels
+    assert ("_umath.so", "DYNAMIC_LINK", "libscipy_openblas64_-6bb31eeb.so", "sovereign-audit:edge=needed") in rels
+
+    # the wheel is a component with its purl, its files nested in it with their sha256
+    wheel = next(c for c in doc["components"] if c["bom-ref"] == f"container:{demo_wheel}")
+    assert (wheel["name"], wheel["version"], wheel["purl"]) == ("demo_pkg", "1.0", "pkg:pypi/demo-pkg@1.0")
+    assert wheel["hashes"][0]["content"] == __import__("hashlib").sha256(demo_wheel.read_bytes()).hexdigest()
+    cuda = next(c for c in wheel["components"] if c["name"] == "libonnxruntime_providers_cuda.so")
+    assert len(cuda["hashes"][0]["content"]) == 64 and props(cuda, "verdict") == ["fail"]
+    assert props(cuda, "edge:needed")[0] == f"{demo_wheel}!/demo_pkg/cudnn/lib/libcudnn.so.9"
+    findings = [json.loads(v) for v in props(cuda, "finding")]
+    assert {"rule": "nvidia.cudnn", "mechanism": "needed"}.items() <= findings[0].items() or any(
+        f["rule"] == "nvidia.cudnn" and f["mechanism"] == "needed" and f["reason"] for f in findings)
+    assert any(pkg.name == "demo_pkg" and pkg.external_references[0].locator == "pkg:pypi/demo-pkg@1.0"
+               for pkg in parsed.packages)
+
+
+def test_package_and_dlopen_notes_name_the_file_and_its_declared_edge(capsys, tmp_path, demo_wheel):
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, demo_wheel)
+    doc = json.loads(cdx.read_text())
+    noted = next(c for c in cdx_components(doc) if c["bom-ref"].endswith("!/demo_pkg/libnoted.so"))
+    assert (noted["version"], noted["purl"]) == ("1.2-3", "pkg:deb/debian/demo-notes@1.2-3?arch=amd64")
+    assert props(noted, "edge:dlopen-declared") == [f"{demo_wheel}!/demo_pkg/cudnn/lib/libcudnn.so.9"]
+    assert json.loads(props(noted, "dlopen-declared")[0])["soname"] == ["libcudnn.so.9"]
+    rels = spdx_edges(validate_spdx(spdx))
+    assert ("libnoted.so", "DYNAMIC_LINK", "libcudnn.so.9",
+            "sovereign-audit:edge=dlopen-declared (recommended, dnn)") in rels
+
+
+def test_same_input_gives_the_same_bytes_and_the_date_is_settable(capsys, tmp_path, demo_wheel):
+    _, cdx1, spdx1, _ = sboms(capsys, tmp_path, demo_wheel, tag="one")
+    _, cdx2, spdx2, _ = sboms(capsys, tmp_path, demo_wheel, tag="two")
+    assert cdx1.read_bytes() == cdx2.read_bytes() and spdx1.read_bytes() == spdx2.read_bytes()
+    _, cdx3, spdx3, _ = sboms(capsys, tmp_path, demo_wheel, tag="dated", env={"SOURCE_DATE_EPOCH": "1767225600"})
+    d1, d3 = json.loads(cdx1.read_text()), json.loads(cdx3.read_text())
+    assert d1["metadata"]["timestamp"] == "1970-01-01T00:00:00Z"
+    assert d3["metadata"]["timestamp"] == "2026-01-01T00:00:00Z"
+    assert d1["serialNumber"] != d3["serialNumber"]  # derived from the content, date included
+    assert json.loads(spdx3.read_text())["creationInfo"]["created"] == "2026-01-01T00:00:00Z"
+
+
+def test_a_file_that_cannot_be_audited_is_in_the_sbom_with_its_error(capsys, tmp_path, demo_wheel):
+    bad = tmp_path / "libbad.so"
+    cc_shared(bad, dlopen_note_source('[{"soname": "not a list"}]'))
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, demo_wheel, bad)
+    assert rc == 3
+    doc = validate_cyclonedx(cdx.read_text())
+    validate_spdx(spdx)
+    comp = next(c for c in doc["components"] if c["bom-ref"] == str(bad))
+    assert props(comp, "verdict") == ["error"] and ".note.dlopen" in props(comp, "error")[0]
+    assert props(doc["metadata"], "verdict") == ["error"]
+
+
+def test_an_unreadable_package_note_is_a_warning_not_a_name(capsys, tmp_path):
+    # ld --package-metadata refuses text that is not JSON: the note is written by the compiler
+    lib = cc_shared(tmp_path / "libodd.so", dlopen_note_source('{"name": "x"', ".note.package", "0xcafe1a7e"))
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, lib)
+    assert rc == 0, err
+    comp = next(c for c in validate_cyclonedx(cdx.read_text())["components"] if c["bom-ref"] == str(lib))
+    assert "purl" not in comp and "version" not in comp
+    out = subprocess.run([sys.executable, "-m", "audit", "check", str(lib), "--format", "json"],
+                         capture_output=True, text=True)
+    assert ".note.package at" in out.stdout and "not JSON" in out.stdout
+
+
+def test_help_lists_both_sbom_formats_with_an_example(capsys):
+    rc, out, _ = cli(capsys, "check", "--help")
+    assert rc == 0
+    assert "--format cyclonedx=sbom.cdx.json" in out and "--format spdx=sbom.spdx.json" in out
+    assert "CycloneDX 1.6" in out and "SPDX 2.3" in out
+
+
+# ---------------------------------------------------------------- real wheels
+
+
+CORPUS = Path(os.environ.get("SOVEREIGN_AUDIT_WHEELS", "/work/cache/wheels"))
+
+
+def _corpus_numpy() -> Path:
+    sys.path.insert(0, str(REPO / "bench"))
+    import corpus
+
+    w = next(w for w in corpus.load_expectations() if w.name == "numpy")
+    try:
+        return corpus.fetch(w, REPO / "tests" / "_fixtures_build" / "corpus-wheels",
+                            [str(CORPUS)] if CORPUS.is_dir() else [])
+    except RuntimeError as exc:
+        try:
+            socket.create_connection(("pypi.org", 443), timeout=5).close()
+        except OSError:
+            pytest.skip("the package index (pypi.org) cannot be reached to download numpy's wheel")
+        raise AssertionError(str(exc)) from None
+
+
+def test_numpy_wheel_sboms_validate_and_show_the_openblas_edge(capsys, tmp_path):
+    """numpy's extensions NEED the OpenBLAS that auditwheel bundled into numpy.libs (readelf -d
+    _multiarray_umath...so: NEEDED libscipy_openblas64_-*.so)."""
+    whl = _corpus_numpy()
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, whl)
+    assert rc == 1, err
+    validate_cyclonedx(cdx.read_text())
+    parsed = validate_spdx(spdx)
+    edges = bom_edges(cdx)
+    umath = [deps for name, deps in edges.values() if name.startswith("_multiarray_umath.")]
+    assert umath and any(d.startswith("libscipy_openblas64_-") for d in umath[0])
+    assert any((a or "").startswith("_multiarray_umath.") and rel == "DYNAMIC_LINK" and (b or "").startswith(
+        "libscipy_openblas64_-") for a, rel, b, _ in spdx_edges(parsed))
+    wheel = next(c for c in json.loads(cdx.read_text())["components"] if c["bom-ref"].startswith("container:"))
+    assert wheel["purl"] == "pkg:pypi/numpy@2.4.6"
+
+
+ORT_GPU = CORPUS / "onnxruntime_gpu-1.31.1-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ORT_GPU.is_file(), reason=f"{ORT_GPU.name} is not in the wheel cache (bench/corpus.py fetches it)")
+def test_onnxruntime_gpu_sboms_show_cudnn_reached_through_the_cuda_provider(capsys, tmp_path):
+    """libonnxruntime_providers_cuda.so loads cuDNN by a name it assembles in code and calls it
+    through dlsym (bench/corpus_expectations.toml); libonnxruntime_providers_tensorrt.so NEEDS
+    libcudnn.so.9. Both edges are readable with the ecosystem's libraries."""
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, ORT_GPU)
+    assert rc == 1, err
+    validate_cyclonedx(cdx.read_text())
+    rels = spdx_edges(validate_spdx(spdx))
+    edges = {name: deps for name, deps in bom_edges(cdx).values()}
+    assert "libcudnn.so.9" in edges["libonnxruntime_providers_tensorrt.so"]
+    assert any("cuDNN" in d or d.startswith("libcudnn") for d in edges["libonnxruntime_providers_cuda.so"])
+    assert any(a == "libonnxruntime_providers_cuda.so" and "dlopen" in c and ("cudnn" in (b or "").lower())
+               for a, _, b, c in rels)
