@@ -24,6 +24,7 @@ from audit.linkage.resolution.native import read_binary, resolver_for
 from audit.elf.model import ElfInfo
 from audit.elf.reader import is_elf
 from audit.errors import EXIT_INPUT, EXIT_OK, InputError, UsageError, no_commands, printable
+from audit.schemas import INSPECT
 
 SCHEMA = "sovereign-audit.inspect/1"
 TEXT_LIMIT = 40  # rows per list in text output; --json has them all
@@ -58,7 +59,7 @@ class InspectResult:
                 d["dependency_tree"] = self.trees[f.path]
                 d["dependency_warnings"] = self.tree_warnings.get(f.path, [])
             files.append(d)
-        return {"schema": SCHEMA, "files": files,
+        return {"$schema": INSPECT, "schema": SCHEMA, "files": files,
                 "errors": [{"path": p, "error": e} for p, e in self.errors + self.entry_errors]
                 + ([{"path": None, "error": self.nothing_found}] if self.nothing_found else []),
                 "skipped_non_elf": self.skipped}

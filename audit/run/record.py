@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from audit import __version__
+from audit.schemas import RUN
 
 RUN_SCHEMA = "sovereign-audit.run/1"
 STAGES = ("environment", "build", "linkage", "parity", "bench", "pipeline", "report")
@@ -89,6 +90,7 @@ class RunRecord:
 
     def to_dict(self) -> dict:
         return {
+            "$schema": RUN,
             "schema": RUN_SCHEMA,
             "tool": {"name": "sovereign-audit", "version": self.tool_version},
             "command": self.command,
