@@ -81,19 +81,29 @@ def dist(tmp_path_factory) -> Path:
     return d
 
 
-def run_step(shim: Path, cwd: Path, **inputs) -> tuple[int, dict, str]:
-    """Run the action's check step as the runner would: bash, inputs as env, $GITHUB_OUTPUT."""
+def run_step(shim: Path, cwd: Path, runner_env: dict | None = None, **inputs) -> tuple[int, dict, str]:
+    """Run the action's check step as the runner would: bash, inputs as env, $GITHUB_OUTPUT
+    (NAME=VALUE lines and NAME<<DELIMITER blocks)."""
     step = check_step()
     doc = action()
     values = {k: str(v.get("default", "")) for k, v in doc["inputs"].items()}
-    values.update(inputs)
+    values.update({k.replace("_", "-"): v for k, v in inputs.items()})
     env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", GITHUB_OUTPUT=str(cwd / "gh-output"))
+    env.pop("SOVEREIGN_AUDIT_SIGNING_KEY", None)
+    env.update(runner_env or {})
     for var, expr in step["env"].items():
         env[var] = values[re.fullmatch(r"\$\{\{ inputs\.([\w-]+) \}\}", expr).group(1)]
     (cwd / "gh-output").write_text("")
     proc = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
-    out = dict(line.split("=", 1) for line in (cwd / "gh-output").read_text().splitlines() if "=" in line)
+    out, lines = {}, iter((cwd / "gh-output").read_text().splitlines())
+    for line in lines:
+        if "<<" in line and "=" not in line.split("<<", 1)[0]:
+            name, end = line.split("<<", 1)
+            out[name] = "\n".join(iter(lambda: next(lines), end))
+        elif "=" in line:
+            name, value = line.split("=", 1)
+            out[name] = value
     return proc.returncode, out, proc.stdout + proc.stderr
 
 
@@ -161,3 +171,40 @@ def test_help_lists_every_format_with_an_example(capsys):
         assert line is not None, fmt
         example = re.search(r"--format (\S+)", line)
         assert example and parse_format(example.group(1)).format == fmt, line
+
+
+def test_the_action_writes_sboms_and_a_signed_verdict_and_uploads_them(shim, dist, tmp_path):
+    import base64
+    import json
+
+    upload = next(s for s in action()["runs"]["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact@"))
+    assert upload["with"]["path"] == "${{ steps.check.outputs.files }}" and "always()" in upload["if"]
+    github = {"GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "o/r", "GITHUB_SHA": "0" * 40}
+    rc, out, log = run_step(shim, dist, github, paths="dist/libneeds.so dist/libclean.so", format="text",
+                            cyclonedx="sbom.cdx.json", spdx="sbom.spdx.json", attest="check.intoto.jsonl")
+    assert rc == 0 and out["exit-code"] == "1", log
+    assert out["files"].splitlines() == ["sovereign-audit.sarif", "sbom.cdx.json", "sbom.spdx.json",
+                                         "check.intoto.jsonl", "check.intoto.jsonl.pub"]
+    assert "ephemeral key" in log
+    envelope = json.loads((dist / "check.intoto.jsonl").read_text())
+    stmt = json.loads(base64.b64decode(envelope["payload"]))
+    assert stmt["predicate"]["resourceUri"] == "git+https://github.com/o/r@" + "0" * 40
+    assert stmt["predicate"]["verificationResult"] == "FAILED"
+    names = {s["name"] for s in stmt["subject"]}
+    assert {"dist/libneeds.so", "dist/libclean.so", "sbom.cdx.json", "sbom.spdx.json"} <= names
+    verify = [str(shim / "sovereign-audit"), "verify-attestation", "check.intoto.jsonl", "--artifact", "sbom.cdx.json"]
+    proc = subprocess.run(verify + ["--key", "check.intoto.jsonl.pub"], cwd=dist, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+    # a key from a secret: no .pub beside it; the signature verifies under that key's public half
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    subprocess.run([str(shim / "sovereign-audit"), "keygen", "--out", str(keys / "ci")], check=True,
+                   capture_output=True)
+    rc, out, log = run_step(shim, dist, paths="dist/libclean.so", format="", sarif="", attest="signed.intoto.jsonl",
+                            signing_key=(keys / "ci.key").read_text())
+    assert out["exit-code"] == "0" and out["files"] == "signed.intoto.jsonl", log
+    assert "ephemeral" not in log and not (dist / "signed.intoto.jsonl.pub").exists()
+    proc = subprocess.run(verify[:2] + ["signed.intoto.jsonl", "--key", str(keys / "ci.pub"), "--require-passed"],
+                          cwd=dist, capture_output=True, text=True)
+    assert proc.returncode == 0 and "PASSED for dist/libclean.so" in proc.stdout, proc.stderr
