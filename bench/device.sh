@@ -557,13 +557,13 @@ echo "--- pipeline"; tail -n 25 "$WORK/pipeline.log"
 
 # ==================================================================================================
 # kernel
-# the one script for a kernel run on an NVIDIA GPU. It builds the sm_90,
+# A kernel run on an NVIDIA GPU in stages (FK_STAGES). It builds the sm_90,
 # sm_90-generic and tuning-variant libraries (or uses carried builds under $FK_BUILD), runs the GPU
 # tests, runs compute-sanitizer memcheck over the test shapes (exact-size cudaMalloc buffers, so an
 # out-of-bounds access cannot hide in a caching allocator's slack), then times every variant side by
 # side with PyTorch (bench/kernel_bench.py). Logs go to $OUT; a short table prints last.
 #
-#   FK_BUILD=build/h3 FK_VARIANTS="w8:-DFK_MMA_WARPS_D128=8 -DFK_MMA_WARPS_D64=8" the kernel run
+#   FK_BUILD=build/h3 FK_VARIANTS="w8:-DFK_MMA_WARPS_D128=8 -DFK_MMA_WARPS_D64=8" bash bench/device.sh kernel
 #   FK_STAGES="test memcheck racecheck fma bench" (default all), FK_SHAPES="1,12,32760,128 1,30,17776,64"
 #   FK_LIBS="sm_90a" FK_STAGES="memcheck racecheck" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a: sanitizers alone
 # Libraries: $FK_BUILD/{sm_90,sm_90a,sm_90-generic}/libflash_kernel.so, built here when absent (carry
@@ -701,7 +701,7 @@ cat "$OUT/env.txt"
 
 # ==================================================================================================
 # survey
-# the kernel survey in one device run, most important first (a run killed at
+# The kernel survey in one device run, most important first (a run killed at
 # its limit still returns what $OUT holds): GPU tests of sm_90a / sm_90 / sm_90-generic, the fp32
 # FMA peak, racecheck and memcheck of the sm_90a library, the op bench (mma variants, wgmma, generic
 # and naive against SDPA flash/cuDNN), then the wan-480p pipeline with the fastest library.

@@ -121,10 +121,12 @@ def test_every_run_a_document_names_exists():
     assert {n for _, n in named} <= runs, sorted(n for n in named if n[1] not in runs)
 
 
-def test_perf_md_reproducing_table_lists_exactly_the_runs():
+def test_perf_md_reproducing_table_names_only_runs_that_exist():
+    # a subset, not equality: adding a run stays a change in bench/device.sh alone
     text = section(PERF.read_text(), "## Reproducing", "## What was tried")
     table = set(re.findall(r"^\| `([a-z][a-z0-9-]*)` \|", text, re.M))
-    assert table == set(listed_runs())
+    assert len(table) >= 12
+    assert table <= set(listed_runs()), sorted(table - set(listed_runs()))
 
 
 def test_the_old_per_run_scripts_are_gone():
