@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from audit import __version__
+from audit.kernel_build import package_note
 from audit.kernel_build import provenance as prov
 from audit.kernel_build import targets as tg
 from audit.kernel_build.toolchain import Toolchain, ToolchainMissing, find
@@ -168,6 +169,9 @@ def up_to_date(spec: tg.TargetSpec, tc: Toolchain, root: Path, out: Path) -> Tar
         lib = tdir / tg.LIBRARY_NAME
         if sha256_file(lib) != rec["outputs"][0]["sha256"]:
             return None
+        recorded = [prov.FileDigest(s["path"], s["sha256"], s.get("size", 0)) for s in rec["sources"]]
+        if rec.get("package_note") != package_note.document(spec.name, recorded):  # unstamped, or another version
+            return None
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError):
         return None
     return TargetBuild(spec.name, spec.kind, BUILT, "up to date (provenance matches)", True, str(lib),
@@ -257,11 +261,18 @@ def build_one(spec: tg.TargetSpec, tc, root: Path, out: Path, requested: bool) -
         method = "compiler-deps"
         if spec.source not in sources:  # no usable dependency output: fall back to scanning
             sources, method = prov.scan_sources(root), "scan"
+        source_digests = [prov.digest(root / s, s) for s in sources]
+        note = package_note.document(spec.name, source_digests)
+        try:  # before the output is hashed: the digest is of the library as shipped, note included
+            package_note.stamp(tmp, note)
+        except package_note.StampError as exc:
+            tb.status, tb.reason = FAILED, str(exc)
+            return tb
         out_digest = prov.digest(tmp, tg.LIBRARY_NAME)
         record = prov.Provenance(
             target=spec.name, kind=spec.kind, command=argv, cwd=str(root), env=dict(spec.env),
             flags=list(spec.flags), compiler=tc.to_dict(),
-            sources=[prov.digest(root / s, s) for s in sources], sources_method=method,
+            sources=source_digests, sources_method=method, package_note=note,
             outputs=[out_digest], host=prov.host_info(), started_at=started, finished_at=finished,
             duration_s=round(time.monotonic() - t0, 3), expected_flash_path=spec.flash_path, note=spec.note,
             git=prov.git_info(root), tool_version=__version__, temp_output=str(tmp))

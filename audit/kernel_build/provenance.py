@@ -159,6 +159,7 @@ class Provenance:
     git: dict | None = None
     tool_version: str = ""
     temp_output: str = ""  # the -o name in `command`, renamed to the library once complete
+    package_note: dict | None = None  # the .note.package added to the library (package_note.py)
     schema: str = PROVENANCE_SCHEMA
     extra: dict = field(default_factory=dict)
 
