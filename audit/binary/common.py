@@ -128,7 +128,7 @@ def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], w
                 # first "character" after any other byte is the end of an ASCII string before it
                 while at < m.start() and at > lo and buf[at - 1] != 0:
                     at += 2
-                if at == m.start() or at in skip:
+                if at == m.start() or at in skip or _version_value(buf, at, lo):
                     continue
                 if len(hits) >= MAX_HITS:
                     raise InputError(f"more than {MAX_HITS} library-name strings (limit)")
@@ -136,6 +136,18 @@ def library_strings(buf, regions: Iterable[Region], suffix: re.Pattern[bytes], w
                 hits.append(StringHit(section=reg.name, offset=at, text=text))
         release(buf, lo, hi)
     return hits
+
+
+# The version resource's keys whose value is the file's own name (VS_VERSIONINFO's StringTable:
+# the key in UTF-16, its NUL, zero padding to 4 bytes, then the value): identity, not a load.
+_OWN_NAME_KEYS = tuple(k.encode("utf-16-le")[:-1] for k in ("OriginalFilename", "InternalName"))
+
+
+def _version_value(buf, at: int, lo: int) -> bool:
+    """True where the UTF-16 string at `at` is the value of a version resource's OriginalFilename
+    or InternalName (cuDNN's cudnn_ops64_9.dll names itself so in .rsrc)."""
+    before = bytes(buf[max(lo, at - 40):at])
+    return len(before) - len(before.rstrip(b"\0")) in range(3, 8) and before.rstrip(b"\0").endswith(_OWN_NAME_KEYS)
 
 
 _WINDOW = 16 << 20

@@ -280,6 +280,10 @@ def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add
             groups.setdefault(rule.id, []).append(hit.text)
             first.setdefault(rule.id, hit)
     resolved = {rid: sorted(names) for rid, names in groups.items() if len(names) >= 2}
+    mine = _own_names(info, [n for names in resolved.values() for n in names]) if resolved else set()
+    if mine:  # the program's own functions and operators of the same name: no lookup of the vendor's
+        resolved = {rid: kept for rid, names in resolved.items()
+                    if len(kept := [n for n in names if n not in mine]) >= 2}
     for rid in sorted(resolved):
         own = _compiled_in(info, policy.rule(rid))
         if own:  # the vendor's code is in this file: its API names are its own strings
@@ -330,11 +334,29 @@ def _type_prefixes(rule) -> list[bytes]:
     return [h.encode("ascii") for h in out]
 
 
+def _msvc_scopes(heads: list[bytes]) -> list[bytes]:
+    """The MSVC spelling of each nested-name head's scope (b"N4dnnl" -> b"@dnnl@@", b"N6oneapi3mkl"
+    -> b"@mkl@oneapi@@"): how an MSVC RTTI type name of that namespace ends (`.?AVprimitive_t@impl@dnnl@@`)."""
+    out = []
+    for head in heads:
+        parts, at = [], 1
+        while at < len(head):
+            m = re.match(rb"[0-9]+", head[at:])
+            if m is None:
+                break
+            size = int(m.group())
+            parts.append(head[at + m.end():at + m.end() + size])
+            at += m.end() + size
+        if parts and at == len(head):
+            out.append(b"@" + b"@".join(reversed(parts)) + b"@@")
+    return out
+
+
 def _compiled_in(info: ElfInfo, rule) -> tuple[list[str], int] | None:
     """(type names, file offset of the first) of the rule's C++ namespace among the file's
     NUL-delimited strings, if there are at least _MIN_TYPE_NAMES: the vendor's classes are
     defined in this file (their typeinfo names: oneDNN's N4dnnl4impl... in a library that
-    builds oneDNN in and imports nothing of it). None if there are fewer, or the file cannot be
+    builds oneDNN in and imports nothing of it; in a Windows binary their MSVC RTTI names). None if there are fewer, or the file cannot be
     read again."""
     heads = _type_prefixes(rule)
     if not heads or not info.path:
@@ -352,11 +374,65 @@ def _compiled_in(info: ElfInfo, rule) -> tuple[list[str], int] | None:
                 found.setdefault(m.group().decode("ascii"), m.start())
                 if len(found) >= 100_000:
                     break
+            if len(found) < _MIN_TYPE_NAMES and getattr(info, "format", "") in ("pe", "coff"):
+                found.update(_msvc_type_names(mm, heads))
     except (OSError, ValueError):
         return None
     if len(found) < _MIN_TYPE_NAMES:
         return None
     return sorted(found), min(found.values())
+
+
+def _msvc_type_names(mm, heads: list[bytes]) -> dict[str, int]:
+    """MSVC RTTI type names (`.?AVprimitive_t@impl@dnnl@@`, `.?AU...`) of the heads' namespaces
+    in a Windows binary, with their file offsets: what the Itanium typeinfo names are to ELF
+    (torch_cpu.dll builds oneDNN in and exports none of it). Led by the literal `.?A`."""
+    scopes = _msvc_scopes(heads)
+    if not scopes:
+        return {}
+    pattern = re.compile(rb"\.\?A[UV][A-Za-z0-9_@?$]{1,400}?(?:" + b"|".join(re.escape(x) for x in scopes)
+                         + rb")(?=\x00)")
+    found: dict[str, int] = {}
+    for m in pattern.finditer(mm):
+        found.setdefault(m.group().decode("ascii"), m.start())
+        if len(found) >= 100_000:
+            break
+    return found
+
+
+def _own_names(info, names: list[str]) -> set[str]:
+    """The `names` the file itself also spells as a C++ name of its own: a component of a
+    mangled name, length-prefixed (`_ZN2at6native16mkl_gemm_batchedE...`), or of an MSVC-decorated
+    one (`?mkldnn_view@native@at@@...`), or the last part of a qualified name in its text
+    (`aten::mkldnn_adaptive_avg_pool2d`). Such a string is the
+    program's function or operator name (torch's `mkl_gemm_batched`, `mkldnn_linear` operators,
+    in a build with neither MKL nor oneDNN), not a vendor C API looked up by name: a C API has
+    no namespace and no mangled form. One search over the file, led by the names themselves."""
+    if not names or not info.path:
+        return set()
+    wanted = sorted(set(names), key=len, reverse=True)
+    pattern = re.compile(b"|".join(re.escape(n.encode("ascii")) for n in wanted))
+    own: set[str] = set()
+    try:
+        with open(info.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            for m in pattern.finditer(mm):
+                name = m.group()
+                at, end = m.start(), m.end()
+                size = str(len(name)).encode("ascii")
+                if mm[max(0, at - len(size)):at] == size and not mm[at - len(size) - 1:at - len(size)].isdigit():
+                    own.add(name.decode("ascii"))  # <len><name> inside a mangled name
+                elif mm[max(0, at - 2):at] == b"::" and not _IDENT_BYTE.match(mm[end:end + 1]):
+                    own.add(name.decode("ascii"))
+                elif mm[end:end + 1] == b"@" and (mm[at - 1:at] in (b"?", b"@") or mm[max(0, at - 3):at - 1] == b"??"):
+                    own.add(name.decode("ascii"))  # an MSVC-decorated name: ?name@scope@@, ?call@name@_ops@at@@
+                if len(own) == len(wanted):
+                    break
+    except (OSError, ValueError):
+        return set()
+    return own
+
+
+_IDENT_BYTE = re.compile(rb"[A-Za-z0-9_]")
 
 
 def _library_rules(policy: Policy, info) -> dict:
