@@ -129,6 +129,29 @@ def test_perf_md_reproducing_table_names_only_runs_that_exist():
     assert table <= set(listed_runs()), sorted(table - set(listed_runs()))
 
 
+def _documented_commands(text: str) -> list[str]:
+    """The `bash bench/device.sh ...` commands of a document's sh blocks, continuation lines joined."""
+    cmds = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if "bash bench/device.sh " in line:
+                cmds.append(line)
+    return cmds
+
+
+def test_every_documented_command_is_a_valid_invocation():
+    cmds = _documented_commands(PERF.read_text())
+    assert len(cmds) >= 4
+    for cmd in cmds:
+        if "--list" in cmd or "--dry-run" in cmd:
+            dry = cmd
+        else:
+            dry = cmd.replace("bash bench/device.sh ", "bash bench/device.sh --dry-run ", 1)
+        p = subprocess.run(["bash", "-c", dry], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stderr == "", (cmd, p.stderr)
+
+
 def test_the_old_per_run_scripts_are_gone():
     assert sorted(p.name for p in (ROOT / "bench").glob("device_*.sh")) == []
     for doc in documents():
