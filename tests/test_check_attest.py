@@ -223,3 +223,25 @@ def test_verify_attestation_failures_are_one_error_line_each(dist, keys, capsys,
         rc, out, err = cli(capsys, "verify-attestation", *args)
         assert (rc, len(err.splitlines())) == (code, 1) and err.startswith("error: ") and msg in err, (args, err)
         assert out == ""
+
+
+def test_docs_ci_python_examples_run_as_written(dist, keys, capsys):
+    """docs/ci.md's securesystemslib check and findings-digest recipe, run on a real attestation."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(keys / "signer.pub", "ci.pub")
+    rc, _, _ = cli(capsys, "check", dist["wheel"], "--format", "json=linkage.json", "--attest", "check.intoto.jsonl",
+                   "--key", keys / "signer.key")
+    assert rc == EXIT_VIOLATION
+    text = (Path(__file__).resolve().parent.parent / "docs/ci.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    verify = next(b for b in blocks if "Envelope.from_dict" in b)
+    recipe = next(b for b in blocks if "hashlib" in b and "linkage.json" in b)
+    out = subprocess.run([sys.executable, "-c", verify], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout == "FAILED\n", out.stderr
+    out = subprocess.run([sys.executable, "-c", recipe], capture_output=True, text=True)
+    digest = payload(Path("check.intoto.jsonl"))["predicate"]["https://sovereign-audit.dev/vsa/findings/v1"]["sha256"]
+    assert out.returncode == 0 and out.stdout == digest + "\n", out.stderr
