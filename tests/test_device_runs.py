@@ -70,7 +70,7 @@ def test_list_names_each_run_once_with_a_description():
         assert len(desc) > 20, (name, desc)
 
 
-@pytest.mark.parametrize("name", sorted(listed_runs()))
+@pytest.mark.parametrize("name", sorted(listed_runs()) if shutil.which("bash") else [])
 def test_every_listed_run_has_its_function_and_dry_run(name):
     r = device("--dry-run", name)
     assert r.rc == 0, r.err
