@@ -245,3 +245,19 @@ def test_docs_ci_python_examples_run_as_written(dist, keys, capsys):
     out = subprocess.run([sys.executable, "-c", recipe], capture_output=True, text=True)
     digest = payload(Path("check.intoto.jsonl"))["predicate"]["https://sovereign-audit.dev/vsa/findings/v1"]["sha256"]
     assert out.returncode == 0 and out.stdout == digest + "\n", out.stderr
+
+
+def test_verify_attestation_exit_codes_are_documented_in_help_and_docs(capsys):
+    import re
+
+    rc, out, _ = cli(capsys, "verify-attestation", "--help")
+    flat = " ".join(out.split())
+    assert rc == EXIT_OK
+    for code, words in ((0, "verified"), (1, "does not verify under PUB"), (2, "not a DSSE envelope"),
+                        (3, "cannot be read")):
+        assert re.search(rf"\b{code} [^;]*{re.escape(words)}", flat), (code, flat)
+    doc = (Path(__file__).resolve().parent.parent / "docs/ci.md").read_text()
+    table = doc[doc.index("### Verifying it"):]
+    for code, words in ((0, "every signature verifies"), (1, "does not verify under PUB"), (2, "not a DSSE envelope"),
+                        (3, "cannot be read")):
+        assert re.search(rf"^\| {code} \|[^\n]*{re.escape(words)}", table, re.M), code

@@ -90,6 +90,7 @@ def artifact_subjects(report: CheckReport) -> Artifacts:
         if fr.archive:
             members.setdefault(fr.archive, []).append(fr)
     own = {fr.path: fr.sha256 for fr in report.files if not fr.archive}
+    own.update({c.path: c.sha256 for c in report.containers if c.sha256})  # hashed as they were opened
     subjects, unnamed, newest = {}, [], None
     for path, verdict in verdicts.items():
         name, digest = path, None
