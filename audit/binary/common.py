@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from audit.elf.model import StringHit, SymbolColumns
 from audit.elf.reader import open_regular
 from audit.elf.parse import SHF_ALLOC, SHT_PROGBITS, Malformed, decode, release
-from audit.elf.strings import strings_in
+from audit.elf.strings import marker_strings, strings_in
 from audit.errors import InputError
 
 MAX_HITS = 10_000  # library-name strings per file; more is an error (a name past it is never dropped)
@@ -176,6 +176,19 @@ def api_strings(buf, size: int, regions: list[Region], prefixes: tuple[bytes, ..
         return strings_in(buf, [(r.name, r.offset, r.size) for r in regions], prefixes)[1]
     except Malformed as exc:
         raise InputError(str(exc)) from None
+
+
+def markers_in(buf, regions: Iterable[Region], markers: tuple[bytes, ...]) -> list[StringHit]:
+    """The whole strings in the data regions that start with one of `markers` (a policy's marker
+    texts), as audit.elf.strings.marker_strings reads them in an ELF file's data sections.
+    InputError past its limit of strings (fail closed)."""
+    hits: list[StringHit] = []
+    try:
+        for reg in regions if markers else ():
+            marker_strings(buf, reg.offset, reg.offset + reg.size, reg.name, markers, hits)
+    except Malformed as exc:
+        raise InputError(str(exc)) from None
+    return hits
 
 
 def code_loading(names: Iterable[str]) -> list[str]:

@@ -65,6 +65,8 @@ class BinaryInfo:
     forwarders: list[Forward] = field(default_factory=list)  # PE forwarded exports (via "export")
     library_strings: list[StringHit] = field(default_factory=list)  # "cudnn64_9.dll", "libcublas.dylib"
     api_strings: list[StringHit] = field(default_factory=list)  # names for GetProcAddress/dlsym
+    # whole strings in the data that start with one of the caller's markers (ElfInfo's, the same)
+    marker_strings: list[StringHit] = field(default_factory=list)
     device_code: list[DeviceCode] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     read_assembled_names: Callable[[], list[StringHit]] | None = field(default=None, repr=False, compare=False)
@@ -72,4 +74,6 @@ class BinaryInfo:
     def to_dict(self) -> dict:
         d = asdict(replace(self, symbols=list(self.symbols)))
         d.pop("read_assembled_names")
+        if not d["marker_strings"]:  # looked for only at a policy's request: no key where none are kept
+            d.pop("marker_strings")
         return d

@@ -58,7 +58,7 @@ class CachedReader:
         self._more = {"api_prefixes": policy.api_prefixes} if read_elf is None else {}
         if not sha256 and read_elf is None and fs is HOST:  # no output shows the files' hashes
             self._more["sha256"] = False
-        if read_elf is None and fs is HOST and policy.markers:  # vendor text kept in the data-string pass
+        if read_elf is None and policy.markers:  # vendor text kept in the data-string pass (images too)
             self._more["markers"] = policy.markers
         if read_elf is None and fs is HOST:  # while the reader's helpers read: the policy's other
             # regexes compiled, then the symbols' basis for judging made (audit.linkage.judging.scan)

@@ -85,21 +85,23 @@ def is_macho(path: str | os.PathLike) -> bool:
 
 
 def read_macho(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
-               api_prefixes: tuple[bytes, ...] = (), sha256: bool = True) -> list[BinaryInfo]:
+               api_prefixes: tuple[bytes, ...] = (), sha256: bool = True,
+               markers: tuple[bytes, ...] = ()) -> list[BinaryInfo]:
     """Read one Mach-O file: one BinaryInfo per slice (one for a thin file), in the order the
     universal header lists them. Keeps imports always and defined names when their bytes match
     `symbol_pattern`; API-name strings where the slice imports dlsym. Raises InputError."""
     path = os.fspath(path)
     mm, size = common.open_mapped(path, "Mach-O")
     try:
-        return read_macho_buffer(path, mm, size, symbol_pattern, api_prefixes, sha256)
+        return read_macho_buffer(path, mm, size, symbol_pattern, api_prefixes, sha256, markers)
     finally:
         common.close_quietly(mm)
 
 
-def read_macho_buffer(path: str, buf, size: int, symbol_pattern=None, api_prefixes=(), sha256=True) -> list[BinaryInfo]:
+def read_macho_buffer(path: str, buf, size: int, symbol_pattern=None, api_prefixes=(), sha256=True,
+                      markers: tuple[bytes, ...] = ()) -> list[BinaryInfo]:
     try:
-        infos = [_Slice(path, buf, base, length, label).read(symbol_pattern, tuple(api_prefixes))
+        infos = [_Slice(path, buf, base, length, label).read(symbol_pattern, tuple(api_prefixes), tuple(markers))
                  for base, length, label in _slices(buf, size)]
     except InputError:
         raise
@@ -158,7 +160,7 @@ class _Slice:
             raise ValueError(f"{what} ({off:#x}+{length:#x}) lies outside the slice")
         return self.base + off
 
-    def read(self, symbol_pattern, api_prefixes) -> BinaryInfo:
+    def read(self, symbol_pattern, api_prefixes, markers: tuple[bytes, ...] = ()) -> BinaryInfo:
         buf, base = self.buf, self.base
         if self.size < 28:
             raise ValueError("too short for a Mach-O header")
@@ -234,7 +236,7 @@ class _Slice:
         for imp in list(info.imports):
             n = sum(1 for _t, lib, _w in imported.values() if lib == imp.name)
             info.imports[info.imports.index(imp)] = Import(imp.name, imp.kind, imp.where, n)
-        self._data(info, sections, api_prefixes)
+        self._data(info, sections, api_prefixes, markers)
         return info
 
     def _lc_str(self, pos: int, cmdsize: int, what: str) -> str:
@@ -329,7 +331,7 @@ class _Slice:
             if op in (0x90, 0xA0, 0xB0, 0xC0) and name is not None:  # a DO_BIND form
                 imported.setdefault(name, (table, _library(ordinal, dylibs), weak))
 
-    def _data(self, info: BinaryInfo, sections, api_prefixes) -> None:
+    def _data(self, info: BinaryInfo, sections, api_prefixes, markers: tuple[bytes, ...] = ()) -> None:
         device, data = [], []
         for name, at, size, flags in sections:
             if flags & (S_ATTR_PURE_INSTRUCTIONS | S_ATTR_SOME_INSTRUCTIONS):
@@ -338,6 +340,7 @@ class _Slice:
         info.library_strings = common.library_strings(self.buf, data, _LIB_SUFFIX, False, set(), info.warnings)
         if common.looks_up_symbols(info.code_loading_imports):
             info.api_strings = common.api_strings(self.buf, self.end, data, api_prefixes, info.warnings)
+        info.marker_strings = common.markers_in(self.buf, data, markers)
         for reg in device:
             reader = read_hip_fatbin if "hip" in reg.name.lower() else read_nv_fatbin
             info.device_code.extend(reader(self.buf, reg.offset, reg.offset + reg.size, reg.name))

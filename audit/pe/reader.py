@@ -67,22 +67,24 @@ def is_pe(path: str | os.PathLike) -> bool:
 
 
 def read_pe(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
-            api_prefixes: tuple[bytes, ...] = (), sha256: bool = True) -> BinaryInfo:
+            api_prefixes: tuple[bytes, ...] = (), sha256: bool = True, markers: tuple[bytes, ...] = ()) -> BinaryInfo:
     """Read one PE file. Keeps imports always and defined names (exports, COFF symbols) when their
     bytes match `symbol_pattern`; keeps API-name strings starting with `api_prefixes` where the
-    file imports GetProcAddress. Raises InputError."""
+    file imports GetProcAddress, and the whole data strings starting with one of `markers`.
+    Raises InputError."""
     path = os.fspath(path)
     mm, size = common.open_mapped(path, "PE")
     try:
-        return read_pe_buffer(path, mm, size, symbol_pattern, api_prefixes, sha256)
+        return read_pe_buffer(path, mm, size, symbol_pattern, api_prefixes, sha256, markers)
     finally:
         common.close_quietly(mm)
 
 
-def read_pe_buffer(path: str, buf, size: int, symbol_pattern=None, api_prefixes=(), sha256=True) -> BinaryInfo:
+def read_pe_buffer(path: str, buf, size: int, symbol_pattern=None, api_prefixes=(), sha256=True,
+                   markers: tuple[bytes, ...] = ()) -> BinaryInfo:
     """read_pe over a buffer already in memory or mapped (`path` names it in messages)."""
     try:
-        return _Pe(path, buf, size).read(symbol_pattern, tuple(api_prefixes), sha256)
+        return _Pe(path, buf, size).read(symbol_pattern, tuple(api_prefixes), sha256, tuple(markers))
     except InputError:
         raise
     except _MALFORMED as exc:
@@ -90,7 +92,8 @@ def read_pe_buffer(path: str, buf, size: int, symbol_pattern=None, api_prefixes=
 
 
 def read_coff_object(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] | None = None,
-                     api_prefixes: tuple[bytes, ...] = (), sha256: bool = True) -> BinaryInfo:
+                     api_prefixes: tuple[bytes, ...] = (), sha256: bool = True,
+                     markers: tuple[bytes, ...] = ()) -> BinaryInfo:
     """Read one COFF object file (a member of a static archive or import library): a plain or
     bigobj object (its defined and undefined external symbols, as read_pe reads an image's COFF
     symbol table), or one or more short import objects one after another (what an MSVC or LLVM
@@ -101,7 +104,7 @@ def read_coff_object(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] 
         try:
             if bytes(mm[:4]) == _ANON and size >= 8 and struct.unpack_from("<H", mm, 4)[0] == 0:
                 return _short_imports(path, mm, size, sha256)
-            return _Coff(path, mm, size).read(symbol_pattern, tuple(api_prefixes), sha256)
+            return _Coff(path, mm, size).read(symbol_pattern, tuple(api_prefixes), sha256, tuple(markers))
         except InputError:
             raise
         except _MALFORMED as exc:
@@ -270,7 +273,7 @@ class _Pe:
     def file_type(self) -> str:
         return "DLL" if self.characteristics & IMAGE_FILE_DLL else "EXE"
 
-    def read(self, symbol_pattern, api_prefixes, sha256) -> BinaryInfo:
+    def read(self, symbol_pattern, api_prefixes, sha256, markers: tuple[bytes, ...] = ()) -> BinaryInfo:
         info = BinaryInfo(path=self.path, sha256="", size=self.size, format="coff" if self.is_object else "pe",
                           machine=self.machine, bits=self.bits, endian="little", file_type=self.file_type(),
                           soname=None)
@@ -297,6 +300,7 @@ class _Pe:
         if common.looks_up_symbols(info.code_loading_imports):
             info.api_strings = [h for h in common.api_strings(self.buf, self.size, data, api_prefixes, info.warnings)
                                 if h.offset not in self.named]
+        info.marker_strings = common.markers_in(self.buf, data, markers)
         for s in device:
             start, end = s.raw, min(s.raw + s.rawsize, self.size)
             reader = read_nv_fatbin if s.name.startswith(NV_SECTIONS) else read_hip_fatbin

@@ -348,7 +348,8 @@ class ImageTree:
         e = self._real_entry(path)
         return e is not None and self.compression[e.layer] is None
 
-    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
+    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
+                 markers: tuple[bytes, ...] = ()) -> ElfInfo:
         from audit.elf.reader import assembled_names_in
 
         e = self._real_entry(path)
@@ -356,11 +357,11 @@ class ImageTree:
         if e is None or e.kind != "file":
             raise InputError(f"{name}: not a regular file in the image")
         if self.compression[e.layer] is None:
-            info = _read_buffer(name, self._bytes(e), symbol_pattern, api_prefixes)
+            info = _read_buffer(name, self._bytes(e), symbol_pattern, api_prefixes, markers)
         else:
             key = (e.layer, e.member)
             if key not in self._parsed:
-                self._parse_layer(e.layer, symbol_pattern, api_prefixes)
+                self._parse_layer(e.layer, symbol_pattern, api_prefixes, markers)
             info = self._parsed.get(key) or InputError(f"{name}: could not be read back from its layer")
             if isinstance(info, Exception):
                 raise info
@@ -383,7 +384,8 @@ class ImageTree:
             pass
         return b""
 
-    def _parse_layer(self, i: int, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> None:
+    def _parse_layer(self, i: int, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
+                     markers: tuple[bytes, ...] = ()) -> None:
         """Decompress layer i again; parse each of its audited files that the final tree still shows."""
         wanted = {e.member: path for path, e, _ in reversed(self.elf_files()) if e.layer == i}
         layer = self.image.layers[i]
@@ -394,7 +396,7 @@ class ImageTree:
                         name = f"{self.image.label}!{wanted[n]}"
                         try:
                             self._parsed[(i, n)] = _read_buffer(name, tf.extractfile(m).read(), symbol_pattern,
-                                                                api_prefixes)
+                                                                api_prefixes, markers)
                         except InputError as exc:
                             self._parsed[(i, n)] = exc
         except Exception as exc:  # it was readable in the first pass: the file changed under us
@@ -402,7 +404,8 @@ class ImageTree:
                 self._parsed.setdefault((i, n), InputError(f"{self.image.label}!{path}: cannot read: {_line(exc)}"))
 
 
-def _read_buffer(name: str, data: bytes, symbol_pattern, api_prefixes: tuple[bytes, ...]):
+def _read_buffer(name: str, data: bytes, symbol_pattern, api_prefixes: tuple[bytes, ...],
+                 markers: tuple[bytes, ...] = ()):
     """A file of the image read by its format's reader, as read_binary reads one on this machine:
     an ElfInfo, a PE file's BinaryInfo, a Mach-O file's BinaryInfo (a list, one per slice, for a
     universal binary)."""
@@ -410,15 +413,15 @@ def _read_buffer(name: str, data: bytes, symbol_pattern, api_prefixes: tuple[byt
     if kind in PE_KINDS:
         from audit.pe.reader import read_pe_buffer
 
-        return read_pe_buffer(name, data, len(data), symbol_pattern, api_prefixes)
+        return read_pe_buffer(name, data, len(data), symbol_pattern, api_prefixes, markers=markers)
     if kind in MACHO_KINDS:
         from audit.macho.reader import read_macho_buffer
 
-        slices = read_macho_buffer(name, data, len(data), symbol_pattern, api_prefixes)
+        slices = read_macho_buffer(name, data, len(data), symbol_pattern, api_prefixes, markers=markers)
         return slices if len(slices) > 1 else slices[0]
     from audit.elf.reader import read_elf_buffer
 
-    return read_elf_buffer(name, data, symbol_pattern, api_prefixes=api_prefixes)
+    return read_elf_buffer(name, data, symbol_pattern, api_prefixes=api_prefixes, markers=markers)
 
 
 def _digest_first(label: str, layer: LayerRef, digest: Future, kind: str | None) -> None:

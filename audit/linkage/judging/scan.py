@@ -243,7 +243,7 @@ def marker_findings(info, policy: Policy, add, in_file: str | None) -> None:
     """static-string: a whole string in the data is one of a rule's markers, text only the vendor's
     own code holds (BLIS's "libblis: %s (line %lu):\\n"): a copy of its code is inside, whatever
     its symbols say (stripped, hidden, renamed). One finding per place; group.py merges them."""
-    for hit in getattr(info, "marker_strings", ()):  # a PE or Mach-O reader keeps none
+    for hit in getattr(info, "marker_strings", ()):
         rule = policy.rule_for_marker(hit.text)
         if rule is None:  # starts with a marker's text, but an exact marker is not the whole string
             continue

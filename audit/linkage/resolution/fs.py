@@ -30,7 +30,8 @@ class FileSystem(Protocol):
     def listdir(self, path: str) -> list[str] | None:
         """Entry names of a directory (following symlinks); None if it is not one."""
 
-    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
+    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
+                 markers: tuple[bytes, ...] = ()) -> ElfInfo:
         """Parse the ELF file at `path` as audit.elf.reader.read_elf does (raises InputError)."""
 
     def size(self, path: str) -> int:
@@ -69,10 +70,11 @@ class HostFS:
         except (OSError, ValueError):
             return None
 
-    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = ()) -> ElfInfo:
+    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
+                 markers: tuple[bytes, ...] = ()) -> ElfInfo:
         from audit.elf.reader import read_elf
 
-        return read_elf(path, symbol_pattern=symbol_pattern, api_prefixes=api_prefixes)
+        return read_elf(path, symbol_pattern=symbol_pattern, api_prefixes=api_prefixes, markers=markers)
 
     def size(self, path: str) -> int:
         try:

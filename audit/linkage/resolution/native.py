@@ -70,18 +70,19 @@ def read_binary(path: str, symbol_pattern=None, api_prefixes: tuple[bytes, ...] 
     """ElfInfo (read_elf, with every option as given), a PE file's BinaryInfo, or a Mach-O file's
     BinaryInfo (a list of one per slice for a universal binary). Raises InputError."""
     kind = _magic_kind(path) if os.path.isfile(path) else None
+    markers = elf_options.get("markers", ())  # vendor marker texts: looked for in every format's data
     if kind in PE_KINDS:
         from audit.pe.reader import read_pe
 
-        return read_pe(path, symbol_pattern, api_prefixes, sha256)
+        return read_pe(path, symbol_pattern, api_prefixes, sha256, markers)
     if kind is Kind.COFF_OBJECT:  # a static archive's or import library's member (containers/inputs.py)
         from audit.pe.reader import read_coff_object
 
-        return read_coff_object(path, symbol_pattern, api_prefixes, sha256)
+        return read_coff_object(path, symbol_pattern, api_prefixes, sha256, markers)
     if kind in MACHO_KINDS:
         from audit.macho.reader import read_macho
 
-        slices = read_macho(path, symbol_pattern, api_prefixes, sha256)
+        slices = read_macho(path, symbol_pattern, api_prefixes, sha256, markers)
         return slices if len(slices) > 1 else slices[0]
     from audit.elf.reader import read_elf
 
