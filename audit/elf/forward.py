@@ -16,8 +16,10 @@ one forwards to:
   on x86-64 a wrapper is: a body that hands its own name straight to dlsym (its PLT entry or
   GOT slot), stores the result and calls through it.
 
-- "trampoline": an Implib.so-style lazy trampoline (x86-64): `cmpq $0, table+8*i(%rip); je 2f;
-  1: jmp *table+8*i(%rip); 2: push $i; call resolve; ...`: the slot is one of a table of
+- "trampoline": an Implib.so-style lazy trampoline, x86-64 `cmpq $0, table+8*i(%rip); je 2f;
+  1: jmp *table+8*i(%rip); 2: push $i; call resolve; ...`, AArch64 `1: adrp x16, table+8*i;
+  ldr x16, [x16, #:lo12:table+8*i]; cbz x16, 2f; br x16; 2: mov x16, #i; (movk;) stp x16, lr,
+  [sp, #-16]!; bl resolve; ...`: the slot is one of a table of
   pointers in writable data that no relocation binds, filled on the first call by a resolver
   that dlopens the library and asks dlsym for the name (JAX/XLA's CUDA plugins define all of
   cuBLAS so, needing only libc and libdl). The target is the table's slot (`table[i]`), named by
@@ -58,7 +60,8 @@ _ARG_WINDOW = 24  # bytes after loading a name's address in which the call that 
 _WINDOW = 1 << 23  # bytes of the file whose function bodies are screened (and released) at a time
 _HOPS = 2  # jumps to code in this file that are followed
 _TRAMP_MAX = 64  # an Implib.so trampoline's st_size is at most this (0: unsized, as it is generated)
-_TRAMP_READ = 40  # bytes read of one: endbr64, cmpq, je, jmp, push, call
+_TRAMP_READ = 40  # bytes read of one: endbr64, cmpq, je, jmp, push, call (AArch64: bti c, adrp,
+# ldr, cbz, br, mov, movk, stp, bl: 36)
 SHT_SYMTAB = 2
 
 # x86-64 encodings
@@ -255,6 +258,16 @@ class _Context:
                 ok = ((head[i, skip] == 0x48) & (head[i, skip + 1] == 0x83) & (head[i, skip + 2] == 0x3D)
                       & (head[i, skip + 7] == 0) & ((head[i, skip + 8] == 0x74) | (head[i, skip + 8] == 0x0F)))
                 mask[t[ok]] = True
+        else:  # an Implib.so trampoline: adrp xN; ldr xN, [xN, #lo12]; cbz xN (after bti c)
+            t = np.flatnonzero((offs >= 0) & (offs + _TRAMP_READ <= self.img.size) & (size <= _TRAMP_MAX))
+            if len(t):
+                words = np.ascontiguousarray(self.u8[offs[t][:, None] + np.arange(16)]).view("<u4")
+                i = np.arange(len(t))
+                skip = np.isin(words[:, 0], list(_A64_SKIP)).astype(np.int64)
+                ok = (((words[i, skip] & 0x9F000000) == 0x90000000)
+                      & ((words[i, skip + 1] & 0xFFC00000) == 0xF9400000)
+                      & ((words[i, skip + 2] & 0xFF000000) == 0xB4000000))
+                mask[t[ok]] = True
         return mask
 
     def _lazy_window(self, offs, value, size, lo, hi) -> np.ndarray:
@@ -335,8 +348,8 @@ class _Context:
         head = self.code(addr, _HEAD)
         if head is None:
             return None
-        if self.x86 and not hops:
-            tramp = self.trampoline(addr)
+        if not hops:
+            tramp = self.trampoline(addr) if self.x86 else self.a64_trampoline(addr)
             if tramp is not None:
                 return tramp
         step = (_x86_step if self.x86 else _a64_step)(head, addr)
@@ -382,7 +395,46 @@ class _Context:
             return None
         if code[at] != 0xE8 or len(code) < at + 5:
             return None
-        resolver = self.section_at(addr + at + 5 + struct.unpack_from("<i", code, at + 1)[0])
+        return self._tramp_slot(addr + at + 5 + struct.unpack_from("<i", code, at + 1)[0], slot, index)
+
+    def a64_trampoline(self, addr: int) -> tuple[str, str, int] | None:
+        """trampoline() for AArch64 (the module docstring's shape): adrp and ldr name the slot,
+        cbz on the loaded register leads to the slow path, br leaves through it; the slow path
+        moves the slot's index into that register (movz, and movk for the high half), saves it
+        with the link register and calls a resolver in this file."""
+        code = self.code(addr, _TRAMP_READ)
+        if code is None:
+            return None
+        words = _a64_words(code)
+        i = 1 if words and words[0] in _A64_SKIP else 0
+        if len(words) < i + 5:
+            return None
+        page = _adrp(words[i], addr + 4 * i)
+        use = _a64_use(words[i + 1], page[0]) if page is not None else None
+        if use is None or use[0] != "ldr" or use[1] != page[0]:
+            return None
+        reg, slot, cbz = page[0], page[1] + use[2], words[i + 2]
+        if cbz & 0xFF00001F != 0xB4000000 | reg or words[i + 3] != 0xD61F0000 | reg << 5:  # cbz xN; br xN
+            return None
+        off = (cbz >> 5) & 0x7FFFF
+        k = i + 2 + (off - (1 << 19) if off & (1 << 18) else off)  # the slow path's word
+        if not i + 4 <= k < len(words) - 2 or words[k] & 0xFFE0001F != 0xD2800000 | reg:  # movz xN, #imm16
+            return None
+        index = (words[k] >> 5) & 0xFFFF
+        k += 1
+        if words[k] & 0xFFE0001F == 0xF2A00000 | reg:  # movk xN, #imm16, lsl #16
+            index |= ((words[k] >> 5) & 0xFFFF) << 16
+            k += 1
+        # stp xN, x30, [sp, #-16]!, then bl resolver
+        if k + 1 >= len(words) or words[k] != 0xA9BF7BE0 | reg or words[k + 1] & 0xFC000000 != 0x94000000:
+            return None
+        return self._tramp_slot(_a64_branch_target(words[k + 1], addr + 4 * (k + 1)), slot, index)
+
+    def _tramp_slot(self, resolve: int, slot: int, index: int) -> tuple[str, str, int] | None:
+        """A trampoline's (table[i], "trampoline", slot), once its resolver is code of this file
+        (not a PLT entry) and its slot lies in writable data that is not a GOT and that no
+        relocation binds to a symbol."""
+        resolver = self.section_at(resolve)
         if resolver is None or not resolver.flags & SHF_EXECINSTR or resolver.name.startswith(".plt"):
             return None
         s = self.section_at(slot)
@@ -414,7 +466,8 @@ class _Context:
                     if name < strs.size and value not in self._symtab:
                         at = strs.offset + name
                         end = img.buf.find(b"\0", at, strs.offset + strs.size)
-                        if end > at:
+                        # not an ARM/AArch64 mapping symbol ($d, $x.0: where data or code starts)
+                        if end > at and img.buf[at] != 0x24:
                             self._symtab[value] = bytes(img.buf[at:end]).decode("utf-8", "backslashreplace")
         return self._symtab.get(addr)
 
