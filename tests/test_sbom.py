@@ -298,3 +298,43 @@ def test_onnxruntime_gpu_sboms_show_cudnn_reached_through_the_cuda_provider(caps
     assert any("cuDNN" in d or d.startswith("libcudnn") for d in edges["libonnxruntime_providers_cuda.so"])
     assert any(a == "libonnxruntime_providers_cuda.so" and "dlopen" in c and ("cudnn" in (b or "").lower())
                for a, _, b, c in rels)
+
+
+# ---------------------------------------------------------------- images
+
+
+@pytest.mark.parametrize("how", [None, "gzip"])
+def test_image_files_named_by_dpkg_records_and_nested_in_the_image(capsys, tmp_path, how):
+    """This machine's own libc and dpkg's real records of it (dpkg-query -s libc6, its .list,
+    /etc/os-release) in an image: the file is named pkg:deb/debian/libc6@VERSION, under the image
+    (its ID the config's digest), with the layer that added it."""
+    from image_fixtures import layer_tar, oci_layout
+
+    status = subprocess.run(["dpkg-query", "-s", "libc6"], capture_output=True, text=True)
+    listing = Path("/var/lib/dpkg/info/libc6:amd64.list")
+    if status.returncode != 0 or not listing.is_file():
+        pytest.skip("this machine has no dpkg record of libc6:amd64")
+    version = next(line.split(": ", 1)[1] for line in status.stdout.splitlines() if line.startswith("Version: "))
+    release = Path("/etc/os-release").read_text()
+    distro = dict(line.split("=", 1) for line in release.splitlines() if "=" in line)
+    app = cc_shared(tmp_path / "libapp.so", "int app(void) { return 0; }", "-lc")
+    libc = Path("/lib/x86_64-linux-gnu/libc.so.6").resolve().read_bytes()
+    layer = layer_tar([("dir", "usr"), ("dir", "usr/lib"), ("dir", "usr/lib/x86_64-linux-gnu"),
+                       ("symlink", "lib", "usr/lib"), ("file", "usr/lib/x86_64-linux-gnu/libc.so.6", libc),
+                       ("file", "app/libapp.so", app.read_bytes()), ("dir", "etc"),
+                       ("file", "etc/os-release", release.encode()),
+                       ("file", "var/lib/dpkg/status", status.stdout.encode()),
+                       ("file", "var/lib/dpkg/info/libc6:amd64.list", listing.read_bytes())])
+    image = oci_layout(tmp_path / "img", [layer], created_by=["COPY . /"], how=how)
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, image)
+    doc = validate_cyclonedx(cdx.read_text())
+    validate_spdx(spdx)
+    top = next(c for c in doc["components"] if c["bom-ref"] == f"container:{image}")
+    assert top["type"] == "container" and props(top, "image-id")[0].startswith("sha256:")
+    libc_comp = next(c for c in top["components"] if c["bom-ref"] == f"{image}!/usr/lib/x86_64-linux-gnu/libc.so.6")
+    qual = f"arch=amd64&distro={distro['ID'].strip(chr(34))}-{distro['VERSION_ID'].strip(chr(34))}"
+    assert libc_comp["purl"] == f"pkg:deb/{distro['ID'].strip(chr(34))}/libc6@{version.replace('+', '%2B')}?{qual}"
+    assert props(libc_comp, "package-source") == ["dpkg"] and props(libc_comp, "layer-digest")[0].startswith("sha256:")
+    appc = next(c for c in top["components"] if c["bom-ref"] == f"{image}!/app/libapp.so")
+    assert "purl" not in appc  # no package owns it
+    assert props(appc, "edge:needed") == [f"{image}!/usr/lib/x86_64-linux-gnu/libc.so.6"]

@@ -179,7 +179,7 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
         warnings=[w for s in slices for w in s.warnings], layer=inp.layer, archive=inp.archive,
         format=None if fmt == "elf" else fmt,
         slices=[s.slice for s in slices] if len(slices) > 1 else None,
-        package=note_package(getattr(first, "package_note", None)),
+        package=note_package(getattr(first, "package_note", None)) or inp.package,
         dlopen_declared=list(getattr(first, "dlopen_declared", ())),
     )
     name = os.path.basename(inp.shown)

@@ -206,3 +206,87 @@ def stamp_tree(tree, on_host: bool) -> None:
             got = _HOST_DIGESTS[real]
             if got is not None:
                 node.sha256, node.size = got
+
+
+_DPKG = "/var/lib/dpkg"
+_MAX_STATUS = 32 << 20  # /var/lib/dpkg/status of a large image is a few MB
+_MAX_LIST = 8 << 20  # one package's file list
+_MAX_PACKAGES = 20_000
+
+
+def _paragraphs(text: str):
+    """The control paragraphs of a dpkg status file: {field: value} (continuation lines dropped)."""
+    for block in text.split("\n\n"):
+        fields = {}
+        for line in block.splitlines():
+            if line[:1] not in (" ", "\t", "") and ":" in line:
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+        if fields.get("Package"):
+            yield fields
+
+
+def _os_release(fs) -> dict[str, str]:
+    for path in ("/etc/os-release", "/usr/lib/os-release"):
+        text = fs.read_text(path, 64 << 10)
+        if text:
+            out = {}
+            for line in text.splitlines():
+                key, sep, value = line.partition("=")
+                if sep:
+                    out[key.strip()] = value.strip().strip("\"'")
+            return out
+    return {}
+
+
+def _usr(path: str) -> str:
+    """/usr/lib/x -> /lib/x: one key for both sides of a merged /usr (dpkg lists either)."""
+    for top in ("/usr/lib/", "/usr/lib64/", "/usr/bin/", "/usr/sbin/"):
+        if path.startswith(top):
+            return path[4:]
+    return path
+
+
+def dpkg_owners(fs) -> dict[str, PackageId]:
+    """The Debian package each file of an image belongs to, from dpkg's own records inside it:
+    /var/lib/dpkg/status with info/PKG[:ARCH].list, or (distroless) status.d/PKG with
+    status.d/PKG.md5sums. Keyed by path, /usr-merged paths under their short form (`_usr`)."""
+    release = _os_release(fs)
+    distro = _field(release.get("ID"))
+    qual_distro = f"{distro}-{release['VERSION_ID']}" if distro and _field(release.get("VERSION_ID")) else None
+    packages: dict[str, dict] = {}
+    status = fs.read_text(f"{_DPKG}/status", _MAX_STATUS)
+    for p in _paragraphs(status or ""):
+        if "installed" in p.get("Status", "installed"):
+            packages[p["Package"] + (":" + p["Architecture"] if p.get("Architecture") else "")] = p
+    lists: dict[str, str] = {}  # package key -> file list text
+    for name in (fs.listdir(f"{_DPKG}/info") or [])[:_MAX_PACKAGES * 4]:
+        if name.endswith(".list"):
+            lists[name[:-5]] = fs.read_text(f"{_DPKG}/info/{name}", _MAX_LIST) or ""
+    for name in (fs.listdir(f"{_DPKG}/status.d") or [])[:_MAX_PACKAGES * 2]:
+        text = fs.read_text(f"{_DPKG}/status.d/{name}", 1 << 20) or ""
+        if name.endswith(".md5sums"):
+            lists[name[:-8]] = "\n".join("/" + line.split(None, 1)[1] for line in text.splitlines()
+                                         if len(line.split(None, 1)) == 2)
+        else:
+            for p in _paragraphs(text):
+                packages[name] = p
+    owners: dict[str, PackageId] = {}
+    for key, text in list(lists.items())[:_MAX_PACKAGES]:
+        p = packages.get(key) or packages.get(key.split(":")[0]) or next(
+            (v for k, v in packages.items() if k.split(":")[0] == key.split(":")[0]), None)
+        if p is None:
+            continue
+        name, version, arch = _field(p.get("Package")), _field(p.get("Version")), _field(p.get("Architecture"))
+        if not name:
+            continue
+        pid = PackageId(name, version, purl("deb", name, version, distro or None,
+                                            {"arch": arch, "distro": qual_distro}), "dpkg")
+        for path in text.splitlines():
+            if path.startswith("/"):
+                owners.setdefault(_usr(path), pid)
+    return owners
+
+
+def owner_of(owners: dict[str, PackageId], path: str) -> PackageId | None:
+    return owners.get(_usr(path))

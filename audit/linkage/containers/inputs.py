@@ -27,7 +27,7 @@ from audit.linkage.resolution.fs import HOST, FileSystem
 from audit.linkage.model import WHEEL_SEP
 from audit.linkage.resolution.native import AUDITED
 from audit.linkage.parallel import cpu_count, map_ordered
-from audit.linkage.containers.identity import Container, container
+from audit.linkage.containers.identity import Container, PackageId, container, dpkg_owners, owner_of
 from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
 from audit.linkage.containers.static_archive import ArMember, read_members
@@ -89,6 +89,7 @@ class Input:
     scope: Scope | None = None  # None: resolved on this machine, as the options say
     layer: dict | None = None  # in an image: the layer that added the file
     archive: str | None = None  # the wheel, conda package or image it is a member of, as given or found
+    package: PackageId | None = None  # in an image: the Debian package dpkg's records say owns it
 
 
 class Inputs:
@@ -276,6 +277,7 @@ class Inputs:
             yield Input(arg, None, True, f"cannot read image: {exc.strerror or exc}")
             return
         scope = Scope(tree, own_system=True, env_path=image.env.get("LD_LIBRARY_PATH"))
+        owners = dpkg_owners(tree) if self.identify else {}
         elf = tree.elf_files()
         # as for a wheel: a NEEDED ld.so would not find in the container falls back to the image's
         # own files by name (the node and a warning say so)
@@ -289,7 +291,7 @@ class Inputs:
             # read whole into memory when audited: the same bound as an unpacked member
             why = self.limits.refuse(entry.size, entry.size)
             yield Input(f"{arg}!{path}", None if why else path, True, why, scope=scope,
-                        layer=tree.layer_of(entry), members=members)
+                        layer=tree.layer_of(entry), members=members, package=owner_of(owners, path))
         for path, entry, kind in tree.other_binaries():
             found += 1
             if kind is Kind.STATIC_ARCHIVE:  # read whole into memory: the bound of an ELF file

@@ -27,13 +27,16 @@ from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED, MACHO_KINDS, PE_KINDS
 
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
-_KEEP = 1 << 20  # small files kept whole from compressed layers: /etc/ld.so.conf{,.d/*}
+_KEEP = 32 << 20  # small files kept whole from compressed layers (_kept): ld.so.conf, dpkg's records
 _MAX_ENTRIES = 2_000_000
 _RATIO_FLOOR = 64 << 20  # a layer may inflate to this whatever its ratio (as an archive member)
 
 
 def _kept(path: str) -> bool:
-    return path == "/etc/ld.so.conf" or path.startswith("/etc/ld.so.conf.d/")
+    # ld.so's configuration, and dpkg's records of which package owns each file (identity.py)
+    return (path == "/etc/ld.so.conf" or path.startswith(("/etc/ld.so.conf.d/", "/var/lib/dpkg/status.d/"))
+            or path in ("/var/lib/dpkg/status", "/etc/os-release", "/usr/lib/os-release")
+            or (path.startswith("/var/lib/dpkg/info/") and path.endswith(".list")))
 
 
 @dataclass(slots=True)
