@@ -4,6 +4,7 @@
     lib = flash_kernel.load("build/cpu/libflash_kernel.so")   # any .so exporting the C ABI
     o = lib.attention(q, k, v)                                 # flash forward, (B,H,N,D) tensors
     o = flash_kernel.attention(q, k, v, scale=None, layout="bhnd")   # library picked for q.device
+    o, lse = flash_kernel.attention(q, k, v, return_lse=True)         # lse: float32 (B, H, Nq), natural log
 
 Library lookup: `load(PATH)` explicitly; else the build folder named by FLASH_KERNEL_BUILD
 (holding `<target>/libflash_kernel.so`); else the checkout's `build/` (the parent of this
@@ -119,8 +120,11 @@ _binding.op_layer = _op_layer
 _binding.library_lookup = library_for
 
 
-def attention(q, k, v, scale=None, layout: str = "bhnd"):
-    """softmax(scale * Q K^T) V through the flash path of the library for q.device."""
+def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
+    """softmax(scale * Q K^T) V through the flash path of the library for q.device. With
+    return_lse: (out, lse), lse float32 (B, H, Nq) whatever the layout, the natural-log
+    log-sum-exp of each query row's scaled scores (what ring attention merges partial outputs
+    by); its memory is dense in q's layout ((B, Nq, H) for "bnhd")."""
     # Inputs of a kind called before (same shapes, strides, dtypes, devices, layout and library
     # settings) go from here straight to the C call: this runs on every call, so it is inline.
     global _last
@@ -133,7 +137,7 @@ def attention(q, k, v, scale=None, layout: str = "bhnd"):
                 key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                        q.device, k.device, v.device, layout, _ENV.get(_BUILD_KEY), _ENV.get(_TARGET_KEY))
             except RuntimeError:  # a tensor without strides (sparse): the full checks name it
-                return _call(q, k, v, scale, layout, False)
+                return _call(q, k, v, scale, layout, False, return_lse)
             last = _last  # the kind of the last call: a comparison, no hashing, when it repeats
             if key == last[0]:
                 kind = last[1]
@@ -142,28 +146,28 @@ def attention(q, k, v, scale=None, layout: str = "bhnd"):
                 if kind is not None:
                     _last = (key, kind)
             if kind is not None:
-                return kind.run(api, q, k, v, scale, False)
-    return _call(q, k, v, scale, layout, False)
+                return kind.run(api, q, k, v, scale, False, return_lse)
+    return _call(q, k, v, scale, layout, False, return_lse)
 
 
-def naive_attention(q, k, v, scale=None, layout: str = "bhnd"):
+def naive_attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
     """The naive (pre-flash) path of the library for q.device: materialises the score matrix."""
-    return _call(q, k, v, scale, layout, True)
+    return _call(q, k, v, scale, layout, True, return_lse)
 
 
 _kinds: dict[tuple, _binding._Kind] = {}  # input kinds the public call has seen (see attention)
 _last: tuple = ((), None)  # (key, kind) of the last call found in _kinds
 
 
-def _call(q, k, v, scale, layout: str, naive: bool):
+def _call(q, k, v, scale, layout: str, naive: bool, return_lse: bool = False):
     """The public call the first time inputs of a kind are seen (checked in full), or when
     torch.compile traces it, or for inputs that cannot go straight to the C call."""
     global _last
     if _compiling():
-        return _op_layer().traced_call(q, k, v, scale, layout, naive=naive)
+        return _op_layer().traced_call(q, k, v, scale, layout, naive=naive, return_lse=return_lse)
     settings = _settings()
     lib = library_for(_tensor_device(q))
-    out = lib._call(q, k, v, scale, layout, naive)
+    out = lib._call(q, k, v, scale, layout, naive, return_lse)
     tensor = _binding._api.Tensor  # set by the call
     if type(q) is tensor and type(k) is tensor and type(v) is tensor:
         key = _binding.input_key(q, k, v, layout)

@@ -15,7 +15,7 @@ import struct
 import threading
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2  # FK_ABI_VERSION of flash_kernel.h (2: the log-sum-exp output)
 
 # fk_status (flash_kernel.h)
 FK_OK = 0
@@ -90,6 +90,8 @@ class AttentionArgs(ctypes.Structure):
         ("o_stride", ctypes.c_int64 * 3),
         ("scale", ctypes.c_float),
         ("stream", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p),  # ABI 2: fp32 (B, H, nq) log-sum-exp, or NULL
+        ("lse_stride", ctypes.c_int64 * 3),
     ]
 
 
@@ -179,7 +181,21 @@ def check_inputs(q, k, v, layout: str, head_dims: tuple[int, ...] | None = None)
     return tuple(t if _addressable(t, layout) else t.contiguous() for t in (q, k, v))
 
 
-def fill_args(q, k, v, o, layout: str, scale: float, stream: int | None) -> AttentionArgs:
+def lse_like(q, layout: str):
+    """The log-sum-exp output of a call on q: float32, shape (B, H, Nq), dense in q's layout (for
+    "bnhd" its memory is (B, Nq, H), so lse.transpose(1, 2) is contiguous: the layout diffusers
+    and FlashAttention's context-parallel code merge partial results in)."""
+    import torch
+
+    if layout == "bhnd":
+        return torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    b, n, h, _ = q.shape
+    return torch.empty((b, n, h), dtype=torch.float32, device=q.device).transpose(1, 2)
+
+
+def fill_args(q, k, v, o, layout: str, scale: float, stream: int | None, lse=None) -> AttentionArgs:
+    """The C argument struct of a call; `lse`, a float32 (B, H, Nq) tensor (or None), is given
+    through its strides (its shape is taken to be right: the callers allocate it)."""
     a = AttentionArgs()
     a.abi_version = ABI_VERSION
     a.dtype = _dtype_code(q.dtype)
@@ -194,6 +210,9 @@ def fill_args(q, k, v, o, layout: str, scale: float, stream: int | None) -> Atte
     a.o_stride[:] = so[:3]
     a.scale = scale
     a.stream = stream
+    if lse is not None:
+        a.lse = lse.data_ptr()
+        a.lse_stride[:] = lse.stride()
     return a
 
 
@@ -279,8 +298,9 @@ class Library:
             raise KernelError(f"the {self.target} library takes GPU (cuda) tensors, got {device}",
                               FK_ERR_NULL_POINTER)
 
-    def run_into(self, q, k, v, o, scale: float, layout: str, naive: bool) -> None:
-        """Call the C forward writing into `o` (allocated by the caller, shaped like q). `scale`
+    def run_into(self, q, k, v, o, scale: float, layout: str, naive: bool, lse=None) -> None:
+        """Call the C forward writing into `o` (allocated by the caller, shaped like q) and, where
+        given, the log-sum-exp into `lse` (float32, (B, H, Nq), any non-negative strides). `scale`
         0.0 or None means 1/sqrt(D). Allocates nothing itself (inputs whose D stride is not 1 are
         copied first), so it is the body of the custom op and safe inside a CUDA graph capture."""
         import torch
@@ -295,12 +315,20 @@ class Library:
         if not _addressable(o, layout):
             raise KernelError(f"o's strides {tuple(o.stride())} are not addressable (D stride 1, rows apart)",
                               FK_ERR_STRIDE)
+        if lse is not None:
+            shape = _bhnd(q, layout)[0][:3]
+            if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape or lse.dtype != torch.float32 \
+                    or lse.device != q.device or lse.layout != torch.strided:
+                raise KernelError(f"lse must be a float32 tensor of shape {shape} (B, H, Nq) on {q.device}", FK_ERR_SIZE)
+            if min(lse.stride()) < 0 or (shape[2] > 1 and lse.stride(2) < 1):
+                raise KernelError(f"lse's strides {tuple(lse.stride())} are not addressable (non-negative, "
+                                  f"rows apart)", FK_ERR_STRIDE)
         s = 0.0 if scale is None or (isinstance(scale, (int, float)) and scale == 0) else resolve_scale(scale, 0)
-        self._launch(q, k, v, o, s, layout, naive)
+        self._launch(q, k, v, o, s, layout, naive, lse)
 
-    def _launch(self, q, k, v, o, scale: float, layout: str, naive: bool) -> None:
+    def _launch(self, q, k, v, o, scale: float, layout: str, naive: bool, lse=None) -> None:
         """The C call on checked arguments: on q's device and torch's current stream there."""
-        self._invoke(fill_args(q, k, v, o, layout, scale, None), q.device, naive)
+        self._invoke(fill_args(q, k, v, o, layout, scale, None, lse), q.device, naive)
 
     def _invoke(self, args: AttentionArgs, device, naive: bool) -> None:
         fn = self._dll.fk_naive_forward if naive else self._dll.fk_flash_forward
@@ -317,15 +345,17 @@ class Library:
             raise KernelError(f"{'fk_naive_forward' if naive else 'fk_flash_forward'} failed: {name}: "
                               f"{self.last_error()}", status)
 
-    def attention(self, q, k, v, scale=None, layout: str = "bhnd"):
-        """Flash forward: softmax(scale * Q K^T) V as a new tensor shaped like q."""
-        return self._call(q, k, v, scale, layout, naive=False)
+    def attention(self, q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
+        """Flash forward: softmax(scale * Q K^T) V as a new tensor shaped like q; with return_lse,
+        (out, lse): lse the float32 (B, H, Nq) log-sum-exp of each row's scaled scores (natural
+        log; dense in q's layout, see lse_like)."""
+        return self._call(q, k, v, scale, layout, False, return_lse)
 
-    def naive_attention(self, q, k, v, scale=None, layout: str = "bhnd"):
+    def naive_attention(self, q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
         """The naive (pre-flash) forward that materialises the score matrix: the oracle."""
-        return self._call(q, k, v, scale, layout, naive=True)
+        return self._call(q, k, v, scale, layout, True, return_lse)
 
-    def _call(self, q, k, v, scale, layout, naive):
+    def _call(self, q, k, v, scale, layout, naive, return_lse=False):
         api = _api or _torch_api()
         tensor = api.Tensor
         if type(q) is tensor and type(k) is tensor and type(v) is tensor and not api.is_compiling():
@@ -343,7 +373,7 @@ class Library:
             if kind is None:
                 kind = self._new_kind(key, q, k, v, layout)
             if kind is not False:
-                return kind.run(api, q, k, v, scale, naive)
+                return kind.run(api, q, k, v, scale, naive, return_lse)
         _op = op_layer()  # registers the torch ops on first use (a dict lookup after)
 
         q, k, v = check_inputs(q, k, v, layout, self.head_dims)
@@ -351,10 +381,11 @@ class Library:
         s = resolve_scale(scale, _bhnd(q, layout)[0][3])
         if _plain_eager(api, q, k, v):  # inputs that needed a copy to be addressable
             o = api.empty_like(q, memory_format=api.contiguous_format)
-            self._launch(q, k, v, o, s, layout, naive)
-            return o
+            lse = lse_like(q, layout) if return_lse else None
+            self._launch(q, k, v, o, s, layout, naive, lse)
+            return (o, lse) if return_lse else o
         # traced, fake or subclassed tensors: through the registered op
-        return _op.call(self, q, k, v, s, layout, naive)
+        return _op.call(self, q, k, v, s, layout, naive, return_lse)
 
     def known_kind(self, key) -> _Kind | None:
         """The checked kind of inputs with this input_key, if they go straight to the C call."""
@@ -371,7 +402,8 @@ class Library:
         kind = False
         if all(a is b for a, b in zip(checked, (q, k, v))):
             dense = _Dense(q.shape)
-            kind = _Kind(self, fill_args(q, k, v, dense, layout, 0.0, None), tuple(q.stride()) == dense.stride())
+            kind = _Kind(self, fill_args(q, k, v, dense, layout, 0.0, None), tuple(q.stride()) == dense.stride(),
+                         layout)
         if len(self._checked) >= 256:  # a workload of ever-new shapes: start over
             self._checked.clear()
         self._checked[key] = kind
@@ -389,16 +421,22 @@ class _Kind:
     """Inputs of one kind (input_key) checked against one library: their argument struct filled
     but for the pointers and the scale, which are each call's own."""
 
-    __slots__ = ("dense", "forwards", "host", "lib", "template")
+    __slots__ = ("dense", "forwards", "host", "lib", "lse_shape", "lse_template", "lse_transposed", "template")
 
-    def __init__(self, lib: Library, template: AttentionArgs, dense: bool):
+    def __init__(self, lib: Library, template: AttentionArgs, dense: bool, layout: str):
         self.lib = lib
         self.template = template
         self.forwards = lib._forwards
         self.host = lib.is_host
         self.dense = dense  # q's strides are already those of a dense tensor of its shape
+        # the return_lse calls' template: the same, with the strides of lse_like's output
+        b, h, n = template.batch, template.heads, template.nq
+        self.lse_transposed = layout == "bnhd"
+        self.lse_shape = (b, n, h) if self.lse_transposed else (b, h, n)
+        self.lse_template = _copy_args(template)
+        self.lse_template.lse_stride[:] = (n * h, 1, h) if self.lse_transposed else (h * n, n, 1)
 
-    def run(self, api, q, k, v, scale, naive: bool):
+    def run(self, api, q, k, v, scale, naive: bool, return_lse: bool = False):
         """One call: the output allocated, the struct copied and completed, the C function called.
         Only the scale is checked (quickly where it is a float well inside fp32's positive range)."""
         if scale is None:
@@ -410,7 +448,12 @@ class _Kind:
         # dense in q's logical layout; empty_like keeps q's strides, so where they are already
         # dense the memory-format keyword (argument parsing on every call) is left out
         o = api.empty_like(q) if self.dense else api.empty_like(q, memory_format=api.contiguous_format)
-        args = _copy_args(self.template)
+        if return_lse:
+            lse = api.empty(self.lse_shape, dtype=api.float32, device=q.device)
+            args = _copy_args(self.lse_template)
+            args.lse = lse.data_ptr()
+        else:
+            args = _copy_args(self.template)
         _pack_pointers(args, _POINTERS_AT, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
         args.scale = s
         fn = self.forwards[naive]
@@ -418,6 +461,8 @@ class _Kind:
         status = fn(args) if self.host else _call_on_device(api, fn, args, q.get_device())
         if status != FK_OK:
             self.lib._status(status, naive)
+        if return_lse:
+            return o, (lse.transpose(1, 2) if self.lse_transposed else lse)
         return o
 
 
@@ -465,6 +510,8 @@ class _TorchApi:
         self.is_compiling = torch.compiler.is_compiling
         self.is_grad_enabled = torch.is_grad_enabled
         self.empty_like = torch.empty_like
+        self.empty = torch.empty
+        self.float32 = torch.float32
         self.contiguous_format = torch.contiguous_format
         self.cuda = torch.cuda
         # torch.cuda.current_device() is a Python layer over this getter (which initialises CUDA itself)

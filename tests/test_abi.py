@@ -45,7 +45,7 @@ def call(dll, args, naive=False):
 
 
 def test_getters(dll):
-    assert dll.fk_abi_version() == 1
+    assert dll.fk_abi_version() == 2 == B.ABI_VERSION
     assert dll.fk_target() == b"cpu"
     assert dll.fk_flash_path() == b"cpu"
     n = dll.fk_supported_head_dims(None, 0)
@@ -62,7 +62,7 @@ def test_getters(dll):
 def test_valid_call_succeeds_and_clears_the_error(dll, good, naive):
     args, (_, _, _, o) = good
     bad = B.AttentionArgs()
-    bad.abi_version = 1
+    bad.abi_version = B.ABI_VERSION
     assert call(dll, bad, naive)[0] != 0 and dll.fk_last_error()  # leaves a message behind
     status, msg = call(dll, args, naive)
     assert status == B.FK_OK and msg == ""
@@ -78,6 +78,12 @@ def _mutations():
 
     def stride(name, i, value):
         return lambda a: getattr(a, name).__setitem__(i, value)
+
+    def lse(stride=(16, 8, 1), offset=0):  # a float buffer owned by the struct's `good` fixture
+        def mutate(a):
+            a.lse = a.o + offset  # inside o's (NaN) buffer: a refusal leaves it as it was
+            a.lse_stride[:] = stride
+        return mutate
 
     return [
         ("args NULL", None, B.FK_ERR_NULL_POINTER, "args"),
@@ -101,8 +107,13 @@ def _mutations():
         ("negative scale", setf("scale", -0.125), B.FK_ERR_SCALE, "scale"),
         ("NaN scale", setf("scale", math.nan), B.FK_ERR_SCALE, "scale"),
         ("infinite scale", setf("scale", math.inf), B.FK_ERR_SCALE, "scale"),
-        ("abi_version 2", setf("abi_version", 2), B.FK_ERR_ABI, "ABI"),
+        ("abi_version 1", setf("abi_version", 1), B.FK_ERR_ABI, "ABI"),  # a caller of the ABI before lse
+        ("abi_version 3", setf("abi_version", 3), B.FK_ERR_ABI, "ABI"),
         ("abi_version 0", setf("abi_version", 0), B.FK_ERR_ABI, "ABI"),
+        ("negative lse stride", lse(stride=(16, -8, 1)), B.FK_ERR_STRIDE, "lse_stride[1] is negative"),
+        ("overflowing lse stride", lse(stride=(16, 8, 2**62)), B.FK_ERR_SIZE, "lse: sizes and strides overflow"),
+        ("lse rows on one element", lse(stride=(16, 8, 0)), B.FK_ERR_STRIDE, "lse_stride[2] is 0"),
+        ("misaligned lse", lse(offset=2), B.FK_ERR_ALIGNMENT, "lse is not 4-byte aligned"),
     ]
 
 
@@ -121,7 +132,7 @@ def test_bad_arguments_are_refused(dll, good, label, mutate, status, needle, nai
 def test_last_error_is_per_thread(dll, good):
     args, _ = good
     bad = B.AttentionArgs()
-    bad.abi_version = 1
+    bad.abi_version = B.ABI_VERSION
     bad.dtype = 7
     seen = {}
 
@@ -142,7 +153,7 @@ def test_naive_workspace_that_cannot_exist_is_no_memory(dll):
     allocation or read (the buffers behind these pointers are tiny on purpose)."""
     buf = torch.zeros(64)
     a = B.AttentionArgs()
-    a.abi_version, a.dtype = 1, B.FK_DTYPE_F32
+    a.abi_version, a.dtype = B.ABI_VERSION, B.FK_DTYPE_F32
     a.q = a.k = a.v = a.o = buf.data_ptr()
     a.batch = a.heads = 1
     a.nq = a.nk = 2**31
@@ -151,3 +162,43 @@ def test_naive_workspace_that_cannot_exist_is_no_memory(dll):
         s[:] = [0, 0, 64]  # extents fit in int64; the 2^62-float workspace does not fit anywhere
     status, msg = call(dll, a, naive=True)
     assert status == B.FK_ERR_NO_MEMORY, msg
+
+
+def test_argument_struct_matches_the_header(tmp_path):
+    """The binding's AttentionArgs has the header's layout: every field's offset and the size, as
+    the C compiler lays fk_attention_args out (ABI 2 appends lse and lse_stride)."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    gcc = shutil.which("gcc") or pytest.skip("no gcc")
+    include = Path(__file__).resolve().parent.parent / "flash_kernel" / "include"
+    fields = [name for name, _ in B.AttentionArgs._fields_]
+    src = tmp_path / "layout.c"
+    src.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"flash_kernel.h\"\nint main(void) {\n"
+                   + "".join(f'  printf("{f} %zu\\n", offsetof(fk_attention_args, {f}));\n' for f in fields)
+                   + '  printf("sizeof %zu\\n", sizeof(fk_attention_args));\n  return 0;\n}\n')
+    exe = tmp_path / "layout"
+    subprocess.run([gcc, "-I", str(include), str(src), "-o", str(exe)], check=True, capture_output=True)
+    got = dict(line.split() for line in subprocess.run([str(exe)], capture_output=True, text=True,
+                                                       check=True).stdout.splitlines())
+    assert {f: int(got[f]) for f in fields} == {f: getattr(B.AttentionArgs, f).offset for f in fields}
+    assert int(got["sizeof"]) == ctypes.sizeof(B.AttentionArgs)
+    assert fields[-2:] == ["lse", "lse_stride"]
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["flash", "naive"])
+def test_lse_is_written_only_where_asked(dll, good, naive):
+    """lse NULL (the default): nothing but o is written; set: every row's log-sum-exp, and nothing
+    past the rows its strides name."""
+    args, (q, k, _, o) = good
+    assert args.lse is None
+    assert call(dll, args, naive) == (B.FK_OK, "")
+    buf = torch.full((1, 2, 8, 3), float("nan"))
+    args.lse = buf.data_ptr()
+    args.lse_stride[:] = (48, 24, 3)  # element 0 of each (b, h, i) triple
+    o.fill_(float("nan"))
+    assert call(dll, args, naive) == (B.FK_OK, "")
+    ref = torch.logsumexp((q.double() @ k.double().transpose(-1, -2)) / 8.0, dim=-1)
+    assert (buf[..., 0].double() - ref).abs().max().item() < 1e-5
+    assert torch.isnan(buf[..., 1:]).all() and not torch.isnan(o).any()

@@ -74,7 +74,7 @@ int32_t fk_naive_forward(const void *a) { return 8; }
 # ---- loading ------------------------------------------------------------------------------------
 
 def test_load_reports_the_getters(lib, build_root):
-    assert lib.abi_version == 1 == flash_kernel.ABI_VERSION
+    assert lib.abi_version == 2 == flash_kernel.ABI_VERSION
     assert lib.target == "cpu" and lib.flash_path == "cpu"
     assert {64, 128} <= set(lib.head_dims)
     assert lib.path == str((build_root / "cpu" / "libflash_kernel.so").resolve())
@@ -88,11 +88,13 @@ def test_missing_library_says_how_to_build(tmp_path):
     assert isinstance(ei.value, flash_kernel.KernelError)
 
 
-def test_abi_mismatch_is_refused(tmp_path):
-    so = gcc_so(tmp_path, "abi2", FAKE_ABI % 2)
+@pytest.mark.parametrize("version", [1, 3])
+def test_abi_mismatch_is_refused(tmp_path, version):
+    """A library of ABI 1 (before the log-sum-exp) reads a shorter argument struct: refused."""
+    so = gcc_so(tmp_path, f"abi{version}", FAKE_ABI % version)
     with pytest.raises(flash_kernel.AbiMismatch) as ei:
         flash_kernel.load(so)
-    assert "ABI 2" in str(ei.value) and ei.value.status == B.FK_ERR_ABI
+    assert f"ABI {version}" in str(ei.value) and ei.value.status == B.FK_ERR_ABI
 
 
 def test_a_library_without_the_abi_is_refused(tmp_path):
@@ -111,7 +113,7 @@ def test_a_file_that_is_not_a_library_is_a_kernel_error(tmp_path):
 
 
 def test_any_library_exporting_the_abi_loads_and_its_errors_surface(tmp_path):
-    fake = flash_kernel.load(gcc_so(tmp_path, "fake", FAKE_ABI % 1))
+    fake = flash_kernel.load(gcc_so(tmp_path, "fake", FAKE_ABI % B.ABI_VERSION))
     assert (fake.target, fake.flash_path, fake.head_dims) == ("fake", "none", (64,))
     q = torch.zeros(1, 1, 4, 64)
     with pytest.raises(flash_kernel.KernelError):  # "fake" is not cpu: it takes GPU tensors only
@@ -143,7 +145,7 @@ def test_last_flash_path_is_per_thread(lib):
 
 
 def test_a_library_without_fk_last_flash_path_cannot_say_which_path_ran(tmp_path):
-    fake = flash_kernel.load(gcc_so(tmp_path, "nopath", FAKE_ABI % 1))
+    fake = flash_kernel.load(gcc_so(tmp_path, "nopath", FAKE_ABI % B.ABI_VERSION))
     assert fake.last_flash_path() is None
 
 

@@ -7,6 +7,7 @@ with NaN before the call, so a row the kernel forgets to write fails the test.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -216,3 +217,131 @@ def test_half_stores_round_to_nearest(cpu_lib, dtype):
     assert worst <= 1.0001, f"seed {seed}: an element is {worst:.2f} ulp off"
     exact = (diff == 0).float().mean().item()
     assert exact >= 0.9, f"seed {seed}: only {exact:.1%} of elements round like torch (truncation?)"
+
+
+# ---- the log-sum-exp (return_lse) ------------------------------------------------------------------
+
+
+def reference_lse(q, k, scale=None, layout="bhnd"):
+    """float64 logsumexp over keys of scale * Q K^T, (B, H, Nq), from the inputs the kernel saw."""
+    if layout == "bnhd":
+        q, k = (t.transpose(1, 2) for t in (q, k))
+    q, k = (t.to(torch.float64) for t in (q, k))
+    s = scale if scale is not None else q.shape[-1] ** -0.5
+    return torch.logsumexp((q @ k.transpose(-1, -2)) * s, dim=-1)
+
+
+LSE_ATOL = 2e-5  # fp32 scores and sums against float64; the inputs are the rounded ones either way
+
+
+def run_poisoned_lse(lib, q, k, v, scale, layout, naive, guard=0):
+    """o and lse poisoned with NaN; lse is a view of a buffer with `guard` NaN rows past Nq in
+    every head (the padded rows of the last query tile must not land there). Returns o, lse, buf."""
+    o = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
+    b, h, n = (q.shape[0], q.shape[1], q.shape[2]) if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1])
+    buf = torch.full((b, h, n + guard), float("nan"))
+    lse = buf[..., :n]
+    lib.run_into(q, k, v, o, scale, layout, naive=naive, lse=lse)
+    return o, lse, buf
+
+
+def assert_lse_close(lse, ref, what):
+    assert lse.dtype == torch.float32 and torch.isfinite(lse).all(), f"{what}: a row's lse was not written"
+    err = (lse.to(torch.float64) - ref).abs().max().item()
+    assert err <= LSE_ATOL * (1 + ref.abs().max().item()), f"{what}: max |lse - float64| {err:.3g}"
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_lse_at_every_head_dim(cpu_lib, d):
+    """Flash at every head dim, both layouts, Nq and Nk off the tile sizes (32 query rows, 64
+    keys), several query and key tiles; o is the same with and without the lse."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    for (b, h, nq, nk), layout, dtype in (((2, 2, 77, 130), "bhnd", torch.float32),
+                                          ((1, 3, 33, 65), "bnhd", torch.bfloat16),
+                                          ((1, 1, 5, 1), "bhnd", torch.float16)):
+        q, k, v = make(*shapes(b, h, nq, nk, d, layout), dtype, gen)
+        o, lse, buf = run_poisoned_lse(cpu_lib, q, k, v, 0.0, layout, naive=False, guard=40)
+        what = f"d {d} {layout} {dtype} (seed {seed})"
+        assert_lse_close(lse, reference_lse(q, k, None, layout), what)
+        assert torch.isnan(buf[..., nq:]).all(), f"{what}: written past Nq"
+        assert torch.equal(o, run_poisoned(cpu_lib, q, k, v, 0.0, layout, naive=False)), what
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["flash", "naive"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + "-" + c[5])
+def test_lse_matches_float64_logsumexp(cpu_lib, case, dtype, naive):
+    b, h, nq, nk, d, layout = case
+    seed = fresh_seed()
+    q, k, v = make(*shapes(b, h, nq, nk, d, layout), dtype, torch.Generator().manual_seed(seed))
+    o, lse, _ = run_poisoned_lse(cpu_lib, q, k, v, 0.0, layout, naive)
+    assert_lse_close(lse, reference_lse(q, k, None, layout), f"{case} {dtype} (seed {seed})")
+    assert rel_l2(o, reference(q, k, v, None, layout)) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["flash", "naive"])
+def test_lse_of_peaky_scores_and_explicit_scale(cpu_lib, naive):
+    """Scores in the hundreds: the lse holds the row maximum (no overflow of exp)."""
+    seed = fresh_seed()
+    q, k, v = make((1, 2, 100, 64), (1, 2, 300, 64), torch.float32, torch.Generator().manual_seed(seed), 3.0)
+    _, lse, _ = run_poisoned_lse(cpu_lib, q, k, v, 2.0, "bhnd", naive)
+    ref = reference_lse(q, k, 2.0)
+    assert ref.abs().max() > 100
+    assert_lse_close(lse, ref, f"seed {seed}")
+
+
+def test_lse_through_strides(cpu_lib):
+    """q, k, v strided views of one packed qkv; the lse written through its own strides into every
+    other element of a buffer whose gaps stay NaN."""
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(2, 150, 3, 4, 64, generator=gen)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (B, N, H, D) views
+    buf = torch.full((2, 4, 150, 2), float("nan"))
+    lse = buf[..., 0]  # strides (1200, 300, 2)
+    o = torch.full_like(q, float("nan"), memory_format=torch.contiguous_format)
+    cpu_lib.run_into(q, k, v, o, 0.0, "bnhd", naive=False, lse=lse)
+    assert_lse_close(lse, reference_lse(q, k, None, "bnhd"), f"seed {seed}")
+    assert torch.isnan(buf[..., 1]).all()
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_public_call_returns_out_and_lse(cpu_lib, monkeypatch, layout):
+    """flash_kernel.attention(..., return_lse=True): (out, lse), lse float32 (B, H, Nq) dense in q's
+    layout; the first call (checked in full) and the repeated ones (straight to the C call) alike,
+    and the call without it still returns the output alone."""
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(Path(cpu_lib.path).parent.parent))
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = make(*shapes(2, 3, 45, 70, 64, layout), torch.bfloat16, gen)
+    ref = reference_lse(q, k, 0.2, layout)
+    for _ in range(3):
+        out, lse = flash_kernel.attention(q, k, v, scale=0.2, layout=layout, return_lse=True)
+        assert out.shape == q.shape and out.dtype == q.dtype
+        assert lse.shape == (2, 3, 45) and lse.dtype == torch.float32
+        assert (lse.transpose(1, 2) if layout == "bnhd" else lse).is_contiguous()
+        assert_lse_close(lse, ref, f"{layout} (seed {seed})")
+        assert torch.equal(flash_kernel.attention(q, k, v, scale=0.2, layout=layout), out)
+    _, naive_lse = flash_kernel.naive_attention(q, k, v, scale=0.2, layout=layout, return_lse=True)
+    assert_lse_close(naive_lse, ref, f"naive {layout} (seed {seed})")
+    # inputs the kernel cannot address as they are (D stride 2) go the copying way: lse the same
+    qs, ks, vs = (torch.stack([t, t], dim=-1)[..., 0] for t in (q, k, v))
+    assert qs.stride(-1) == 2
+    out2, lse2 = flash_kernel.attention(qs, ks, vs, scale=0.2, layout=layout, return_lse=True)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+
+
+def test_lse_under_torch_compile(cpu_lib, monkeypatch):
+    """Traced by torch.compile(fullgraph=True): the registered op with its fake (meta) result."""
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(Path(cpu_lib.path).parent.parent))
+    q, k, v = make((1, 2, 40, 64), (1, 2, 50, 64), torch.float32, torch.Generator().manual_seed(fresh_seed()))
+
+    def f(q, k, v):
+        out, lse = flash_kernel.attention(q, k, v, return_lse=True)
+        return out * 2, lse + 1
+
+    torch._dynamo.reset()
+    out, lse = torch.compile(f, backend="eager", fullgraph=True)(q, k, v)
+    assert torch.equal(lse - 1, flash_kernel.attention(q, k, v, return_lse=True)[1])
+    assert_lse_close(lse - 1, reference_lse(q, k), "compiled")

@@ -107,7 +107,7 @@ def _build(root: Path, name: str, *defines: str) -> Path:
 def libs(fixture_root):
     pytest.importorskip("flash_kernel")
     return {"good": _build(fixture_root, "abi-good"),
-            "abi2": _build(fixture_root, "abi-two", "-DFIXTURE_ABI=2"),
+            "abi1": _build(fixture_root, "abi-one", "-DFIXTURE_ABI=1"),  # the ABI before the log-sum-exp
             "skip": _build(fixture_root, "abi-skip", "-DSKIP_LAST_ROW"),
             "nostride": _build(fixture_root, "abi-nostride", "-DIGNORE_STRIDES")}
 
@@ -126,7 +126,7 @@ def test_lib_parity_passes_and_records_the_library(libs, tmp_path, capsys):
     assert code == 0, err
     data = json.loads(js.read_text())
     assert data["schema"] == "sovereign-audit.parity/1" and data["passed"]
-    assert data["selection"]["library"]["abi_version"] == 1
+    assert data["selection"]["library"]["abi_version"] == 2
     assert data["selection"]["library"]["head_dims"] == [64, 128]
     assert [s["shape"]["name"] for s in data["shapes"]] == ["tiny-64", "tiny-cross"]
     for s in data["shapes"]:
@@ -144,7 +144,7 @@ def test_unwritten_elements_fail_the_nonfinite_gate(libs, capsys):
 
 
 def test_wrong_abi_version_is_a_usage_error(libs, capsys):
-    code, out, err = run_cli(["parity", "--lib", str(libs["abi2"]), "--preset", "tiny-64"], capsys)
+    code, out, err = run_cli(["parity", "--lib", str(libs["abi1"]), "--preset", "tiny-64"], capsys)
     assert code == 2
     assert err.startswith("error:") and "ABI" in err and len(err.strip().splitlines()) == 1
 

@@ -171,6 +171,7 @@ class _Args(ctypes.Structure):
         ("q_stride", ctypes.c_int64 * 3), ("k_stride", ctypes.c_int64 * 3),
         ("v_stride", ctypes.c_int64 * 3), ("o_stride", ctypes.c_int64 * 3),
         ("scale", ctypes.c_float), ("stream", ctypes.c_void_p),
+        ("lse", ctypes.c_void_p), ("lse_stride", ctypes.c_int64 * 3),  # ABI 2; NULL: not asked for
     ]
 
 
@@ -208,7 +209,7 @@ class RawAbi:
             b, nq, h, d = q.shape
             nk = k.shape[1]
         a = _Args()
-        a.abi_version = 1
+        a.abi_version = 2
         a.dtype = codes[q.dtype]
         a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         a.batch, a.heads, a.nq, a.nk, a.head_dim = b, h, nq, nk, d

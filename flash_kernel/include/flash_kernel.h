@@ -29,7 +29,9 @@
 extern "C" {
 #endif
 
-#define FK_ABI_VERSION 1
+/* ABI 2 added the log-sum-exp output (fk_attention_args.lse, .lse_stride) at the end of the
+ * argument struct; a library of ABI 1 refuses arguments of ABI 2 (FK_ERR_ABI) and the reverse. */
+#define FK_ABI_VERSION 2
 
 typedef enum fk_dtype {
     FK_DTYPE_F32 = 0,
@@ -39,7 +41,7 @@ typedef enum fk_dtype {
 
 typedef enum fk_status {
     FK_OK = 0,
-    FK_ERR_NULL_POINTER = 1,   /* args, q, k, v or o is NULL */
+    FK_ERR_NULL_POINTER = 1,   /* args, q, k, v or o is NULL (lse may be) */
     FK_ERR_DTYPE = 2,          /* dtype not one of fk_dtype */
     FK_ERR_HEAD_DIM = 3,       /* head_dim not supported by this build (see fk_supported_head_dims) */
     FK_ERR_SIZE = 4,           /* a size <= 0, or sizes/strides whose extents overflow int64 */
@@ -69,6 +71,13 @@ typedef struct fk_attention_args {
     int64_t o_stride[3];
     float scale;               /* 0: default 1/sqrt(D); otherwise > 0 and finite */
     void *stream;              /* hipStream_t / cudaStream_t, or NULL */
+    /* ABI 2. The log-sum-exp of each query row's scaled scores, in natural log and fp32:
+     * lse[b,h,i] = log(sum_j exp(scale * q_i . k_j)), written at
+     * lse + b*lse_stride[0] + h*lse_stride[1] + i*lse_stride[2] (strides in float elements, >= 0,
+     * lse_stride[2] >= 1 when nq > 1; lse 4-byte aligned). It is what ring attention merges
+     * partial outputs by. NULL: nothing is written, and the kernels skip it at no cost. */
+    float *lse;
+    int64_t lse_stride[3];
 } fk_attention_args;
 
 /* FK_ABI_VERSION of the library: a caller refuses a library whose version differs. */
@@ -97,11 +106,12 @@ const char *fk_last_error(void);
 const char *fk_last_flash_path(void);
 
 /* Flash forward: tiled online softmax, never materialising Nq x Nk. CUDA-graph safe (no
- * allocation, no synchronisation). */
+ * allocation, no synchronisation). Writes O, and the log-sum-exp where args->lse is non-NULL. */
 int32_t fk_flash_forward(const fk_attention_args *args);
 
 /* Naive (pre-flash) forward: S = scale * Q K^T into an fp32 workspace it allocates per head
- * group, row softmax, then S V. The oracle the seed measured against. Not graph safe. */
+ * group, row softmax, then S V. The oracle the seed measured against. Not graph safe. Writes the
+ * log-sum-exp too where args->lse is non-NULL. */
 int32_t fk_naive_forward(const fk_attention_args *args);
 
 #ifdef __cplusplus

@@ -129,6 +129,16 @@ inline int32_t validate(const fk_attention_args *a, int64_t vector_bytes, Valida
         if (n > 1 && strides[t][2] < a->head_dim)
             return fail(FK_ERR_STRIDE, "%s_stride[2] (%lld) is smaller than head_dim", names[t], (long long)strides[t][2]);
     }
+    if (a->lse != nullptr) {  // the optional log-sum-exp: fp32 (B, H, nq) through its own strides
+        for (int i = 0; i < 3; ++i)
+            if (a->lse_stride[i] < 0) return fail(FK_ERR_STRIDE, "lse_stride[%d] is negative", i);
+        int64_t e = 0, bytes = 0;
+        if (!extent(a->lse_stride, a->batch, a->heads, a->nq, 1, &e) || !mul_add(e, 4, 0, &bytes))
+            return fail(FK_ERR_SIZE, "lse: sizes and strides overflow a 64-bit byte offset");
+        if (a->nq > 1 && a->lse_stride[2] < 1)
+            return fail(FK_ERR_STRIDE, "lse_stride[2] is 0: the rows of a head would share one element");
+        if (reinterpret_cast<uintptr_t>(a->lse) % 4 != 0) return fail(FK_ERR_ALIGNMENT, "lse is not 4-byte aligned");
+    }
     if (!(std::isfinite(a->scale)) || a->scale < 0.0f)
         return fail(FK_ERR_SCALE, "scale must be 0 (default 1/sqrt(D)) or positive and finite");
     if (vector_bytes > 0) {

@@ -243,6 +243,10 @@ void flash_item(const fk_attention_args &a, float scale, int64_t item, FlashTile
         const float inv = 1.0f / t.l[i];
         for (int d = 0; d < D; ++d) dst[d] = S::store(t.acc[i * DP + d] * inv);
     }
+    if (a.lse != nullptr) {  // m is the row's scaled maximum, l its sum of exp(s - m): natural log
+        float *L = a.lse + b * a.lse_stride[0] + h * a.lse_stride[1];
+        for (int64_t i = 0; i < rows; ++i) L[(q0 + i) * a.lse_stride[2]] = t.m[i] + std::log(t.l[i]);
+    }
 }
 
 template <typename S>
@@ -306,6 +310,7 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
             const T *K = static_cast<const T *>(a.k) + b * a.k_stride[0] + h * a.k_stride[1];
             const T *V = static_cast<const T *>(a.v) + b * a.v_stride[0] + h * a.v_stride[1];
             T *O = static_cast<T *>(a.o) + b * a.o_stride[0] + h * a.o_stride[1];
+            float *L = a.lse != nullptr ? a.lse + b * a.lse_stride[0] + h * a.lse_stride[1] : nullptr;
             for (int64_t j = 0; j < nk; ++j)
                 for (int64_t d = 0; d < D; ++d) {
                     Kt[d * nk + j] = S::load(K[j * a.k_stride[2] + d]);
@@ -337,6 +342,7 @@ int32_t naive_run(const fk_attention_args &a, float scale) {
                         sum += srow[j];
                     }
                     const float inv = 1.0f / sum;
+                    if (L != nullptr) L[i * a.lse_stride[2]] = mx + std::log(sum);
                     for (int64_t j = 0; j < nk; ++j) srow[j] *= inv;
                     for (int64_t d = 0; d < D; ++d) acc[d] = 0.0f;
                     for (int64_t j = 0; j < nk; ++j) {

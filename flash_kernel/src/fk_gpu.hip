@@ -48,6 +48,8 @@ fk::FlashParams flash_params(const fk_attention_args *a, const fk::Validated &v)
     }
     p.scale_log2 = v.scale * fk::kLog2e;
     p.d = static_cast<int32_t>(a->head_dim);
+    p.lse = a->lse;
+    for (int i = 0; i < 3; ++i) p.ls[i] = a->lse_stride[i];
     return p;
 }
 
@@ -406,6 +408,8 @@ int32_t run_naive(const fk_attention_args *a, const fk::Validated &v, hipStream_
         p.os[i] = a->o_stride[i];
     }
     p.scale = v.scale;
+    p.lse = a->lse;
+    for (int i = 0; i < 3; ++i) p.ls[i] = a->lse_stride[i];
     const int64_t bh_total = a->batch * a->heads;
     const int64_t row_bytes = a->nk * 4;
     // Chunk: as many whole heads as fit the workspace limit, else as many query rows of one head.
@@ -444,7 +448,7 @@ int32_t run_naive(const fk_attention_args *a, const fk::Validated &v, hipStream_
                     static_cast<unsigned>((p.rows + NaiveTile::TM - 1) / NaiveTile::TM), static_cast<unsigned>(g));
             fk::naive::scores_kernel<E><<<gs, NaiveTile::kThreads, 0, s>>>(p);
             if ((st = check_launch("naive scores"))) break;
-            fk::naive::softmax_kernel<<<static_cast<unsigned>(g * p.rows), NaiveTile::kSoftmaxThreads, 0, s>>>(ws, a->nk);
+            fk::naive::softmax_kernel<<<static_cast<unsigned>(g * p.rows), NaiveTile::kSoftmaxThreads, 0, s>>>(p);
             if ((st = check_launch("naive softmax"))) break;
             dim3 go(static_cast<unsigned>((a->head_dim + NaiveTile::TN - 1) / NaiveTile::TN),
                     static_cast<unsigned>((p.rows + NaiveTile::TM - 1) / NaiveTile::TM), static_cast<unsigned>(g));

@@ -154,6 +154,7 @@ __global__ void __launch_bounds__(128) flash_generic_kernel(FlashParams p) {
         for (int off = 8; off > 0; off >>= 1) sum += fk_shfl_xor(sum, off);
         const int64_t r = q0 + rg * RM + i;
         if (r < p.nq) {
+            if (p.lse != nullptr && cg == 0) p.lse[b * p.ls[0] + h * p.ls[1] + r * p.ls[2]] = row_lse(m[i], sum);
             const float inv = 1.0f / sum;
 #pragma unroll
             for (int d = 0; d < DN; ++d)

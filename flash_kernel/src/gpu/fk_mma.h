@@ -480,6 +480,11 @@ __global__ void __launch_bounds__(MmaTile<D, FK_MMA_ARCH>::kThreads, MmaTile<D, 
         l1 += fk_shfl_xor(l1, 2);
         const float i0 = 1.0f / l0, i1 = 1.0f / l1;
         const int64_t r0 = q0 + warp * 16 * MT + mt * 16 + lane / 4, r1 = r0 + 8;
+        if (p.lse != nullptr && lane % 4 == 0) {  // a quad holds a row: its first lane writes it
+            float *lse = p.lse + b * p.ls[0] + h * p.ls[1];
+            if (r0 < p.nq) lse[r0 * p.ls[2]] = row_lse(mrow[mt][0], l0);
+            if (r1 < p.nq) lse[r1 * p.ls[2]] = row_lse(mrow[mt][1], l1);
+        }
 #pragma unroll
         for (int d = 0; d < DT; ++d) {
             if (d * 8 >= dh) break;  // padding columns

@@ -18,6 +18,8 @@ struct NaiveParams {
     int64_t qs[3], ks[3], vs[3], os[3];
     float scale;
     int64_t bh0, row0, rows;
+    float *lse;                 // the log-sum-exp per row, or null
+    int64_t ls[3];
 };
 
 // S[z][r][j] = scale * sum_d Q[row0 + r][d] K[j][d]: 64 x 64 tile per block, 4 x 4 per thread.
@@ -60,11 +62,13 @@ __global__ void __launch_bounds__(256) scores_kernel(NaiveParams p) {
         }
 }
 
-// Row softmax in place, one block per row of the workspace.
-__global__ void __launch_bounds__(256) softmax_kernel(float *ws, int64_t nk) {
+// Row softmax in place, one block per row of the workspace (row r of head z: block z * rows + r);
+// the row's log-sum-exp (natural log: the scores are scaled already) where p.lse is set.
+__global__ void __launch_bounds__(256) softmax_kernel(NaiveParams p) {
     constexpr int NT = NaiveTile::kSoftmaxThreads;
     __shared__ float red[NT];
-    float *row = ws + int64_t(blockIdx.x) * nk;
+    const int64_t nk = p.nk;
+    float *row = p.ws + int64_t(blockIdx.x) * nk;
     float mx = -INFINITY;
     for (int64_t j = threadIdx.x; j < nk; j += NT) mx = fmaxf(mx, row[j]);
     red[threadIdx.x] = mx;
@@ -84,6 +88,10 @@ __global__ void __launch_bounds__(256) softmax_kernel(float *ws, int64_t nk) {
         __syncthreads();
     }
     const float inv = 1.0f / red[0];
+    if (p.lse != nullptr && threadIdx.x == 0) {
+        const int64_t z = blockIdx.x / p.rows, r = blockIdx.x % p.rows, bh = p.bh0 + z;
+        p.lse[(bh / p.heads) * p.ls[0] + (bh % p.heads) * p.ls[1] + (p.row0 + r) * p.ls[2]] = mx + logf(red[0]);
+    }
     for (int64_t j = threadIdx.x; j < nk; j += NT) row[j] = expf(row[j] - mx) * inv;
 }
 

@@ -712,7 +712,16 @@ struct FlashParams {
     float scale_log2;   // scale * log2(e): softmax runs in base 2
     int64_t bh0;        // first (batch*heads + head) of this launch
     int32_t d;          // the head dim; the kernel's template D is its bucket (>= d)
+    float *lse;         // the log-sum-exp (natural log) per row, or null: one uniform test in the epilogue
+    int64_t ls[3];      // its element strides for B, H, N
 };
+
+constexpr float kLn2 = 0.6931471805599453f;
+
+// The natural-log log-sum-exp of a row from the online softmax's state: m, the running maximum
+// in the base-2 scaled domain, and l, the row's sum of 2^(s * scale * log2 e - m), which is >= 1
+// (the maximum's own term): the hardware log2 (relative error ~2^-22) is exact enough.
+FK_DEVICE float row_lse(float m, float l) { return (m + __log2f(l)) * kLn2; }
 
 }  // namespace fk
 

@@ -547,14 +547,24 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         }
     };
 
-    // 1 / the row sums of rows r, r + 8, from this thread's partials sl0, sl1 (a quad holds a row)
-    auto inverse_sums = [&](float sl0, float sl1, float &i0, float &i1) {
+    // 1 / the row sums of rows r, r + 8, from this thread's partials sl0, sl1 (a quad holds a row);
+    // sl0, sl1 become the rows' sums
+    auto inverse_sums = [&](float &sl0, float &sl1, float &i0, float &i1) {
         sl0 += fk_shfl_xor(sl0, 1);
         sl0 += fk_shfl_xor(sl0, 2);
         sl1 += fk_shfl_xor(sl1, 1);
         sl1 += fk_shfl_xor(sl1, 2);
         i0 = 1.0f / sl0;
         i1 = 1.0f / sl1;
+    };
+    // The log-sum-exp of rows r0, r0 + 8 of (b, h) from their maxima and sums, where it is asked
+    // for (one uniform test: the default call skips it)
+    auto put_lse = [&](int b, int h, int64_t r0, float sm0, float sm1, float sl0, float sl1) {
+        if (p.lse != nullptr && lane % 4 == 0) {
+            float *lse = p.lse + int64_t(b) * p.ls[0] + int64_t(h) * p.ls[1];
+            if (r0 < p.nq) lse[r0 * p.ls[2]] = row_lse(sm0, sl0);
+            if (r0 + 8 < p.nq) lse[(r0 + 8) * p.ls[2]] = row_lse(sm1, sl1);
+        }
     };
     // n8 tile t of the finished O, rows r and r + 8 divided by their sums, as 16-bit pairs (the
     // direct stores below pack inside their row tests, the code as measured)
@@ -565,7 +575,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 
     // The item's O (all its P V done) divided by the row sums sl0, sl1 (this thread's partials) and
     // stored, or, with late stores, packed for store_o() beside the next GEMM.
-    auto end_item = [&](int64_t item, float sl0, float sl1) {
+    auto end_item = [&](int64_t item, float sl0, float sl1, float sm0, float sm1) {
         float i0, i1;
         inverse_sums(sl0, sl1, i0, i1);
         const int64_t bh = item / ptiles;
@@ -573,6 +583,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         const int q0 = (static_cast<int>(item % ptiles) * kCl + int(rank)) * BM;
         uint16_t *out = static_cast<uint16_t *>(p.o) + int64_t(b) * p.os[0] + int64_t(h) * p.os[1];
         const int64_t r0 = int64_t(q0) + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
+        put_lse(b, h, r0, sm0, sm1, sl0, sl1);
         if constexpr (kLateStore) {
 #pragma unroll
             for (int t = 0; t < KD / 8; ++t) packed_o(t, i0, i1, ob[2 * t], ob[2 * t + 1]);
@@ -599,10 +610,15 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     };
 
     // kTmaStore (chained): the item's O divided, packed and sent through the Q buffer (put_o, send_o)
-    auto end_item_tma = [&](int64_t item, float sl0, float sl1) {
+    auto end_item_tma = [&](int64_t item, float sl0, float sl1, float sm0, float sm1) {
         if constexpr (kTmaStore) {
             float i0, i1;
             inverse_sums(sl0, sl1, i0, i1);
+            if (p.lse != nullptr) {
+                const int64_t bh = item / ptiles;
+                put_lse(static_cast<int>(bh / p.heads), static_cast<int>(bh % p.heads),
+                        int64_t(item % ptiles) * BM + 64 * c + 16 * warp + lane / 4, sm0, sm1, sl0, sl1);
+            }
 #pragma unroll
             for (int t = 0; t < KD / 8; ++t) {
                 uint32_t va, vb;
@@ -691,7 +707,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                     wg_wait<0>();
                     fence_regs(o);
                     release_v(pst);
-                    end_item(item, l0, l1);
+                    end_item(item, l0, l1, m0, m1);
                     break;
                 }
                 // the next item's S(0) with this one's last P V (its last S is done: Q's registers are free)
@@ -710,7 +726,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 issue_pv(pst);
                 wg_commit();
                 their_turn();
-                const float sl0 = l0, sl1 = l1;
+                const float sl0 = l0, sl1 = l1, sm0 = m0, sm1 = m1;
                 m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
                 wg_wait<1>();
                 fence_regs(s);
@@ -721,10 +737,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 fence_regs(o);
                 release_v(pst);
                 if constexpr (kTmaStore) {
-                    end_item_tma(item, sl0, sl1);
+                    end_item_tma(item, sl0, sl1, sm0, sm1);
                     if (ntiles == 1) release_o();  // no later turn in this item to do it
                 } else {
-                    end_item(item, sl0, sl1);
+                    end_item(item, sl0, sl1, sm0, sm1);
                 }
 #pragma unroll
                 for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
@@ -831,7 +847,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 release_v(pst);
             }
 
-            end_item(item, l0, l1);
+            end_item(item, l0, l1, m0, m1);
         }
     }
     if constexpr (kLateStore)
