@@ -338,3 +338,25 @@ def test_image_files_named_by_dpkg_records_and_nested_in_the_image(capsys, tmp_p
     appc = next(c for c in top["components"] if c["bom-ref"] == f"{image}!/app/libapp.so")
     assert "purl" not in appc  # no package owns it
     assert props(appc, "edge:needed") == [f"{image}!/usr/lib/x86_64-linux-gnu/libc.so.6"]
+
+
+# ---------------------------------------------------------------- conda packages
+
+
+@pytest.mark.parametrize("fmt", ["conda", "tar.bz2"])
+def test_conda_package_named_by_its_index_json(capsys, tmp_path, fmt):
+    from test_conda import BUILDERS
+
+    d = tmp_path / "c"
+    d.mkdir()
+    lib = cc_shared(d / "libpkg.so.1.2", "int pkg(void){return 1;}\n", "-Wl,-soname,libpkg.so.1")
+    pkg = BUILDERS[fmt](tmp_path, [("lib/libpkg.so.1.2", "file", lib.read_bytes()),
+                                   ("lib/libpkg.so.1", "symlink", "libpkg.so.1.2")])
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, pkg)
+    assert rc == 0, err
+    doc = validate_cyclonedx(cdx.read_text())
+    validate_spdx(spdx)
+    top = doc["components"][0]
+    assert top["bom-ref"] == f"container:{pkg}" and props(top, "container") == ["conda"]
+    assert top["purl"] == f"pkg:conda/demo@1.0?build=0&type={fmt}"
+    assert [c["name"] for c in top["components"]] == ["libpkg.so.1.2"]
