@@ -13,7 +13,9 @@ inputs in L2), the methods taking turns call by call (no method owns the start o
 median reported. FLOPs are 4*B*H*Nq*Nk*D. Also measures the two ceilings (a bf16
 8192^3 matmul and a device-to-device copy) in the same process. Each output is compared with
 SDPA-flash's (SDPA-math's in fp32 where SDPA-flash lacks the head dim; relative L2) so a fast
-wrong kernel cannot hide. Prints a table; --json writes all.
+wrong kernel cannot hide. --lse adds "ours_lse", the public call with return_lse=True, and reports
+its cost over "ours" (median of ours_lse / median of ours, with a 95 % interval: the log-sum-exp
+should cost nothing measurable). Prints a table; --json writes all.
 """
 
 from __future__ import annotations
@@ -216,8 +218,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torch-methods", default="sdpa_flash,sdpa_cudnn,eager",
                     help="comma list of PyTorch baselines to time (sdpa_flash, sdpa_cudnn, eager; '' for none)")
+    ap.add_argument("--lse", action="store_true",
+                    help="also time the public call with return_lse=True ('ours_lse') and report its cost over 'ours'")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.lse and args.no_public:
+        ap.error("--lse times the public call: it cannot go with --no-public")
     if args.repeats < 10:
         ap.error("--repeats must be >= 10 (median of at least ten)")
     if not torch.cuda.is_available():
@@ -235,6 +241,9 @@ def main(argv=None) -> int:
             public_lib = flash_kernel.library_for("cuda")
             methods.append(("ours", lambda q, k, v: flash_kernel.attention(q, k, v), args.repeats, set(),
                             public_lib))
+            if args.lse:  # the same call asking for the log-sum-exp too; its output is compared as ours is
+                methods.append(("ours_lse", lambda q, k, v: flash_kernel.attention(q, k, v, return_lse=True)[0],
+                                args.repeats, set(), public_lib))
         except flash_kernel.KernelError as exc:  # the --lib methods still run
             print(f"warning: 'ours' left out, the public call finds no library: {exc}", file=sys.stderr)
     for spec in args.lib:
@@ -264,13 +273,35 @@ def main(argv=None) -> int:
               "cudnn": torch.backends.cudnn.version(), "ceilings": ceilings(), "rows": []}
     for shape, what in shapes:
         result["rows"] += bench_shape(shape, dtype, methods, args, what)
+    if args.lse:
+        result["lse_cost"] = lse_costs(result["rows"])
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     c = result["ceilings"]
     print(f"# {result['device']} torch {result['torch']} cudnn {result['cudnn']}  ceilings: bf16 matmul "
           f"{c['bf16_matmul_8192_tflops']:.0f} TFLOP/s, copy {c['copy_4gib_tb_s']:.2f} TB/s")
     print(render(result["rows"]))
+    for c in result.get("lse_cost", []):
+        lo, hi = c["ci95"]
+        print(f"return_lse cost at {','.join(map(str, c['shape']))}: {c['ratio']:.3f}x the time without "
+              f"[{lo:.3f}, {hi:.3f}]")
     return 0
+
+
+def lse_costs(rows) -> list[dict]:
+    """Per shape timed both ways: median time of 'ours_lse' / median of 'ours' (1.0: no cost) with
+    its 95 % bootstrap interval, from the raw times the two took in turns."""
+    out = []
+    by_shape: dict[tuple, dict] = {}
+    for r in rows:
+        if r["method"] in ("ours", "ours_lse") and "times_ms" in r:
+            by_shape.setdefault(tuple(r["shape"]), {})[r["method"]] = r
+    for shape, pair in by_shape.items():
+        if len(pair) == 2:
+            on, off = pair["ours_lse"]["times_ms"], pair["ours"]["times_ms"]
+            out.append({"shape": list(shape), "ratio": statistics.median(on) / statistics.median(off),
+                        "ci95": list(ratio_ci(on, off))})
+    return out
 
 
 def render(rows) -> str:

@@ -115,3 +115,25 @@ def test_the_table_names_the_path_and_shows_refusals_as_rows(bench):
     assert "error: FK_ERR_HEAD_DIM" in lines[1]
     assert " wgmma " in lines[2] and "[0.79,0.81]" in lines[2] and "[0.50,0.52]" in lines[2]
     assert " sdpa_cudnn " in lines[3] and " - " in lines[3]  # a baseline has no path
+
+
+def test_lse_cost_is_the_ratio_of_the_two_public_calls(bench):
+    """--lse: per shape timed both ways, median(ours_lse) / median(ours) with an interval that
+    holds it; a shape missing either method has no cost line."""
+    mod, _ = bench
+    rows = [{"method": "ours", "shape": [1, 2, 3, 3, 64], "times_ms": [1.0, 1.1, 0.9, 1.0]},
+            {"method": "ours_lse", "shape": [1, 2, 3, 3, 64], "times_ms": [1.2, 1.2, 1.1, 1.3]},
+            {"method": "sdpa_flash", "shape": [1, 2, 3, 3, 64], "times_ms": [5.0] * 4},
+            {"method": "ours", "shape": [1, 1, 9, 9, 128], "times_ms": [2.0] * 4}]
+    (cost,) = mod.lse_costs(rows)
+    assert cost["shape"] == [1, 2, 3, 3, 64]
+    assert cost["ratio"] == pytest.approx(1.2 / 1.0)
+    lo, hi = cost["ci95"]
+    assert lo <= cost["ratio"] <= hi
+
+
+def test_lse_needs_the_public_call(bench, capsys):
+    mod, _ = bench
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--lse", "--no-public", "--shape", "1,1,8,64"])
+    assert exc.value.code == 2 and "--lse" in capsys.readouterr().err

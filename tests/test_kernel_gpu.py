@@ -325,3 +325,105 @@ def test_non_finite_input_stays_in_its_head(lib, d):
     keep = [h for h in range(shape[1]) if h != bad]
     err = _rel_l2(out[:, keep], _reference(q[:, keep], k[:, keep], v[:, keep], 1.0 / math.sqrt(d), "bhnd"))
     assert err <= TOL[torch.bfloat16], f"rel L2 {err:.3g} (seed {gen.initial_seed()})"
+
+
+# ---- the log-sum-exp (return_lse) ------------------------------------------------------------------
+
+LSE_ATOL = 2e-5  # relative to 1 + max |lse|: fp32 scores and sums against float64 on the same inputs
+
+
+def _run_lse(lib, q, k, v, layout, naive, scale=None, guard=0):
+    """o and lse NaN-poisoned; lse a view of a buffer with `guard` NaN rows past Nq in every head
+    (rows of a last, partial query tile must not be written there). Returns o, lse, buffer."""
+    o = torch.full_like(q, float("nan"))
+    b, n, h = (q.shape[0], q.shape[2], q.shape[1]) if layout == "bhnd" else q.shape[:3]
+    buf = torch.full((b, h, n + guard), float("nan"), device=q.device)
+    lse = buf[..., :n]
+    lib.run_into(q, k, v, o, _binding.resolve_scale(scale, q.shape[-1]), layout, naive, lse=lse)
+    torch.cuda.synchronize()
+    return o, lse, buf
+
+
+def _reference_lse(q, k, scale, layout):
+    if layout == "bnhd":
+        q, k = (x.transpose(1, 2) for x in (q, k))
+    return torch.logsumexp(torch.matmul(q.double(), k.double().transpose(-1, -2)) * scale, dim=-1)
+
+
+def _check_lse(lib, d, dtype, cases, naive=False, seed_gen=None):
+    """Each (layout, (B, H, Nq, Nk)) case: the lse of every row against float64's logsumexp,
+    nothing written past Nq, on the path the build promises, and O bit for bit the O of the call
+    without the lse."""
+    gen = seed_gen or torch.Generator(device="cuda")
+    if seed_gen is None:
+        gen.seed()
+    for layout, shape in cases:
+        q, k, v = _make(*shape, d, dtype, layout, gen)
+        o, lse, buf = _run_lse(lib, q, k, v, layout, naive, guard=65)
+        what = f"d {d} {dtype} {layout} {shape} naive={naive} (seed {gen.initial_seed()})"
+        if not naive:
+            assert lib.last_flash_path() == _expected_path(lib, dtype), what
+        assert torch.isfinite(lse).all(), f"{what}: a row's lse was not written"
+        ref = _reference_lse(q, k, 1.0 / math.sqrt(d), layout)
+        err = (lse.double() - ref).abs().max().item()
+        assert err <= LSE_ATOL * (1 + ref.abs().max().item()), f"{what}: max |lse - float64| {err:.3g}"
+        assert torch.isnan(buf[..., shape[2]:]).all(), f"{what}: written past Nq"
+        assert torch.equal(o, _run(lib, q, k, v, layout, naive)), f"{what}: O differs with the lse asked for"
+
+
+@pytest.mark.parametrize("d", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_lse_every_head_dim(lib, d, dtype):
+    """Every head dim (every bucket, exact, padded and narrow), both layouts, Nq and Nk off every
+    tile size; Nk 300 takes the chained wgmma kernels (exact 64 and 128), 1000 the unchained."""
+    _check_lse(lib, d, dtype, (("bhnd", (2, 3, 77, 1000)), ("bnhd", (1, 2, 1000, 77)), ("bhnd", (1, 2, 333, 300))))
+
+
+@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("d", [32, 48, 64, 72, 128, 160, 192, 200, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_lse_many_work_items(lib, case, d, dtype):
+    """The persistent grid: blocks that run many items (the lse of each item's rows written with
+    that item's maxima and sums, chained items included) and last query tiles partly past Nq."""
+    layout = "bhnd" if (case + d) % 2 == 0 else "bnhd"
+    _check_lse(lib, d, dtype, ((layout, _persistent_shapes()[case]),))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_lse_naive(lib, dtype):
+    _check_lse(lib, 128, dtype, (("bnhd", (2, 3, 77, 1000)), ("bhnd", (1, 2, 1000, 77))), naive=True)
+
+
+def test_lse_of_peaky_scores(lib):
+    """A scale of 2 puts scores in the hundreds: the lse carries the row maximum."""
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    q, k, v = _make(1, 4, 500, 1500, 128, torch.bfloat16, "bhnd", gen)
+    _, lse, _ = _run_lse(lib, q, k, v, "bhnd", False, scale=2.0)
+    ref = _reference_lse(q, k, 2.0, "bhnd")
+    assert ref.abs().max() > 100
+    assert (lse.double() - ref).abs().max().item() <= LSE_ATOL * (1 + ref.abs().max().item())
+
+
+def test_lse_through_strides_and_the_public_call(lib, monkeypatch):
+    """q, k, v strided views of one packed qkv; lse written through its own strides (every other
+    element of a buffer whose gaps stay NaN); flash_kernel.attention(..., return_lse=True) returns
+    (out, lse) with lse float32 (B, H, Nq), on the first call and the repeated ones."""
+    gen = torch.Generator(device="cuda")
+    gen.seed()
+    qkv = torch.randn(2, 300, 3, 4, 64, generator=gen, device="cuda").to(torch.bfloat16)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    ref = _reference_lse(q, k, 0.125, "bnhd")
+    buf = torch.full((2, 4, 300, 2), float("nan"), device="cuda")
+    o = torch.full_like(q, float("nan"))
+    lib.run_into(q, k, v, o, 0.0, "bnhd", False, lse=buf[..., 0])
+    torch.cuda.synchronize()
+    assert (buf[..., 0].double() - ref).abs().max().item() <= LSE_ATOL * (1 + ref.abs().max().item())
+    assert torch.isnan(buf[..., 1]).all()
+    monkeypatch.setenv("FLASH_KERNEL_BUILD", str(Path(lib.path).parent.parent))
+    monkeypatch.setenv("FLASH_KERNEL_TARGET", Path(lib.path).parent.name)
+    for _ in range(3):
+        out, lse = flash_kernel.attention(q, k, v, layout="bnhd", return_lse=True)
+        assert lse.shape == (2, 4, 300) and lse.dtype == torch.float32 and lse.device == q.device
+        assert (lse.double() - ref).abs().max().item() <= LSE_ATOL * (1 + ref.abs().max().item())
+        assert torch.equal(out, o)
