@@ -360,3 +360,25 @@ def test_conda_package_named_by_its_index_json(capsys, tmp_path, fmt):
     assert top["bom-ref"] == f"container:{pkg}" and props(top, "container") == ["conda"]
     assert top["purl"] == f"pkg:conda/demo@1.0?build=0&type={fmt}"
     assert [c["name"] for c in top["components"]] == ["libpkg.so.1.2"]
+
+
+def test_a_finding_in_a_dependency_is_on_the_dependency(capsys, tmp_path):
+    """libapp.so (audited) needs libmid.so (found through its RUNPATH, not audited), which
+    imports CBLAS from OpenBLAS: the finding and its edge start at libmid's component."""
+    deps = tmp_path / "deps"
+    cc_shared(deps / "libopenblas.so.0", "void cblas_dgemm(void) {}", "-Wl,-soname,libopenblas.so.0")
+    cc_shared(deps / "libmid.so", "void cblas_dgemm(void);\nvoid mid(void) { cblas_dgemm(); }",
+              f"-L{deps}", "-l:libopenblas.so.0", "-Wl,-soname,libmid.so", f"-Wl,-rpath,{deps}")
+    app = cc_shared(tmp_path / "app" / "libapp.so", "void mid(void);\nvoid app(void) { mid(); }",
+                    f"-L{deps}", "-lmid", f"-Wl,-rpath,{deps}")
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, app)
+    assert rc == 1, err
+    doc = validate_cyclonedx(cdx.read_text())
+    validate_spdx(spdx)
+    comps = {c["bom-ref"]: c for c in cdx_components(doc)}
+    mid = comps[f"lib:{deps / 'libmid.so'}"]
+    assert any(json.loads(v)["rule"] == "blas.cblas" for v in props(mid, "finding"))
+    assert props(mid, "edge:imported-symbols") == ["vendor:blas.cblas"]
+    assert f"lib:{deps / 'libopenblas.so.0'}" in props(mid, "edge:needed")
+    assert "vendor:blas.cblas" not in props(comps[str(app)], "edge:imported-symbols")
+    assert len(mid["hashes"][0]["content"]) == 64

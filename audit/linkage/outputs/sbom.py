@@ -76,9 +76,14 @@ class Graph:
     edges: list[Edge]
     report: CheckReport
     policy: Policy
+    _children: dict | None = field(default=None, repr=False)
 
     def children(self, parent: str | None) -> list[Component]:
-        return [c for c in self.components.values() if c.parent == parent]
+        if self._children is None:
+            self._children = {}
+            for c in self.components.values():
+                self._children.setdefault(c.parent, []).append(c)
+        return self._children.get(parent, [])
 
     def depends(self) -> dict[str, list[str]]:
         """Each component's targets, in edge order, without repeats."""
@@ -192,7 +197,9 @@ def build_graph(report: CheckReport, policy: Policy) -> Graph:
                 target = names.get(soname) or members.get((comps[fr.path].parent, soname)) or unresolved(soname)
                 edge(fr.path, target, "dlopen-declared", detail)
         for f in fr.findings:
-            source = by_path.get(f.in_file or "", fr.path) if f.in_file else fr.path
+            source = fr.path  # found in a dependency: on the dependency's own component
+            if f.in_file:
+                source = by_path.get(f.in_file) or (f"lib:{f.in_file}" if f"lib:{f.in_file}" in comps else fr.path)
             comps[source].prop("finding", finding_value(f))
             kind = _FINDING_EDGES.get(f.kind)
             if kind is None:
