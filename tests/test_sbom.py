@@ -382,3 +382,33 @@ def test_a_finding_in_a_dependency_is_on_the_dependency(capsys, tmp_path):
     assert f"lib:{deps / 'libopenblas.so.0'}" in props(mid, "edge:needed")
     assert "vendor:blas.cblas" not in props(comps[str(app)], "edge:imported-symbols")
     assert len(mid["hashes"][0]["content"]) == 64
+
+
+# ---------------------------------------------------------------- hostile names
+
+from test_gate_escaping import NEEDED, SONAME, assert_inert, decoded, hostile, strings  # noqa: E402,F401
+from test_gate_escaping import cli as gate_cli  # noqa: E402
+
+
+def test_hostile_names_are_inert_and_exact_in_both_sboms(hostile, tmp_path):  # noqa: F811
+    """The hostile folder of tests/test_gate_escaping (DT_NEEDED, DT_SONAME, symbol, file and
+    member names carrying workflow commands, terminal escapes and bytes that are not UTF-8): no
+    line of either document is a runner command, each string is the same once parsed, and both
+    still validate."""
+    files = {fmt: tmp_path / f"out.{fmt}.json" for fmt in ("cyclonedx", "spdx")}
+    proc = gate_cli("check", "--policy", hostile / "hostile.toml", hostile / "tree",
+                    *[a for fmt, p in files.items() for a in ("--format", f"{fmt}={p}")])
+    assert proc.returncode == 1, proc.stderr
+    for fmt, path in files.items():
+        text = path.read_bytes().decode("utf-8")
+        assert_inert(text)
+        values = " ".join(strings(json.loads(text)))
+        assert NEEDED in values and SONAME in values
+        assert "\\u005b" in text  # `##[` written as an escape
+    for fmt in ("cyclonedx", "spdx"):  # and to standard output
+        proc = gate_cli("check", "--policy", hostile / "hostile.toml", hostile / "tree", "--format", fmt)
+        out, err = decoded(proc)
+        assert_inert(out)
+        assert_inert(err)
+    validate_cyclonedx(files["cyclonedx"].read_text())
+    validate_spdx(files["spdx"])
