@@ -412,3 +412,36 @@ def test_hostile_names_are_inert_and_exact_in_both_sboms(hostile, tmp_path):  # 
         assert_inert(err)
     validate_cyclonedx(files["cyclonedx"].read_text())
     validate_spdx(files["spdx"])
+
+
+# ---------------------------------------------------------------- static archives
+
+
+def test_static_archive_members_nest_in_the_archive_and_the_archive_in_its_wheel(capsys, tmp_path):
+    """An ar archive of gcc objects (one calls CBLAS), alone and inside a wheel: its members are
+    nested in the archive's component (sha256 of the whole .a), that one in the wheel's."""
+    import hashlib
+
+    for name, src in (("a.c", "void cblas_dgemm(void);\nvoid a(void) { cblas_dgemm(); }\n"),
+                      ("b.c", "int b(void) { return 2; }\n")):
+        (tmp_path / name).write_text(src)
+        subprocess.run(["gcc", "-c", "-fPIC", "-o", tmp_path / name.replace(".c", ".o"), tmp_path / name], check=True)
+    ar = tmp_path / "libdemo.a"
+    subprocess.run(["ar", "rcs", ar, tmp_path / "a.o", tmp_path / "b.o"], check=True)
+    whl = tmp_path / "demo_ar-2.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("demo_ar-2.0.dist-info/METADATA", "Name: demo-ar\nVersion: 2.0\n")
+        zf.write(ar, "demo_ar/lib/libdemo.a")
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, ar, whl)
+    assert rc == 1, err
+    doc = validate_cyclonedx(cdx.read_text())
+    rels = spdx_edges(validate_spdx(spdx))
+    digest = hashlib.sha256(ar.read_bytes()).hexdigest()
+    alone = next(c for c in doc["components"] if c["bom-ref"] == f"container:{ar}")
+    assert props(alone, "container") == ["static-archive"] and alone["hashes"][0]["content"] == digest
+    assert sorted(c["name"] for c in alone["components"]) == ["a.o", "b.o"]
+    wheel = next(c for c in doc["components"] if c["bom-ref"] == f"container:{whl}")
+    inner = next(c for c in wheel["components"] if c["bom-ref"] == f"container:{whl}!/demo_ar/lib/libdemo.a")
+    assert inner["hashes"][0]["content"] == digest and sorted(c["name"] for c in inner["components"]) == ["a.o", "b.o"]
+    assert ("demo-ar", "CONTAINS", "libdemo.a", "sovereign-audit:edge=member") in rels
+    assert ("libdemo.a", "CONTAINS", "a.o", "sovereign-audit:edge=member") in rels

@@ -7,6 +7,7 @@ Nothing here judges a file; a member that cannot be read becomes an Input with a
 
 from __future__ import annotations
 
+import hashlib
 import io
 import mmap
 import os
@@ -129,6 +130,8 @@ class Inputs:
         except InputError as exc:
             yield Input(report, None, True, exc.message)
             return
+        if self.identify:
+            self.containers[report] = Container(report, "static-archive", hashlib.sha256(data).hexdigest(), len(data))
         kinds = [identify(bytes(data[m.offset:m.offset + min(m.size, HEAD_BYTES)]), m.size) for m in found]
         if not any(k.binary for k in kinds):
             if explicit:

@@ -43,6 +43,7 @@ _FINDING_EDGES = {"dlopen-string": "dlopen", "assembled-name": "dlopen", "dlsym-
                   "static-string": "static-copy", "device-kernel": "embedded-device-code"}
 _NAMED = {"dlopen-string", "assembled-name"}  # the finding's subject is a library's file name
 _SHARED = {"ET_DYN", "MH_DYLIB", "MH_BUNDLE"}
+_CONTAINER_TYPES = {"wheel": "library", "conda": "library", "image": "container", "static-archive": "library"}
 
 
 @dataclass
@@ -116,14 +117,15 @@ def build_graph(report: CheckReport, policy: Policy) -> Graph:
             seen_edges.add((source, target, kind))
             edges.append(Edge(source, target, kind, detail))
 
+    containers = {c.path for c in report.containers}
     for c in report.containers:
+        name = c.package.name if c.package else c.path.rstrip("/").rsplit(WHEEL_SEP, 1)[-1].rsplit("/", 1)[-1]
         comp = comps[f"container:{c.path}"] = Component(
-            f"container:{c.path}", "container", c.package.name if c.package else os.path.basename(c.path.rstrip("/")),
-            "container" if c.kind == "image" else "library", c.sha256, c.size, c.package)
+            f"container:{c.path}", "container", name, _CONTAINER_TYPES[c.kind], c.sha256, c.size, c.package,
+            parent=_container_of(c.path, containers))
         comp.prop("container", c.kind)
         comp.prop("path", c.path)
         comp.prop("image-id", c.digest)
-    containers = {c.path for c in report.containers}
 
     # the audited files first: a library audited in this run is named by its own result
     by_path: dict[str, str] = {}
@@ -217,7 +219,7 @@ def _file_component(fr: FileResult, containers: set[str]) -> Component:
     kind = "library" if shared else "application" if fr.elf_type in ("ET_EXEC", "MH_EXECUTE") else "file"
     name = fr.path.split(WHEEL_SEP)[-1].rsplit("/", 1)[-1] or fr.path
     comp = Component(fr.path, "file", name, kind, fr.sha256, fr.size, fr.package,
-                     parent=f"container:{fr.archive}" if fr.archive in containers else _container_of(fr.path, containers))
+                     parent=_container_of(fr.path, containers))
     comp.prop("path", fr.path)
     comp.prop("verdict", fr.verdict)
     comp.prop("error", fr.error)
@@ -240,10 +242,13 @@ def _file_component(fr: FileResult, containers: set[str]) -> Component:
 
 
 def _container_of(path: str, containers: set[str]) -> str | None:
-    outer = path.split("!", 1)[0] if "!" in path else None
-    if outer is not None and outer in containers:
-        return f"container:{outer}"
-    return None
+    """The innermost container `path` is a member of (`x.whl!/lib/libx.a!/x.o`: the archive,
+    itself in the wheel): the longest container name followed by `!` that starts it."""
+    best = None
+    for at in range(len(path)):
+        if path[at] == "!" and path[:at] in containers:
+            best = path[:at]
+    return f"container:{best}" if best is not None else None
 
 
 def created(report: CheckReport) -> str:
