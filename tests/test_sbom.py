@@ -210,6 +210,13 @@ def test_same_input_gives_the_same_bytes_and_the_date_is_settable(capsys, tmp_pa
     assert json.loads(spdx3.read_text())["creationInfo"]["created"] == "2026-01-01T00:00:00Z"
 
 
+@pytest.mark.parametrize("epoch", ["yesterday", "-5", "99999999999999"])
+def test_a_source_date_epoch_that_is_not_a_date_is_a_usage_error(capsys, tmp_path, demo_wheel, epoch):
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, demo_wheel, env={"SOURCE_DATE_EPOCH": epoch})
+    assert rc == 2 and err.startswith(f"error: SOURCE_DATE_EPOCH={epoch}: ") and len(err.splitlines()) == 1
+    assert not cdx.exists() and not spdx.exists()  # nothing half-written
+
+
 def test_a_file_that_cannot_be_audited_is_in_the_sbom_with_its_error(capsys, tmp_path, demo_wheel):
     bad = tmp_path / "libbad.so"
     cc_shared(bad, dlopen_note_source('[{"soname": "not a list"}]'))

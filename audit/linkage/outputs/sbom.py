@@ -23,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from audit import __version__
+from audit.errors import UsageError, printable
 from audit.linkage.containers.identity import PackageId, note_package
 from audit.linkage.judging.policy import Policy
 from audit.linkage.model import WHEEL_SEP, CheckReport, FileResult, Finding
@@ -255,8 +256,14 @@ def created(report: CheckReport) -> str:
     """The documents' date: SOURCE_DATE_EPOCH when set (reproducible builds' convention), else
     the Unix epoch, so the same input always gives the same bytes (docs/sbom.md)."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
-    seconds = int(epoch) if epoch.isdigit() else 0
-    return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        seconds = int(epoch) if epoch else 0
+        if seconds < 0:
+            raise ValueError
+        return _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        raise UsageError(f"SOURCE_DATE_EPOCH={printable(epoch)!s}: not a number of seconds since 1970 "
+                         "(the SBOMs' date)") from None
 
 
 def content_uuid(doc: dict) -> str:
