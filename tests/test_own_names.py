@@ -180,3 +180,24 @@ def test_a_dlls_own_name_in_its_version_resource_is_no_load(tmp_path):
     assert "cudnn_ops64_9.dll".encode("utf-16-le") in dll.read_bytes()  # OriginalFilename, in .rsrc
     loads = [m.names for f in _findings(dll) if f.kind == "dlopen-string" for m in f.matches]
     assert loads == [["cudnn_graph64_9.dll"]]  # the name it loads, not its own
+
+
+# A loader's wrappers named after the API they look up (PaddlePaddle's phi::dynload::cblas_sgemm
+# objects): variables of the program, whose names are the vendor's: still a lookup.
+WRAPPERS = r"""
+#include <dlfcn.h>
+namespace phi { namespace dynload {
+struct Loader { const char *name; void *operator()(void *h) const { return dlsym(h, name); } };
+Loader cblas_sgemm{"cblas_sgemm"}, cblas_dgemm{"cblas_dgemm"};
+} }
+extern "C" void *use(void *h) { return phi::dynload::cblas_sgemm(h) ? phi::dynload::cblas_dgemm(h) : 0; }
+"""
+
+
+def test_wrapper_objects_named_after_the_api_are_still_lookups(tmp_path):
+    (tmp_path / "wrap.cc").write_text(WRAPPERS)
+    lib = tmp_path / "libwrap.so"
+    run(require_tool("g++"), "-shared", "-fPIC", "-O1", "-o", lib, tmp_path / "wrap.cc", "-ldl")
+    assert b"_ZN3phi7dynload11cblas_sgemmE\0" in lib.read_bytes()  # the wrapper object, as g++ names it
+    (found,) = [f for f in _findings(lib) if f.rule == "blas.cblas" and f.kind == "dlsym-string"]
+    assert found.matches[0].names == ["cblas_dgemm", "cblas_sgemm"]

@@ -403,7 +403,9 @@ def _msvc_type_names(mm, heads: list[bytes]) -> dict[str, int]:
 def _own_names(info, names: list[str]) -> set[str]:
     """The `names` the file itself also spells as a C++ name of its own: a component of a
     mangled name, length-prefixed (`_ZN2at6native16mkl_gemm_batchedE...`), or of an MSVC-decorated
-    one (`?mkldnn_view@native@at@@...`), or the last part of a qualified name in its text
+    one (`?mkldnn_view@native@at@@...`), each a function's or a class's, not a variable's (a
+    loader's wrapper object of the API's name, PaddlePaddle's phi::dynload::cblas_sgemm, is no
+    own name), or the last part of a qualified name in its text
     (`aten::mkldnn_adaptive_avg_pool2d`). Such a string is the
     program's function or operator name (torch's `mkl_gemm_batched`, `mkldnn_linear` operators,
     in a build with neither MKL nor oneDNN), not a vendor C API looked up by name: a C API has
@@ -420,11 +422,14 @@ def _own_names(info, names: list[str]) -> set[str]:
                 at, end = m.start(), m.end()
                 size = str(len(name)).encode("ascii")
                 if mm[max(0, at - len(size)):at] == size and not mm[at - len(size) - 1:at - len(size)].isdigit():
-                    own.add(name.decode("ascii"))  # <len><name> inside a mangled name
+                    if _ITANIUM_OWN.match(mm[end:end + 2]):  # <len><name> as a function or a scope
+                        own.add(name.decode("ascii"))
                 elif mm[max(0, at - 2):at] == b"::" and not _IDENT_BYTE.match(mm[end:end + 1]):
                     own.add(name.decode("ascii"))
                 elif mm[end:end + 1] == b"@" and (mm[at - 1:at] in (b"?", b"@") or mm[max(0, at - 3):at - 1] == b"??"):
-                    own.add(name.decode("ascii"))  # an MSVC-decorated name: ?name@scope@@, ?call@name@_ops@at@@
+                    scope_end = mm.find(b"@@", end, end + 256)  # an MSVC-decorated name: ?name@scope@@Y...
+                    if scope_end >= 0 and mm[scope_end + 2:scope_end + 3] not in (b"3", b"2", b""):
+                        own.add(name.decode("ascii"))  # a function or a class's member, not a variable
                 if len(own) == len(wanted):
                     break
     except (OSError, ValueError):
@@ -433,6 +438,12 @@ def _own_names(info, names: list[str]) -> set[str]:
 
 
 _IDENT_BYTE = re.compile(rb"[A-Za-z0-9_]")
+# What follows <len><name> in an Itanium-mangled definition of the program's own: the end of a
+# nested name and a parameter type (a function: at::native::mkl_gemm_batched(...)), or the next
+# component, a constructor or destructor (a class named so: at::_ops::mkldnn_linear_out::call).
+# Not a variable (the symbol ends after its nested name: phi::dynload::cblas_sgemm, a loader's
+# wrapper object) nor a call inside an expression (decltype(cblas_sgemm(...)): `cl11cblas_sgemmsp`).
+_ITANIUM_OWN = re.compile(rb"E[A-DF-Za-z0-9_]|[0-9]|[CD][0-9]")
 
 
 def _library_rules(policy: Policy, info) -> dict:
