@@ -24,6 +24,12 @@ Scenarios (each skipped, with the reason, when its input is missing):
            onnxruntime): `check WHEEL` vs a shell that unpacks the wheel and runs the llvm tools on
            every binary in it (PE: llvm-objdump-15 -p; Mach-O: llvm-objdump-15 --macho
            --dylibs-used --dylib-id, llvm-nm-15 for the symbols). Goal: no slower than the tools.
+  evidence libtorch_cpu.so and the torch CPU wheel, three commands in turn: plain `check`; `check`
+           with text and SARIF (the GitHub Action's default outputs); the same with both SBOMs
+           (CycloneDX, SPDX) and a signed attestation (--attest, with a key). Goal: the SBOMs and
+           the attestation add <= 10 % to the run that writes SARIF. Every output but text
+           carries sha256 digests, so those runs hash the files (plain `check` hashes nothing):
+           the table has that cost on its own row, and the ratio to plain `check` too.
   hostile  a 9 MB wheel whose one member is an ELF header and 2 GiB of zeros: refused at once
            with the default limits (exit 3), and streamed with a raised ratio limit (memory
            stays small).
@@ -37,7 +43,7 @@ torch and onnxruntime (bench/corpus.py downloads them into the same folder: --ca
 `apt-get download librocsparse0` in CACHE/apt); the files needed are unpacked once under
 CACHE/audit-speed/. cuobjdump: on PATH, or from the nvidia-cuda-cuobjdump wheel in CACHE/wheels.
 
-    python3 bench/audit_speed.py [--cache DIR] [--runs 5] [--only file,wheel,device,pe,hostile] [--json FILE]
+    python3 bench/audit_speed.py [--cache DIR] [--runs 5] [--only file,wheel,device,pe,evidence,hostile] [--json FILE]
 """
 
 from __future__ import annotations
@@ -136,6 +142,27 @@ def side_by_side(ours: list[str], ref: list[str] | None, runs: int) -> dict:
         out["cpu_ratio"] = out["ours"]["cpu"] / out["ref"]["cpu"]
         out["rss_ratio"] = out["ours"]["mem"] / out["ref"]["rss"]
     return out
+
+
+def alternate(cmds: dict[str, list[str]], runs: int) -> dict:
+    """Run each command in turn, `runs` rounds; the medians of each (as side_by_side's rows)."""
+    rows: dict[str, list[dict]] = {name: [] for name in cmds}
+    for _ in range(runs):
+        for name, cmd in cmds.items():
+            rows[name].append(measure(cmd))
+    out = {}
+    for name, rs in rows.items():
+        out[name] = {k: statistics.median(r[k] for r in rs) for k in ("wall", "cpu", "rss", "rss1", "pss", "mem")}
+        out[name]["walls"] = [round(r["wall"], 3) for r in rs]
+        out[name]["rc"] = rs[-1]["rc"]
+        out[name]["stderr"] = rs[-1]["stderr"]
+    return out
+
+
+def round_ratio(r: dict, num: str, den: str) -> float:
+    """The median over rounds of num's wall / den's wall: the commands of a round ran one after
+    the other, so a load that drifts between rounds cancels out."""
+    return statistics.median(a / b for a, b in zip(r[num]["walls"], r[den]["walls"]))
 
 
 # ---------------------------------------------------------------- inputs
@@ -275,7 +302,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get(
         "AUDIT_SPEED_CACHE", Path.home() / ".cache" / "sovereign-audit-bench")))
     ap.add_argument("--runs", type=int, default=5, help="alternating runs per side-by-side row")
-    ap.add_argument("--only", default="file,wheel,device,pe,hostile")
+    ap.add_argument("--only", default="file,wheel,device,pe,evidence,hostile")
     ap.add_argument("--json", type=Path, help="also write the measurements here")
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -373,6 +400,35 @@ def main(argv=None) -> int:
                                         max(1, args.runs // 2))
             table.add(label, r["ours"], "unzip + llvm tools", r["ref"], r["ratio"], "time ratio <= 1.0",
                       r["ratio"] <= 1.0)
+
+    if "evidence" in only:
+        with tempfile.TemporaryDirectory(prefix="audit-speed-evidence.") as tmp:
+            subprocess.run(AUDIT[:-1] + ["keygen", "--out", f"{tmp}/k"], cwd=REPO, stdout=subprocess.DEVNULL,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, check=True)
+            sarif = ["--format", "text", "--format", f"sarif={tmp}/check.sarif"]
+            extra = sarif + ["--format", f"cyclonedx={tmp}/sbom.cdx.json", "--format", f"spdx={tmp}/sbom.spdx.json",
+                             "--attest", f"{tmp}/check.intoto.jsonl", "--key", f"{tmp}/k.key"]
+            for key, label in (("libtorch_cpu", "libtorch_cpu.so"), ("torch_whl", "torch CPU wheel")):
+                if inp[key] is None:
+                    skip(label, "not in the cache")
+                    continue
+                subprocess.run(["cat", str(inp[key])], stdout=subprocess.DEVNULL)
+                r = raw[f"{key}_evidence"] = alternate({
+                    "plain": AUDIT + [str(inp[key])],  # nothing hashed
+                    "sarif": AUDIT + [str(inp[key])] + sarif,  # the Action's default outputs: hashed
+                    "all": AUDIT + [str(inp[key])] + extra}, args.runs)
+                plain, hashed, every = r["plain"], r["sarif"], r["all"]
+                table.add(f"{label}: text + SARIF", hashed, "plain check", plain, hashed["wall"] / plain["wall"])
+                ratio = every["wall"] / hashed["wall"]
+                table.add(f"{label}: text + SARIF + 2 SBOMs + attestation", every, "text + SARIF", hashed, ratio,
+                          "time ratio <= 1.10", ratio <= 1.10)
+                table.add(f"{label}: the same vs plain check", every, "plain check", plain,
+                          every["wall"] / plain["wall"])
+                print(f"{label}: wall plain {plain['walls']} sarif {hashed['walls']} all {every['walls']}; "
+                      f"CPU plain {plain['cpu']:.2f} s, sarif {hashed['cpu']:.2f} s, all {every['cpu']:.2f} s; "
+                      f"median per-round ratio all/sarif {round_ratio(r, 'all', 'sarif'):.2f}, "
+                      f"all/plain {round_ratio(r, 'all', 'plain'):.2f}; CPU ratio all/sarif "
+                      f"{every['cpu'] / hashed['cpu']:.2f}")
 
     if "hostile" in only:
         header = inp["libtorch_cpu"] or Path(sys.executable).resolve()
