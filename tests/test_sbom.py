@@ -452,3 +452,25 @@ def test_static_archive_members_nest_in_the_archive_and_the_archive_in_its_wheel
     assert inner["hashes"][0]["content"] == digest and sorted(c["name"] for c in inner["components"]) == ["a.o", "b.o"]
     assert ("demo-ar", "CONTAINS", "libdemo.a", "sovereign-audit:edge=member") in rels
     assert ("libdemo.a", "CONTAINS", "a.o", "sovereign-audit:edge=member") in rels
+
+
+def test_a_conda_package_whose_header_lies_about_a_size_is_refused_at_once(capsys, tmp_path):
+    """A .tar.bz2 whose first member declares ~2^80 bytes over a stream of a few hundred: reading
+    the package's identity must not step over it block by block (tars.py); the package is an
+    error (exit 3) and the SBOMs are still written."""
+    import bz2
+    import io
+    import tarfile
+    import time
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        ti = tarfile.TarInfo("lib/libx.so")
+        ti.size = 1 << 80  # written as GNU base-256 (tarfile writes what it is given)
+        tf.addfile(ti)  # no data follows
+    pkg = tmp_path / "evil-1.0-0.tar.bz2"
+    pkg.write_bytes(bz2.compress(buf.getvalue()))
+    start = time.monotonic()
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, pkg)
+    assert rc == 3 and time.monotonic() - start < 30
+    validate_cyclonedx(cdx.read_text())

@@ -25,8 +25,12 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from urllib.parse import quote
 
+from audit.linkage.containers.tars import bounded_members
+
 _MAX_METADATA = 1 << 20  # a METADATA or index.json larger than this is not read
 _MAX_FIELD = 256
+_INFO_STREAM = 64 << 20  # how far into a conda package's stream info/index.json is looked for
+_INFO_MEMBERS = 10_000
 # .note.package types whose purl type is the same word and takes the os as its namespace
 _OS_TYPES = {"deb", "rpm", "alpm", "apk"}
 
@@ -112,7 +116,11 @@ def wheel_package(path: str) -> PackageId | None:
 
 
 def _index_json(tf: tarfile.TarFile) -> dict | None:
-    for m in tf:
+    """info/index.json, looked for among the stream's first members only (conda writes info/
+    first): bounded in members and bytes, as a streamed tar must be (tars.py)."""
+    for n, m in enumerate(bounded_members(tf, _INFO_STREAM, "conda package metadata")):
+        if n >= _INFO_MEMBERS:
+            return None
         if m.name.lstrip("./") == "info/index.json" and m.isreg() and m.size <= _MAX_METADATA:
             with tf.extractfile(m) as fh:
                 doc = json.loads(fh.read(_MAX_METADATA))
