@@ -220,6 +220,7 @@ _DPKG = "/var/lib/dpkg"
 _MAX_STATUS = 32 << 20  # /var/lib/dpkg/status of a large image is a few MB
 _MAX_LIST = 8 << 20  # one package's file list
 _MAX_PACKAGES = 20_000
+_MAX_LISTS = 256 << 20  # all file lists together
 
 
 def _paragraphs(text: str):
@@ -268,11 +269,18 @@ def dpkg_owners(fs) -> dict[str, PackageId]:
         if "installed" in p.get("Status", "installed"):
             packages[p["Package"] + (":" + p["Architecture"] if p.get("Architecture") else "")] = p
     lists: dict[str, str] = {}  # package key -> file list text
+    budget = [_MAX_LISTS]
+
+    def read(path: str, limit: int) -> str:
+        text = fs.read_text(path, min(limit, budget[0])) or "" if budget[0] > 0 else ""
+        budget[0] -= len(text)
+        return text
+
     for name in (fs.listdir(f"{_DPKG}/info") or [])[:_MAX_PACKAGES * 4]:
         if name.endswith(".list"):
-            lists[name[:-5]] = fs.read_text(f"{_DPKG}/info/{name}", _MAX_LIST) or ""
+            lists[name[:-5]] = read(f"{_DPKG}/info/{name}", _MAX_LIST)
     for name in (fs.listdir(f"{_DPKG}/status.d") or [])[:_MAX_PACKAGES * 2]:
-        text = fs.read_text(f"{_DPKG}/status.d/{name}", 1 << 20) or ""
+        text = read(f"{_DPKG}/status.d/{name}", 1 << 20)
         if name.endswith(".md5sums"):
             lists[name[:-8]] = "\n".join("/" + line.split(None, 1)[1] for line in text.splitlines()
                                          if len(line.split(None, 1)) == 2)

@@ -28,6 +28,7 @@ from audit.linkage.resolution.native import AUDITED, MACHO_KINDS, PE_KINDS
 
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
 _KEEP = 32 << 20  # small files kept whole from compressed layers (_kept): ld.so.conf, dpkg's records
+_KEEP_TOTAL = 256 << 20  # all of them, in one image (dpkg keeps one file list per package)
 _MAX_ENTRIES = 2_000_000
 _RATIO_FLOOR = 64 << 20  # a layer may inflate to this whatever its ratio (as an archive member)
 
@@ -107,6 +108,7 @@ class ImageTree:
         self.compression = [_compression(layer) for layer in image.layers]
         self._parsed: dict[tuple[int, int], ElfInfo | Exception] = {}
         self._pattern = None
+        self._kept_bytes = 0  # of the files kept whole (_kept), within _KEEP_TOTAL
         # every blob is hashed on its own thread (hashlib releases the GIL) while the layers'
         # headers are read; nothing read is kept unless its blob's digest checks out
         with ThreadPoolExecutor(max_workers=max(1, min(len(image.layers), os.cpu_count() or 1))) as pool:
@@ -180,7 +182,8 @@ class ImageTree:
                 entry.head = fh.read(_HEAD)
                 if entry.head[:2] == b"MZ":  # a PE header lies further in: enough to tell it
                     entry.head += fh.read(HEAD_BYTES - _HEAD)
-                if _kept(path) and m.size <= _KEEP:
+                if _kept(path) and m.size <= _KEEP and self._kept_bytes + m.size <= _KEEP_TOTAL:
+                    self._kept_bytes += m.size
                     entry.data = entry.head + fh.read()
             return path, m, entry
         return path, m, Entry("other", i, n)
