@@ -10,10 +10,19 @@ self- and cross-attention on the flash kernel.
 The backend is registered in diffusers' own registry (`attention_dispatch._AttentionBackendRegistry`)
 and made the active one for the duration of the block, as diffusers' `attention_backend(...)`
 context manager does for its built-in backends. A call the kernel cannot serve (an attention mask,
-causal attention, dropout, grouped-query heads, a log-sum-exp request, context parallelism, a
-dtype or head dim this library lacks, tensors on another device, or a graph that needs gradients:
-the kernel is forward only) is passed on unchanged to the backend that was active before (by
-default diffusers' native one, i.e. torch SDPA), and counted by reason.
+causal attention, dropout, grouped-query heads, a dtype or head dim this library lacks, tensors on
+another device, or a graph that needs gradients: the kernel is forward only) is passed on unchanged
+to the backend that was active before (by default diffusers' native one, i.e. torch SDPA), and
+counted by reason.
+
+Context parallelism (`model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=...,
+ring_degree=...))`, launched with torchrun): calls that carry diffusers' `_parallel_config` are
+served the way diffusers' own flash backend serves them, through its templated context-parallel
+attention (`_templated_context_parallel_attention`: Ulysses all-to-all, ring K/V passing, or both)
+with our kernel as the forward op; the op returns the log-sum-exp that ring attention merges the
+partial outputs by. The communication is diffusers' over torch.distributed (NCCL on GPUs, gloo on
+CPU); the counts say how many calls ran under which split. With `return_lse=True` a call returns
+(out, lse), lse float32 (B, S, H) in natural log: the model layout diffusers' backends return.
 """
 
 from __future__ import annotations
@@ -36,31 +45,36 @@ class DispatchCounts:
     served: int = 0
     passed_on: Counter = field(default_factory=Counter)
     paths: Counter = field(default_factory=Counter)  # served calls by the kernel path that ran them
+    # served calls under context parallelism, by split ("ulysses 2", "ring 2", "ulysses 2 x ring 2")
+    parallel: Counter = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def count(self, reason: str | None, path: str | None = None) -> None:
+    def count(self, reason: str | None, path: str | None = None, split: str | None = None) -> None:
         with self._lock:
             if reason is None:
                 self.served += 1
                 if path:
                     self.paths[path] += 1
+                if split:
+                    self.parallel[split] += 1
             else:
                 self.passed_on[reason] += 1
 
     def summary(self) -> str:
         passed = sum(self.passed_on.values())
         ran = ", ".join(f"{p}: {n}" for p, n in sorted(self.paths.items()))
+        split = ", ".join(f"{p}: {n}" for p, n in sorted(self.parallel.items()))
         why = ", ".join(f"{r}: {n}" for r, n in sorted(self.passed_on.items()))
-        return (f"served {self.served}" + (f" ({ran})" if ran else "") + f", passed on {passed}"
-                + (f" ({why})" if why else ""))
+        return (f"served {self.served}" + (f" ({ran})" if ran else "")
+                + (f", context parallel {sum(self.parallel.values())} ({split})" if split else "")
+                + f", passed on {passed}" + (f" ({why})" if why else ""))
 
     def to_dict(self) -> dict:
         return {"served": self.served, "paths": dict(sorted(self.paths.items())),
-                "passed_on": dict(sorted(self.passed_on.items()))}
+                "parallel": dict(sorted(self.parallel.items())), "passed_on": dict(sorted(self.passed_on.items()))}
 
 
-def _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, return_lse,
-             parallel) -> str | None:
+def _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
     """Why the kernel cannot serve this call (None: it can). Cheap checks first."""
     import torch
 
@@ -70,10 +84,6 @@ def _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable
         return "causal"
     if dropout_p:
         return "dropout"
-    if return_lse:
-        return "log-sum-exp requested"
-    if parallel is not None:
-        return "context parallel"
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
         return "needs gradients (forward-only kernel)"
     if query.dim() != 4 or key.shape != value.shape or query.shape[0] != key.shape[0] \
@@ -94,6 +104,27 @@ def _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable
     return None
 
 
+def _split(parallel) -> str:
+    """How a context-parallel call is split: "ulysses 2", "ring 2" or "ulysses 2 x ring 2"."""
+    cp = parallel.context_parallel_config
+    parts = [f"{name} {n}" for name, n in (("ulysses", cp.ulysses_degree), ("ring", cp.ring_degree)) if n and n > 1]
+    return " x ".join(parts) or "none"
+
+
+def _no_backward(ctx, grad_out, *args, **kwargs):
+    # never reached: a call that needs gradients is passed on before the templated attention runs
+    raise RuntimeError("flash_kernel has no backward pass")
+
+
+class _BackendName(str):
+    """The backend's registry key: a str, with the `.value` diffusers reads off its own enum
+    names (so enable_parallelism inside the block finds it among the context-parallel backends)."""
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
 @contextlib.contextmanager
 def flash_attention_backend(library=None):
     """Make our flash kernel diffusers' active attention backend inside the block; yields the
@@ -104,6 +135,8 @@ def flash_attention_backend(library=None):
     except ImportError as exc:
         raise ImportError(f"flash_attention_backend needs diffusers with its attention dispatcher "
                           f"(diffusers.models.attention_dispatch): {exc}") from None
+    from diffusers.models.attention_dispatch import _templated_context_parallel_attention as _templated
+
     import flash_kernel
 
     lib_for = (lambda device: library) if library is not None else flash_kernel.library_for
@@ -111,18 +144,41 @@ def flash_attention_backend(library=None):
     previous_name, previous = registry.get_active_backend()
     previous_args = registry._supported_arg_names[previous_name]
 
+    def forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+        """One attention on this rank's tensors: diffusers' forward-op contract (its templated
+        context-parallel attention calls it once per Ulysses call, once per ring step), (B, S, H, D)
+        in and out, lse (B, S, H). Nothing is saved for a backward (there is none)."""
+        import torch
+
+        lib = lib_for(query.device)
+        out, lse = lib.attention(query, key, value, scale=scale, layout="bnhd", return_lse=True)
+        # which kernel ran (a C call: not made while torch.compile traces, where it would break the graph)
+        ran.path = None if torch.compiler.is_compiling() else lib.last_flash_path()
+        lse = lse.transpose(1, 2)  # (B, S, H): contiguous, as the kernel wrote it for "bnhd"
+        return (out, lse) if return_lse else out
+
+    ran = threading.local()  # the path the forward op last ran on this thread
+
     def backend(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                 scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
                 _parallel_config=None):
-        why = _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, return_lse,
-                       _parallel_config)
-        if why is None:  # diffusers hands backends (B, N, H, D): our "bnhd" layout
+        why = _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        if why is None and _parallel_config is None:  # diffusers hands backends (B, N, H, D): our "bnhd" layout
             import torch
 
             lib = lib_for(query.device)
-            out = lib.attention(query, key, value, scale=scale, layout="bnhd")
-            # which kernel ran (a C call: not made while torch.compile traces, where it would break the graph)
+            if return_lse:
+                out = forward_op(None, query, key, value, scale=scale, return_lse=True)
+            else:
+                out = lib.attention(query, key, value, scale=scale, layout="bnhd")
             counts.count(None, None if torch.compiler.is_compiling() else lib.last_flash_path())
+            return out
+        if why is None:  # context parallel: diffusers' communication, our kernel as the forward op
+            ran.path = None
+            out = _templated(query, key, value, None, dropout_p, is_causal, scale, False, return_lse,
+                             forward_op=forward_op, backward_op=_no_backward, _parallel_config=_parallel_config)
+            counts.count(None, ran.path, _split(_parallel_config))
             return out
         counts.count(why)
         kwargs = dict(query=query, key=key, value=value, attn_mask=attn_mask, dropout_p=dropout_p,
@@ -130,11 +186,12 @@ def flash_attention_backend(library=None):
                       _parallel_config=_parallel_config)
         return previous(**{k: v for k, v in kwargs.items() if k in previous_args})
 
-    name = f"{BACKEND_NAME}_{id(counts):x}"  # one key per block: blocks nest
+    name = _BackendName(f"{BACKEND_NAME}_{id(counts):x}")  # one key per block: blocks nest
     registry._backends[name] = backend
     registry._constraints[name] = []
     registry._supported_arg_names[name] = {"query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
                                            "enable_gqa", "return_lse", "_parallel_config"}
+    registry._supports_context_parallel.add(str(name))
     registry.set_active_backend(name)
     try:
         yield counts
@@ -142,3 +199,4 @@ def flash_attention_backend(library=None):
         registry.set_active_backend(previous_name)
         for table in (registry._backends, registry._constraints, registry._supported_arg_names):
             table.pop(name, None)
+        registry._supports_context_parallel.discard(str(name))

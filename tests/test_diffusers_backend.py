@@ -1,7 +1,8 @@
 """Our kernel as a diffusers attention backend (flash_kernel.diffusers_backend): a Wan DiT built
 from a small config runs every self- and cross-attention on the kernel through diffusers' own
 dispatcher, against diffusers' native (SDPA) backend; calls the kernel cannot serve are passed on
-to the previous backend unchanged and counted by reason."""
+to the previous backend unchanged and counted by reason. Context parallelism over several
+processes: tests/test_diffusers_context_parallel.py."""
 
 from __future__ import annotations
 
@@ -94,6 +95,46 @@ def test_calls_it_cannot_serve_go_to_sdpa_unchanged(lib, case, reason):
     assert torch.equal(got, native)
 
 
+def test_a_log_sum_exp_request_is_served(lib):
+    """return_lse=True: (out, lse), lse float32 (B, S, H) in natural log, the model layout diffusers'
+    backends return it in (its context-parallel code merges partial results by it)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    q, k, v = _qkv(gen=torch.Generator().manual_seed(seed))
+    with flash_attention_backend(lib) as counts:
+        out, lse = ad.dispatch_attention_fn(q, k, v, scale=0.1, attention_kwargs={"return_lse": True})
+        alone = ad.dispatch_attention_fn(q, k, v, scale=0.1)
+    assert counts.served == 2 and not counts.passed_on and torch.equal(out, alone)
+    assert lse.shape == (2, 33, 3) and lse.dtype == torch.float32 and lse.is_contiguous()
+    qd, kd = (t.transpose(1, 2).double() for t in (q, k))
+    ref = torch.logsumexp(qd @ kd.transpose(-1, -2) * 0.1, dim=-1).transpose(1, 2)
+    assert (lse.double() - ref).abs().max().item() < 1e-5, f"seed {seed}"
+
+
+def test_context_parallel_calls_needing_gradients_are_passed_on(lib):
+    """A call under context parallelism whose inputs need gradients goes to the previous backend
+    with its parallel config, counted: the kernel is forward only."""
+    q, k, v = _qkv(gen=torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little")))
+    q.requires_grad_(True)
+    seen = {}
+
+    def previous(**kw):
+        seen.update(kw)
+        return kw["query"]
+
+    marker = object()
+    reg = ad._AttentionBackendRegistry
+    name, _ = reg.get_active_backend()
+    saved = reg._backends[name]
+    reg._backends[name] = previous
+    try:
+        with flash_attention_backend(lib) as counts:
+            got = ad.dispatch_attention_fn(q, k, v, parallel_config=marker)
+    finally:
+        reg._backends[name] = saved
+    assert got is q and seen["_parallel_config"] is marker
+    assert counts.served == 0 and counts.passed_on == {"needs gradients (forward-only kernel)": 1}
+
+
 def test_blocks_nest_and_restore(lib):
     gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
     q, k, v = _qkv(gen=gen)
@@ -101,9 +142,9 @@ def test_blocks_nest_and_restore(lib):
         with flash_attention_backend(lib) as inner:
             ad.dispatch_attention_fn(q, k, v, attn_mask=torch.ones(2, 1, 33, 33, dtype=torch.bool))
         ad.dispatch_attention_fn(q, k, v)
-    assert inner.to_dict() == {"served": 0, "paths": {}, "passed_on": {"attention mask": 1}}
+    assert inner.to_dict() == {"served": 0, "paths": {}, "parallel": {}, "passed_on": {"attention mask": 1}}
     # inner passed it on to outer
-    assert outer.to_dict() == {"served": 1, "paths": {"cpu": 1}, "passed_on": {"attention mask": 1}}
+    assert outer.to_dict() == {"served": 1, "paths": {"cpu": 1}, "parallel": {}, "passed_on": {"attention mask": 1}}
     assert ad._AttentionBackendRegistry.get_active_backend()[0] == ad.AttentionBackendName.NATIVE
 
 

@@ -1,0 +1,141 @@
+"""Our kernel under diffusers' context parallelism, on the CPU: torch.distributed's gloo backend,
+2 and 4 processes (torch.multiprocessing spawn), a small WanTransformer3DModel split by Ulysses
+(ulysses_degree=2), ring (ring_degree=2) and both (2 x 2). Every rank's output must equal the
+single-process output within the kernel's own tolerance, and every attention call of every rank
+must have been served by the kernel (the self-attentions through diffusers' templated
+context-parallel attention with our forward op, the text cross-attentions, which Wan does not
+split, directly): the counts are checked rank by rank."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("diffusers")
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from audit.kernel_build.builder import ensure_built  # noqa: E402
+
+LAYERS = 2
+HEADS = 4  # divisible by the Ulysses degree
+TOL = 1e-4  # the CPU kernel's fp32 tolerance (tests/test_kernel_cpu.py)
+# (ulysses, ring) splits: those of one world size share a process group
+SPLITS = {2: [(2, 1), (1, 2)], 4: [(2, 2)]}
+
+
+def _wan(seed: int):
+    from diffusers.models.transformers.transformer_wan import WanTransformer3DModel
+
+    torch.manual_seed(seed)
+    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=HEADS, attention_head_dim=64,
+                                  in_channels=4, out_channels=4, text_dim=32, freq_dim=32, ffn_dim=64,
+                                  num_layers=LAYERS, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                  rope_max_seq_len=64)
+    return model.eval()
+
+
+def _inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed + 1)
+    latents = torch.randn(1, 4, 2, 8, 8, generator=gen)  # 2 frames of 8 x 8: 32 tokens, 8 a rank at 4
+    text = torch.randn(1, 7, 32, generator=gen)
+    return latents, text
+
+
+def _forward(model, latents, text):
+    with torch.no_grad():
+        return model(hidden_states=latents, timestep=torch.tensor([700]), encoder_hidden_states=text,
+                     return_dict=False)[0]
+
+
+def _cp_plan(model):
+    # Wan's plan without its "" entry, which splits a per-token (B, S) timestep (Wan 2.2): a Wan 2.1
+    # timestep of shape (B,) makes diffusers 0.42.1 call logger.warning_once, which its logger lacks
+    return {k: v for k, v in model._cp_plan.items() if k != ""}
+
+
+def _worker(rank: int, world: int, port: int, library: str, seed: int, out: str) -> None:
+    """One rank: each split of this world size on a model of its own, under our backend."""
+    torch.set_num_threads(1)  # 2 cores for up to 4 processes
+    # diffusers 0.42 names the rank's device by rank % torch.accelerator.device_count(), 0 on a
+    # CPU-only torch; one "device" keeps that division defined (the model stays on the CPU)
+    torch.accelerator.device_count = lambda: 1
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        from diffusers import ContextParallelConfig
+
+        import flash_kernel
+        from flash_kernel.diffusers_backend import flash_attention_backend
+
+        lib = flash_kernel.load(library)
+        latents, text = _inputs(seed)
+        results = {}
+        for i, (u, r) in enumerate(SPLITS[world]):
+            model = _wan(seed)
+            config = ContextParallelConfig(ulysses_degree=u, ring_degree=r)
+            start = time.perf_counter()
+            if i == 0:  # enabled before the block: diffusers' native backend is the active one then
+                model.enable_parallelism(config=config, cp_plan=_cp_plan(model))
+            with flash_attention_backend(lib) as counts:
+                if i > 0:  # enabled inside it: our backend must pass diffusers' context-parallel check
+                    model.enable_parallelism(config=config, cp_plan=_cp_plan(model))
+                o = _forward(model, latents, text)
+            results[(u, r)] = {"out": o, "counts": counts.to_dict(), "seconds": time.perf_counter() - start}
+        torch.save(results, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def library(fixture_root) -> str:
+    out = fixture_root / "fk_build"  # the folder the other kernel tests build into: built once
+    tb = ensure_built(["cpu"], out).get("cpu")
+    assert tb.status == "built", tb.reason
+    return str(out / "cpu" / "libflash_kernel.so")
+
+
+@pytest.fixture(scope="module")
+def single(library):
+    """The single-process output of the model, on the kernel, and diffusers' native (SDPA) one."""
+    import flash_kernel
+    from flash_kernel.diffusers_backend import flash_attention_backend
+
+    seed = int.from_bytes(os.urandom(4), "little") % 2**31
+    latents, text = _inputs(seed)
+    model = _wan(seed)
+    with flash_attention_backend(flash_kernel.load(library)) as counts:
+        ours = _forward(model, latents, text)
+    assert counts.served == 2 * LAYERS and not counts.passed_on
+    return seed, ours, _forward(model, latents, text)
+
+
+@pytest.mark.parametrize("world", sorted(SPLITS))
+def test_context_parallel_wan_equals_one_process(library, single, tmp_path, world):
+    seed, ours, native = single
+    out = str(tmp_path / "result")
+    start = time.perf_counter()
+    mp.spawn(_worker, args=(world, _free_port(), library, seed, out), nprocs=world, join=True)
+    spawned = time.perf_counter() - start
+    for rank in range(world):
+        results = torch.load(f"{out}.{rank}")
+        for (u, r), res in results.items():
+            split = " x ".join(f"{n} {k}" for n, k in (("ulysses", u), ("ring", r)) if k > 1)
+            what = f"{split}, rank {rank}/{world} (seed {seed})"
+            # per block: the self-attention under the split, the text cross-attention (not split) directly
+            assert res["counts"] == {"served": 2 * LAYERS, "paths": {"cpu": 2 * LAYERS},
+                                     "parallel": {split: LAYERS}, "passed_on": {}}, what
+            err = ((res["out"].double() - ours.double()).norm() / ours.double().norm()).item()
+            assert err <= TOL, f"{what}: rel L2 {err:.3g} against one process"
+            assert ((res["out"].double() - native.double()).norm() / native.double().norm()).item() <= TOL, what
+    print(f"{world} processes: {spawned:.1f} s spawned and run")
