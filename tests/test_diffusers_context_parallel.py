@@ -1,5 +1,5 @@
 """Our kernel under diffusers' context parallelism, on the CPU: torch.distributed's gloo backend,
-2 and 4 processes (torch.multiprocessing spawn), a small WanTransformer3DModel split by Ulysses
+2 and 4 processes (torch.multiprocessing, forkserver), a small WanTransformer3DModel split by Ulysses
 (ulysses_degree=2), ring (ring_degree=2) and both (2 x 2). Every rank's output must equal the
 single-process output within the kernel's own tolerance, and every attention call of every rank
 must have been served by the kernel (the self-attentions through diffusers' templated
@@ -125,7 +125,12 @@ def test_context_parallel_wan_equals_one_process(library, single, tmp_path, worl
     seed, ours, native = single
     out = str(tmp_path / "result")
     start = time.perf_counter()
-    mp.spawn(_worker, args=(world, _free_port(), library, seed, out), nprocs=world, join=True)
+    # forkserver: the ranks fork from a server process that imported torch and diffusers once (and
+    # never ran a thread pool), so a rank starts in a fraction of a fresh interpreter's import time
+    mp.set_forkserver_preload(["torch", "torch.distributed", "diffusers", "diffusers.models.transformers.transformer_wan",
+                               "flash_kernel.diffusers_backend"])
+    mp.start_processes(_worker, args=(world, _free_port(), library, seed, out), nprocs=world, join=True,
+                       start_method="forkserver")
     spawned = time.perf_counter() - start
     for rank in range(world):
         results = torch.load(f"{out}.{rank}")
