@@ -474,3 +474,22 @@ def test_a_conda_package_whose_header_lies_about_a_size_is_refused_at_once(capsy
     rc, cdx, spdx, err = sboms(capsys, tmp_path, pkg)
     assert rc == 3 and time.monotonic() - start < 30
     validate_cyclonedx(cdx.read_text())
+
+
+def test_a_library_is_described_by_the_node_that_loaded_it(capsys, tmp_path):
+    """libapp.so needs libA and libB; libA needs libB too. ld.so loads breadth first, so libB is
+    loaded by libapp and shown "already loaded" under libA, a node a depth-first walk meets
+    first: libB's component still has its digest and how the loader found it."""
+    deps = tmp_path / "deps"
+    cc_shared(deps / "libB.so", "int b(void) { return 2; }", "-Wl,-soname,libB.so")
+    cc_shared(deps / "libA.so", "int b(void);\nint a(void) { return b(); }", f"-L{deps}", "-lB",
+              "-Wl,-soname,libA.so", f"-Wl,-rpath,{deps}")
+    app = cc_shared(tmp_path / "app" / "libapp.so", "int a(void);\nint b(void);\nint app(void) { return a() + b(); }",
+                    f"-L{deps}", "-lA", "-lB", f"-Wl,-rpath,{deps}")
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, app)
+    assert rc == 0, err
+    comps = {c["bom-ref"]: c for c in cdx_components(validate_cyclonedx(cdx.read_text()))}
+    lib_b = comps[f"lib:{deps / 'libB.so'}"]
+    assert lib_b["hashes"][0]["content"] == __import__("hashlib").sha256((deps / "libB.so").read_bytes()).hexdigest()
+    assert props(lib_b, "found-by") != ["loaded"] and props(lib_b, "not-hashed") == []
+    assert props(comps[f"lib:{deps / 'libA.so'}"], "edge:needed")[0] == f"lib:{deps / 'libB.so'}"

@@ -147,7 +147,7 @@ def build_graph(report: CheckReport, policy: Policy) -> Graph:
         if node.path and node.path in by_path:
             return by_path[node.path]
         if not where:
-            return unresolved(node.name, node.status)
+            return unresolved(node.name)
         ref = f"lib:{where}"
         if ref not in comps:
             name = node.soname or os.path.basename(where.split(WHEEL_SEP)[-1]) or node.name
@@ -163,7 +163,7 @@ def build_graph(report: CheckReport, policy: Policy) -> Graph:
                 comp.prop("not-hashed", "trusted by the policy: not read" if node.status == "trusted" else "not read")
         return ref
 
-    def unresolved(name: str, status: str | None = None) -> str:
+    def unresolved(name: str) -> str:
         ref = f"unresolved:{name}"
         if ref not in comps:
             comp = comps[ref] = Component(ref, "unresolved", name, "library")
@@ -179,6 +179,13 @@ def build_graph(report: CheckReport, policy: Policy) -> Graph:
             comp.prop("rule", rule_id)
             comp.prop("note", "known by its evidence in the files that depend on it, not as a file")
         return ref
+
+    # each library first from the node that loaded it (its digest, how it was found): a node
+    # that says "already loaded" may come earlier in a depth-first walk
+    for fr in report.files:
+        for node, chain in fr.tree.walk() if fr.tree is not None else ():
+            if len(chain) > 1 and node.status not in ("root", "loaded", "unresolved"):
+                library(node)
 
     for fr in report.files:
         names: dict[str, str] = {}  # a library's requested name -> its ref, in this file's tree
