@@ -153,7 +153,7 @@ def name_constants(img: ElfImage) -> dict[int, bytes]:
 
 _VECTOR_OPS = np.zeros(256, dtype=bool)
 _VECTOR_OPS[[0x10, 0x28, 0x6F]] = True  # movups/movaps/movdqa-movdqu load opcodes (SSE and VEX)
-_STEP = 8 << 20
+_STEP = 2 << 20  # bytes of code per numpy pass (its temporary masks are a few times this)
 
 
 def _vector_loads(img: ElfImage, sec, constants: dict[int, bytes]) -> list[tuple[int, bytes, int]]:
