@@ -17,8 +17,9 @@ first NUL. A name longer than 15 bytes copied into a std::string's buffer is com
 the constant `libmklml_intel.s`, then `movb $0x6f,0x10(%rax)`): each such load of a 16-byte
 aligned constant that starts with `lib` and holds only name characters (name_constants) starts
 a name too, its stores merged the same way. The result is kept only if it holds a library file
-name (`lib<name>.so[.N]`), so unrelated immediates never make a finding. x86-64 only; other machines yield nothing (aarch64
-compilers load such a literal from .rodata with adrp/ldr, where the library-name scan finds it).
+name (`lib<name>.so[.N]`), so unrelated immediates never make a finding. x86-64 only; other
+machines yield nothing (aarch64 compilers load such a literal from .rodata with adrp/ldr, where
+the library-name scan finds it).
 
 Fail closed: an executable section outside the file is Malformed (the reader checks the
 sections' bounds when it first reads the file); past MAX_HITS occurrences each further name is
@@ -178,12 +179,13 @@ def _vector_loads(img: ElfImage, sec, constants: dict[int, bytes]) -> list[tuple
             target = sec.addr + (lo - sec.offset) + op.astype(np.int64) + 6 + disp
             for i in np.flatnonzero(in_sorted(target, wanted)).tolist():
                 at = lo + int(op[i])
-                if buf[at - 2] == 0xC5:  # two-byte VEX prefix
+                if at - 2 >= sec.offset and buf[at - 2] == 0xC5:  # two-byte VEX prefix
                     start = at - 2
-                elif buf[at - 1] == 0x0F:
-                    start = at - 1
-                    while start > sec.offset and buf[start - 1] in _LEGACY:
-                        start -= 1
+                elif at - 1 >= sec.offset and buf[at - 1] == 0x0F:
+                    start = at - 1  # and up to two legacy prefixes before it (66/f3, REX)
+                    for _ in range(2):
+                        if start > sec.offset and buf[start - 1] in _LEGACY:
+                            start -= 1
                 else:
                     continue
                 out.append((start, constants[int(target[i])], at + 6))
