@@ -261,3 +261,23 @@ def test_verify_attestation_exit_codes_are_documented_in_help_and_docs(capsys):
     for code, words in ((0, "every signature verifies"), (1, "does not verify under PUB"), (2, "not a DSSE envelope"),
                         (3, "cannot be read")):
         assert re.search(rf"^\| {code} \|[^\n]*{re.escape(words)}", table, re.M), code
+
+
+def test_images_are_subjects_as_a_whole_tar_or_by_their_oci_index(dist, keys, capsys, tmp_path):
+    """A `docker save` tar by its own sha256; an OCI layout folder by its index.json, which names
+    every manifest by digest; the files inside are no subjects of their own."""
+    from image_fixtures import docker_archive, layer_tar, oci_layout
+
+    elf = (tmp_path / dist["clean"]).read_bytes()
+    layer = layer_tar([("dir", "usr/"), ("dir", "usr/lib/"), ("file", "usr/lib/libclean.so", elf)])
+    tar = docker_archive(tmp_path / "app.tar", [layer])
+    (tmp_path / "layout").mkdir()
+    oci_layout(tmp_path / "layout", [layer])
+    rc, _, _ = cli(capsys, "check", "app.tar", "layout", "--attest", "img.intoto.jsonl", "--key", keys / "signer.key",
+                   "--resource-uri", "oci://registry.example/app@sha256:" + "1" * 64)
+    assert rc == EXIT_OK
+    subjects = {s["name"]: s["digest"]["sha256"] for s in payload(Path("img.intoto.jsonl"))["subject"]}
+    assert subjects == {"app.tar": sha256(tar), "layout/index.json": sha256(tmp_path / "layout/index.json")}
+    rc, out, _ = cli(capsys, "verify-attestation", "img.intoto.jsonl", "--key", keys / "signer.pub",
+                     "--artifact", "app.tar", "--artifact", "layout/index.json")
+    assert rc == EXIT_OK and "PASSED for oci://registry.example/app@sha256:" in out
