@@ -356,8 +356,8 @@ def _compiled_in(info: ElfInfo, rule) -> tuple[list[str], int] | None:
     """(type names, file offset of the first) of the rule's C++ namespace among the file's
     NUL-delimited strings, if there are at least _MIN_TYPE_NAMES: the vendor's classes are
     defined in this file (their typeinfo names: oneDNN's N4dnnl4impl... in a library that
-    builds oneDNN in and imports nothing of it; in a Windows binary their MSVC RTTI names). None if there are fewer, or the file cannot be
-    read again."""
+    builds oneDNN in and imports nothing of it; in a Windows binary their MSVC RTTI names). None if
+    there are fewer, or the file cannot be read again."""
     heads = _type_prefixes(rule)
     if not heads or not info.path:
         return None
