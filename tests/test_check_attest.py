@@ -281,3 +281,16 @@ def test_images_are_subjects_as_a_whole_tar_or_by_their_oci_index(dist, keys, ca
     rc, out, _ = cli(capsys, "verify-attestation", "img.intoto.jsonl", "--key", keys / "signer.pub",
                      "--artifact", "app.tar", "--artifact", "layout/index.json")
     assert rc == EXIT_OK and "PASSED for oci://registry.example/app@sha256:" in out
+
+
+def test_verify_attestation_refuses_a_huge_file_and_a_fifo_without_reading_them(keys, capsys, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    with open("big.intoto.jsonl", "wb") as fh:
+        fh.truncate(65 << 20)  # sparse: nothing is written
+    os.mkfifo("pipe.intoto.jsonl")  # a reader that opened it would wait forever
+    for name, code, msg in (("big.intoto.jsonl", EXIT_USAGE, "too large for an attestation"),
+                            ("pipe.intoto.jsonl", EXIT_INPUT, "not a regular file")):
+        rc, out, err = cli(capsys, "verify-attestation", name, "--key", keys / "signer.pub")
+        assert (rc, out, len(err.splitlines())) == (code, "", 1) and msg in err, err
