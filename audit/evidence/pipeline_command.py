@@ -11,7 +11,7 @@ import click
 
 from audit.errors import UsageError
 
-PRESET_NAMES = ("tiny", "wan-480p")  # pipeline.PRESETS, listed here so --help imports no torch
+PRESET_NAMES = ("tiny", "tiny-cp", "wan-480p")  # pipeline.PRESETS, listed here so --help imports no torch
 
 
 def _check_writable(path: Path) -> None:
@@ -56,6 +56,10 @@ def render_table(report) -> str:
     lines = [f"pipeline {d['preset']}: {cfg['preset']['tokens']} tokens, {cfg['steps']} steps x 2 CFG "
              f"passes, {cfg['device']} {cfg['dtype']}, reference {d['reference']}, each core in every "
              f"{swapped}"]
+    par = cfg.get("parallel")
+    if par:
+        lines.append(f"context parallel: {par['split']} over {par['world_size']} processes (every self-attention "
+                     "core timed with its communication)")
     lines.append(f"{'attention':<15}{'status':<9}{'DiT s':>9}{'s/step':>9}{'VAE s':>8}{'attn share':>11}"
                  f"{'ms/call':>10}")
     for r in d["runs"]:
@@ -98,7 +102,8 @@ def render_table(report) -> str:
 
 @click.command("pipeline")
 @click.option("--preset", default="tiny", show_default=True, metavar="|".join(PRESET_NAMES),
-              help="tiny (CPU, CI) or wan-480p (Wan2.1-T2V-1.3B, 480x832, 81 frames).")
+              help="tiny (CPU, CI), tiny-cp (CPU, 60 tokens that split for --ulysses/--ring) or wan-480p "
+                   "(Wan2.1-T2V-1.3B, 480x832, 81 frames).")
 @click.option("--steps", type=int, default=None, help="Denoising steps [preset default: tiny 4, wan-480p 50].")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
@@ -123,11 +128,18 @@ def render_table(report) -> str:
               help="Re-run one core with a 1e-3 relative perturbation of the attention output.")
 @click.option("--calibration-rel", type=float, default=1e-3, show_default=True,
               help="Relative size of the calibration perturbation (noise norm / attention output norm).")
+@click.option("--ulysses", type=int, default=1, show_default=True,
+              help="Context parallelism: split the heads of every self-attention over N ranks (Ulysses "
+                   "all-to-all). Launch with torchrun, one process a GPU: ulysses x ring processes.")
+@click.option("--ring", type=int, default=1, show_default=True,
+              help="Context parallelism: pass K/V around N ranks (ring attention, merged by the "
+                   "log-sum-exp). Combines with --ulysses.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the report (schema sovereign-audit.pipeline/1), updated after every stage.")
+              help="Write the report (schema sovereign-audit.pipeline/1), updated after every stage "
+                   "(under torchrun by rank 0).")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
 def pipeline_cmd(preset, steps, device, dtype, vae_dtype, attention, swap, lib_path, target, seed,
-                 guidance_scale, decode, vae_tiling, calibrate, calibration_rel, json_path, quiet):
+                 guidance_scale, decode, vae_tiling, calibrate, calibration_rel, ulysses, ring, json_path, quiet):
     """End-to-end Wan2.1 video DiT: time and parity of the swapped attention.
 
     Builds the model from its config with seeded random weights (nothing is downloaded), runs the
@@ -136,11 +148,19 @@ def pipeline_cmd(preset, steps, device, dtype, vae_dtype, attention, swap, lib_p
     parity of latents and frames against the first core, and a calibration of what a 1e-3
     attention error does to the latents. On CUDA the reference is stock PyTorch's SDPA-cuDNN, so
     the table says what our kernel gains over it. Exit 1 when one of our cores fails.
+
+    With --ulysses N and/or --ring N (under torchrun: `torchrun --nproc-per-node 2 -m audit.cli
+    pipeline --ulysses 2 ...`) every rank runs its share of the tokens through diffusers' context
+    parallelism (NCCL on CUDA, gloo on the CPU); rank 0 prints and writes the report.
     """
     from audit.evidence.dit_attention import parse_swap
     from audit.evidence.pipeline import check_outcome, get_preset, parse_attention, run_pipeline
+    from audit.evidence.pipeline import parallel as cp
 
     get_preset(preset)  # bad input fails before anything heavy is imported
+    setup = cp.from_environment(ulysses, ring)
+    if setup is not None and setup.rank != 0:  # one voice: rank 0 prints and writes
+        quiet, json_path = True, None
     if steps is not None and steps <= 0:
         raise UsageError(f"--steps must be a positive integer, got {steps}")
     if attention is not None:
@@ -158,13 +178,18 @@ def pipeline_cmd(preset, steps, device, dtype, vae_dtype, attention, swap, lib_p
         if json_path is not None:
             write_json(json_path, report.to_dict())
 
-    report = run_pipeline(preset=preset, steps=steps, device=device, dtype=dtype,
-                          attention=attention, swap=swap, seed=seed, decode_video=decode,
-                          guidance_scale=guidance_scale, calibrate=calibrate,
-                          calibration_rel=calibration_rel, vae_dtype=vae_dtype,
-                          vae_tiling=vae_tiling, lib=lib_path, target=target,
-                          progress=progress, checkpoint=checkpoint)
-    click.echo(render_table(report))
-    if json_path is not None:
-        click.echo(f"wrote {json_path}")
+    try:
+        report = run_pipeline(preset=preset, steps=steps, device=device, dtype=dtype,
+                              attention=attention, swap=swap, seed=seed, decode_video=decode,
+                              guidance_scale=guidance_scale, calibrate=calibrate,
+                              calibration_rel=calibration_rel, vae_dtype=vae_dtype,
+                              vae_tiling=vae_tiling, lib=lib_path, target=target,
+                              progress=progress, checkpoint=checkpoint, parallel=setup)
+    finally:
+        if setup is not None:
+            cp.finish()
+    if setup is None or setup.rank == 0:
+        click.echo(render_table(report))
+        if json_path is not None:
+            click.echo(f"wrote {json_path}")
     check_outcome(report)

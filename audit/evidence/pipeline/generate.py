@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from audit.evidence.dit_attention import PROCESSORS, CoreTimer, make_core, restore_attention, swap_attention
+from audit.evidence.dit_attention import PROCESSORS, CoreTimer, restore_attention, swap_attention
 from audit.evidence.pipeline.model import make_scheduler
 from audit.evidence.pipeline.options import TEXT_SHAPE, PipelinePreset
 from audit.evidence.pipeline.results import InstrumentedStep
@@ -97,11 +97,16 @@ def instrumented_step(transformer, timer: CoreTimer, inputs: _Inputs, steps: int
                             kinds)
 
 
-def verify_swap(transformer, inputs: _Inputs, dtype, swap: tuple[str, ...] = ("self",)) -> dict:
+def verify_swap(transformer, inputs: _Inputs, dtype, swap: tuple[str, ...] = ("self",),
+                parallel_config=None, library=None) -> dict:
     """One DiT pass with the stock processors and one with ours wrapping SDPA (in every module
     of `swap`): they must be bit-identical (torch.equal) before any timing of a swapped core is
     trusted. A mismatch is re-checked stock-vs-stock to tell a nondeterministic backend from a
-    wrong processor."""
+    wrong processor. Under ring attention (`parallel_config` with a ring degree > 1), whose merge
+    needs a log-sum-exp that diffusers' native SDPA backend does not return, both passes run our
+    kernel (`library`): the stock processors through our diffusers backend, ours with the flash core."""
+    import contextlib
+
     import torch
 
     def forward():
@@ -109,13 +114,28 @@ def verify_swap(transformer, inputs: _Inputs, dtype, swap: tuple[str, ...] = ("s
         return transformer(hidden_states=inputs.latents.to(dtype), timestep=t,
                            encoder_hidden_states=inputs.prompt, return_dict=False)[0]
 
-    core = make_core("sdpa")
-    stock = forward()
+    from audit.evidence.pipeline.parallel import cores_by_kind
+
+    ring = parallel_config is not None and parallel_config.context_parallel_config.ring_degree > 1
+    name = "flash" if ring else "sdpa"
+    cores = cores_by_kind(name, library if ring else None, parallel_config)
+    if ring:
+        from flash_kernel.diffusers_backend import flash_attention_backend
+
+        stock_backend = lambda: flash_attention_backend(library)  # noqa: E731
+    else:
+        stock_backend = contextlib.nullcontext
+
+    def stock_forward():
+        with stock_backend():
+            return forward()
+
+    stock = stock_forward()
     before = {}
     try:
         for kind in swap:
             before[kind] = swap_attention(transformer, kind,
-                                          lambda i, kind=kind: PROCESSORS[kind](core, "sdpa"))
+                                          lambda i, kind=kind: PROCESSORS[kind](cores[kind], name))
         ours = forward()
     finally:
         for kind, procs in before.items():
@@ -123,9 +143,11 @@ def verify_swap(transformer, inputs: _Inputs, dtype, swap: tuple[str, ...] = ("s
     exact = bool(torch.equal(stock, ours))
     out = {"bit_exact": exact, "max_abs_diff": float((stock.float() - ours.float()).abs().max()),
            "swapped": list(swap),
-           "what": "one DiT pass, stock WanAttnProcessor vs the swapped processors with SDPA inside"}
+           "what": ("one DiT pass, stock WanAttnProcessor vs the swapped processors with SDPA inside" if not ring
+                    else "one DiT pass under ring attention, stock WanAttnProcessor on our diffusers backend vs the "
+                         "swapped processors with our flash core inside")}
     if not exact:
-        out["stock_deterministic"] = bool(torch.equal(stock, forward()))
+        out["stock_deterministic"] = bool(torch.equal(stock, stock_forward()))
     return out
 
 

@@ -9,6 +9,7 @@ from audit.evidence.dit_attention import (OUR_CORES, PROCESSORS, SWAPS, CoreTime
                                           restore_attention, swap_attention)
 from audit.evidence.pipeline import generate
 from audit.evidence.pipeline.compare import comparison_of
+from audit.evidence.pipeline.parallel import cores_by_kind
 from audit.evidence.pipeline.model import make_scheduler
 from audit.evidence.pipeline.options import VAE_ROUNDS
 from audit.evidence.pipeline.results import Calibration, ModeRun, PipelineReport
@@ -39,19 +40,19 @@ class _Lane:
 
 
 def make_lanes(report: PipelineReport, names: list[str], library, timer: CoreTimer, layers: int,
-               swap: tuple[str, ...]) -> list[_Lane]:
+               swap: tuple[str, ...], parallel_config=None) -> list[_Lane]:
     lanes = []
     for name in names:
         run = ModeRun(name, name in OUR_CORES)
         report.runs.append(run)
         try:
-            core = make_core(name, library)
+            cores = cores_by_kind(name, library, parallel_config, make_core)
         except (AuditError, KeyboardInterrupt):
             raise
         except Exception as exc:
             run.status, run.reason = "skipped", reason_of(exc)
             continue
-        lanes.append(_Lane(run, {kind: [PROCESSORS[kind](core, name, timer) for _ in range(layers)]
+        lanes.append(_Lane(run, {kind: [PROCESSORS[kind](cores[kind], name, timer) for _ in range(layers)]
                                  for kind in swap}))
     return lanes
 
@@ -175,7 +176,7 @@ def decode_all(report: PipelineReport, lanes: list[_Lane], vae, latents_of: dict
 
 
 def run_calibration(report, transformer, inputs, steps, guidance, tdtype, dev, library, latents_of,
-                    rel, seed, say, metrics, swap: tuple[str, ...] = ("self",)) -> Calibration:
+                    rel, seed, say, metrics, swap: tuple[str, ...] = ("self",), parallel_config=None) -> Calibration:
     """Re-runs one core with its attention output perturbed: the cheapest sovereign core that
     ran ("flash" if it did, else the reference)."""
     name = "flash" if "flash" in latents_of else report.reference
@@ -185,12 +186,12 @@ def run_calibration(report, transformer, inputs, steps, guidance, tdtype, dev, l
         return cal
     perturb = Perturbation(rel, seed + 4)
     try:
-        core = make_core(name, library)
+        cores = cores_by_kind(name, library, parallel_config, make_core)
         before = {}
         try:
             for kind in swap:
                 before[kind] = swap_attention(
-                    transformer, kind, lambda i, kind=kind: PROCESSORS[kind](core, name, None, perturb))
+                    transformer, kind, lambda i, kind=kind: PROCESSORS[kind](cores[kind], name, None, perturb))
             say(f"calibration: {name} with {rel:g} relative noise on the attention output")
             latents, _ = generate.denoise(transformer, inputs, steps, guidance, tdtype, dev)
         finally:

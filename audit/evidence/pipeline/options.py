@@ -66,6 +66,12 @@ PRESETS: dict[str, PipelinePreset] = {
         "tiny", "CPU smoke test: 2 layers, 2x128 heads, 17 frames 48x80, small VAE",
         dict(WAN_1_3B, num_attention_heads=2, ffn_dim=512, num_layers=2),
         {"base_dim": 16}, 48, 80, 17, 4),
+    # Context parallelism on the CPU (--ulysses/--ring under torchrun with gloo): tiny at 48x64,
+    # 60 tokens, which split 2, 3 or 4 ways (tiny's 75 do not).
+    "tiny-cp": PipelinePreset(
+        "tiny-cp", "CPU smoke test of context parallelism: tiny at 17 frames 48x64 (60 tokens)",
+        dict(WAN_1_3B, num_attention_heads=2, ffn_dim=512, num_layers=2),
+        {"base_dim": 16}, 48, 64, 17, 4),
     "wan-480p": PipelinePreset(
         "wan-480p", "Wan2.1-T2V-1.3B, 480x832, 81 frames (32760 tokens), Wan VAE",
         dict(WAN_1_3B), {}, 480, 832, 81, 50),

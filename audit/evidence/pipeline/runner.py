@@ -17,6 +17,8 @@ from audit.evidence.pipeline.model import build_transformer, build_vae, import_d
 from audit.evidence.pipeline.options import (CALIBRATION_REL, DEFAULT_ATTENTION, DEFAULT_SWAP, TEXT_SHAPE,
                                              WAN_SCHEDULER, get_preset, library_info, parse_attention,
                                              resolve_library)
+from audit.evidence.pipeline import parallel as parallel_mod
+from audit.evidence.pipeline.parallel import ParallelSetup
 from audit.evidence.pipeline.results import PipelineReport
 
 
@@ -32,7 +34,8 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
                  vae_dtype: str | None = None, vae_tiling: bool = True, lib: str | None = None,
                  target: str | None = None, environment: bool = True,
                  progress: Callable[[str], None] | None = None,
-                 checkpoint: Callable[[PipelineReport], None] | None = None) -> PipelineReport:
+                 checkpoint: Callable[[PipelineReport], None] | None = None,
+                 parallel: ParallelSetup | None = None) -> PipelineReport:
     """Runs the preset once per attention core (the first is the reference) and compares.
 
     attention None: DEFAULT_ATTENTION of the device (SDPA-cuDNN first on CUDA). swap: which
@@ -41,7 +44,8 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
     A core that fails (out of memory, backend unavailable, kernel error) is recorded as skipped
     with its reason and the rest goes on; the caller decides what a failed core means
     (`pipeline_command` exits 1 when one of ours failed). `checkpoint(report)` is called after
-    every stage so a partial report survives a time limit.
+    every stage so a partial report survives a time limit. `parallel`: this rank's place in a
+    context-parallel run (parallel.from_environment); every rank runs this same function.
     """
     import torch
 
@@ -77,6 +81,11 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
         if dims and head_dim not in dims:
             raise UsageError(f"the kernel library supports head dims {dims}, the {pre.name} preset "
                              f"needs {head_dim}")
+    if parallel is not None:
+        parallel_mod.check_run(parallel, names, pre.transformer["num_attention_heads"], pre.tokens())
+        if parallel.ring > 1 and library is None:
+            raise UsageError("--ring checks the swap on our kernel: --attention must include flash or naive")
+        parallel_mod.init(parallel, dev_name)
     dev = torch.device(dev_name)
 
     t_start = time.perf_counter()
@@ -84,6 +93,7 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
     say(f"building {pre.name} ({pre.tokens()} tokens, {pre.transformer['num_layers']} layers) "
         f"on {dev_name} in {dtype}")
     transformer, casting = build_transformer(pre, dev, tdtype, seed)
+    parallel_config = parallel_mod.enable(transformer, parallel, dev_name) if parallel is not None else None
     vae, tiled = build_vae(pre, dev, vdtype, seed, vae_tiling) if decode_video else (None, False)
     inputs = generate.make_inputs(pre, dev, tdtype, seed)
     stock = {kind: [b.attn1.processor if kind == "self" else b.attn2.processor for b in transformer.blocks]
@@ -105,6 +115,7 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
                     "kept_fp32_tensors": len(casting["kept_fp32"]), "cast_tensors": casting["cast"]},
         "vae_attention": "torch SDPA inside AutoencoderKLWan (not swapped; same for every core)",
         "text_embeddings_shape": list(TEXT_SHAPE), "calibration_rel": calibration_rel if calibrate else None,
+        "parallel": parallel.to_dict() if parallel is not None else None,
         "matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32),
     }
@@ -127,9 +138,9 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
         if vae is not None:  # one-time backend initialisation, before anything is timed
             generate.decode(vae, inputs.latents[:, :, :1, :8, :8], dev)
         say("checking the swap: stock processor vs ours with SDPA inside")
-        config["swap_check"] = generate.verify_swap(transformer, inputs, tdtype, swap)
+        config["swap_check"] = generate.verify_swap(transformer, inputs, tdtype, swap, parallel_config, library)
         save()
-        lanes = make_lanes(report, names, library, timer, layers, swap)
+        lanes = make_lanes(report, names, library, timer, layers, swap, parallel_config)
         swapper = Swapper(transformer, stock, swap)
 
         # 1. Every core warm before anything is timed: weights, the allocator, the core's first call.
@@ -192,7 +203,8 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
 
         if calibrate:
             report.calibration = run_calibration(report, transformer, inputs, steps, guidance, tdtype, dev,
-                                                 library, latents_of, calibration_rel, seed, say, metrics, swap)
+                                                 library, latents_of, calibration_rel, seed, say, metrics, swap,
+                                                 parallel_config)
     report.finished = _now()
     report.complete = True
     save()
