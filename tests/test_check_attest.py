@@ -294,3 +294,17 @@ def test_verify_attestation_refuses_a_huge_file_and_a_fifo_without_reading_them(
                             ("pipe.intoto.jsonl", EXIT_INPUT, "not a regular file")):
         rc, out, err = cli(capsys, "verify-attestation", name, "--key", keys / "signer.pub")
         assert (rc, out, len(err.splitlines())) == (code, "", 1) and msg in err, err
+
+
+def test_an_unreadable_input_fails_the_verdict_and_is_listed_unattested(dist, keys, capsys):
+    import os
+
+    os.symlink("nowhere.so", "broken.so")  # named on the command line: an input that cannot be read
+    rc, _, _ = cli(capsys, "check", dist["clean"], "broken.so", "--attest", "c.intoto.jsonl", "--key",
+                   keys / "signer.key", "--resource-uri", "pkg:generic/x@1")
+    assert rc == EXIT_INPUT
+    stmt = payload(Path("c.intoto.jsonl"))
+    assert stmt["predicate"]["verificationResult"] == "FAILED" and stmt["predicate"]["verifiedLevels"] == ["FAILED"]
+    assert [s["name"] for s in stmt["subject"]] == ["libclean.so"]
+    findings = stmt["predicate"]["https://sovereign-audit.dev/vsa/findings/v1"]
+    assert findings["unattested"] == ["broken.so"] and findings["exitCode"] == EXIT_INPUT

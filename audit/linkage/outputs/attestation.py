@@ -19,7 +19,8 @@ in-toto Statement v1 with the predicate https://slsa.dev/verification_summary/v1
   verifiedLevels      [PASSED_LEVEL] or ["FAILED"]: the SLSA build track is not verified here, and
                       the spec reserves SLSA_* names for its tracks
   FINDINGS            (an extension field named by a URI, as the parsing rules ask) the sha256 of
-                      the findings (findings_digest) and the counts behind the verdict
+                      the findings (findings_digest), the counts behind the verdict, and the files
+                      that could not be named by a digest (unattested)
 
 `verify_file` checks such a file: the signature under a public key, the statement's shape, and
 that given artifacts are among the subjects.
@@ -180,7 +181,8 @@ def _policy_uri(label: str) -> str:
     return quote(label.replace(os.sep, "/"))
 
 
-def statement(report: CheckReport, subjects: list[Subject], resource_uri: str, when: str) -> dict:
+def statement(report: CheckReport, subjects: list[Subject], resource_uri: str, when: str,
+              unnamed: list[str] = ()) -> dict:
     files = [{"path": f.path, "findings": [x.to_dict() for x in f.findings]} for f in report.files]
     policy, sources = policy_descriptor(report.policy)
     passed = report.exit_code == 0
@@ -195,7 +197,8 @@ def statement(report: CheckReport, subjects: list[Subject], resource_uri: str, w
         "slsaVersion": "1.0",
         POLICY_SOURCES: sources,
         FINDINGS: {"sha256": findings_digest(files), "failing": summary["findings"],
-                   "files": summary["files"], "exitCode": report.exit_code},
+                   "files": summary["files"], "exitCode": report.exit_code,
+                   "unattested": sorted(unnamed)},  # audited (or not readable) but no digest to name them by
     }
     return {"_type": STATEMENT_TYPE, "subject": [s.to_dict() for s in subjects],
             "predicateType": VSA_TYPE, "predicate": predicate}
@@ -230,7 +233,7 @@ def write_attestation(path: str, report: CheckReport, key, resource_uri: str | N
     if not artifacts.subjects:
         raise InputError(f"--attest {path}: no audited artifact could be named by its digest; nothing to attest")
     uri = resource_uri or default_resource_uri(report.inputs) or ""
-    stmt = statement(report, subjects, uri, time_verified(report, artifacts.newest_mtime))
+    stmt = statement(report, subjects, uri, time_verified(report, artifacts.newest_mtime), artifacts.unnamed)
     envelope = dsse.sign(_canonical(stmt), key)
     line = json.dumps(envelope.to_dict(), separators=(",", ":")) + "\n"
     pub = None
