@@ -1294,6 +1294,80 @@ echo "==== user view"; tail -60 "$OUT/user.log"
 cat "$OUT/top.txt"
 }  # end of run_wide_pv
 
+# ==================================================================================================
+# lse
+# The log-sum-exp (flash_kernel.attention(..., return_lse=True)) on one GPU: its GPU tests at every
+# head dim on the sm_90a (wgmma), sm_90 (mma.sync) and sm_90-generic builds, then its cost as users
+# call it: bench/kernel_bench.py --lse times the public call with and without it in turns at every
+# diffusion-transformer shape (the cost line: median with lse / median without, 95 % interval).
+#   OUT=/tmp/lse bash bench/device.sh lse       # BUDGET_S (default 540); PREBUILT=1 uses build/
+register lse 'the log-sum-exp on one GPU: its GPU tests on every CUDA build, then its cost over the plain public call (kernel_bench --lse)'
+run_lse() {
+OUT=${OUT:-/tmp/lse_out}
+BUDGET_S=${BUDGET_S:-540}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+device_common
+use_carried_wheels "$OUT/pip.log"
+record_env "$OUT/env.txt"
+if [ -z "${PREBUILT:-}" ]; then
+    python3 -m audit build --target sm_90a --target sm_90 --target sm_90-generic --out build >"$OUT/build.log" 2>&1
+    note "build rc=$? ($(el) s)"
+fi
+timeout -k 5 $(( $(left) / 2 )) python3 -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k lse -x \
+    >"$OUT/tests.log" 2>&1
+note "lse GPU tests rc=$? ($(el) s): $(tail -1 "$OUT/tests.log")"
+timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py --preset dit --lse --torch-methods '' --repeats 30 \
+    --json "$OUT/lse_bench.json" >"$OUT/lse_bench.txt" 2>&1
+note "kernel_bench --lse rc=$? ($(el) s)"
+grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
+}  # end of run_lse
+
+# ==================================================================================================
+# context-parallel
+# Our kernel under diffusers' context parallelism on 2 GPUs (one process a GPU, NCCL; the device
+# kind nvidia-h200-x2; keep the NVLink-multicast settings the device notes give):
+#   1. bench/context_parallel.py under torchrun: diffusers' WanTransformer3DModel at the
+#      Wan2.1-T2V-14B 720p shape (random weights, 75600 tokens), one DiT forward, ours against
+#      SDPA-cuDNN (diffusers' _native_cudnn backend) unsplit on one GPU, then under Ulysses 2 and
+#      ring 2: seconds, speedup over one GPU, scaling efficiency, ours over cuDNN, the NCCL share
+#   2. the binding's test on the second GPU (tests/test_cuda_placement.py, cuda:1)
+#   3. with time left, `sovereign-audit pipeline --ulysses 2` (wan-480p, STEPS steps, flash and
+#      sdpa-cudnn) under torchrun
+# Knobs: GPUS (default 2), LAYERS (default 40: the 14B model), REPEATS (default 2), STEPS (default 2),
+# BUDGET_S (default 570), PREBUILT=1 (use build/). Carry .whl (diffusers) and, with PREBUILT, build.
+#   OUT=/tmp/cp bash bench/device.sh context-parallel
+register context-parallel 'Wan2.1-14B 720p DiT forward on 2 GPUs: Ulysses 2 and ring 2, ours vs SDPA-cuDNN, against one GPU; the cuda:1 test; pipeline --ulysses 2'
+run_context_parallel() {
+OUT=${OUT:-/tmp/context_parallel_out}
+BUDGET_S=${BUDGET_S:-570}
+GPUS=${GPUS:-2}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+device_common
+use_carried_wheels "$OUT/pip.log"
+record_env "$OUT/env.txt" python3 -c 'import diffusers; print("diffusers", diffusers.__version__)'
+if [ -z "${PREBUILT:-}" ]; then
+    python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log" 2>&1
+    note "build rc=$? ($(el) s)"
+fi
+# one forward of the 14B model at 75600 tokens: ~12 s on one H200 (~9 s of it attention); each
+# (split, attention) runs 1 + REPEATS + 1 (profiled) forwards: ~4-5 minutes at REPEATS=2
+timeout -k 10 $(( $(left) - 90 )) torchrun --nproc-per-node "$GPUS" bench/context_parallel.py \
+    --layers "${LAYERS:-40}" --repeats "${REPEATS:-2}" --json "$OUT/context_parallel.json" >"$OUT/context_parallel.txt" 2>&1
+note "context_parallel rc=$? ($(el) s)"
+grep -vE "^\[|Warning|warn" "$OUT/context_parallel.txt" | tail -12 | tee -a "$SUMMARY"
+timeout -k 5 60 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_placement.py -k second_gpu >"$OUT/cuda1.log" 2>&1
+note "cuda:1 test rc=$? ($(el) s): $(tail -1 "$OUT/cuda1.log")"
+if [ "$(left)" -gt 120 ]; then
+    timeout -k 10 $(( $(left) - 10 )) torchrun --nproc-per-node "$GPUS" -m audit.cli pipeline --preset wan-480p \
+        --ulysses "$GPUS" --steps "${STEPS:-2}" --attention sdpa-cudnn,flash --no-decode --no-calibrate \
+        --json "$OUT/pipeline_ulysses.json" >"$OUT/pipeline_ulysses.log" 2>&1
+    note "pipeline --ulysses $GPUS rc=$? ($(el) s)"
+    grep -E "^(pipeline|context|attention|sdpa|flash)" "$OUT/pipeline_ulysses.log" | tee -a "$SUMMARY"
+fi
+}  # end of run_context_parallel
+
 # ---------------------------------------------------------------------------------------------------
 # The command line.
 fail_usage() { echo "error: $*" >&2; exit 2; }  # one line; exit 2: a usage error
