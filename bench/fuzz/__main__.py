@@ -90,7 +90,8 @@ def commands(case: archmut.Case, ins: list[str], in_dir: str, jobs_flag: list[st
     """(tag, argv, format for the contract, extra env) of each run of a case."""
     sub = lambda args: [a.replace("@IN@", in_dir) for a in args]  # noqa: E731
     runs = [("check", ["check", *ins, "--format", "text", "--format", "json=out.json", "--format", "sarif=out.sarif",
-                       "--format", "junit=out.xml", *jobs_flag, *sub(case.check_args)], "text", {}),
+                       "--format", "junit=out.xml", "--format", "cyclonedx=out.cdx.json", "--format", "spdx=out.spdx.json",
+                       *jobs_flag, *sub(case.check_args)], "text", {}),
             ("github", ["check", *ins, "--format", "github", *sub(case.check_args)], "github",
              {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": "summary.md"})]
     if case.family != "baseline":

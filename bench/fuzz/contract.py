@@ -94,7 +94,8 @@ def check_run(tag: str, out, allowed: set[int], fmt: str | None, rss_kb: int) ->
 def check_files(tag: str, cwd: str, rc: int | None) -> list[tuple[str, str]]:
     """The machine-readable outputs of run `tag` parse (when the run wrote them)."""
     v = []
-    for name, parse in (("out.json", json.load), ("out.sarif", json.load), ("out.xml", ET.parse)):
+    for name, parse in (("out.json", json.load), ("out.sarif", json.load), ("out.xml", ET.parse),
+                        ("out.cdx.json", json.load), ("out.spdx.json", json.load)):
         p = os.path.join(cwd, name)
         if not os.path.exists(p):
             if rc in (0, 1, 3):

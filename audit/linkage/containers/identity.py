@@ -106,7 +106,7 @@ def wheel_package(path: str) -> PackageId | None:
                 return None
             with zf.open(meta) as fh:
                 text = fh.read(_MAX_METADATA + 1)[:_MAX_METADATA].decode("utf-8", "replace")
-    except (OSError, zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError, RuntimeError):
+    except Exception:  # noqa: BLE001  metadata only (any member's decompressor may fail): it names nothing
         return None
     headers = HeaderParser().parsestr(text, headersonly=True)
     name, version = _field(headers.get("Name")), _field(headers.get("Version"))

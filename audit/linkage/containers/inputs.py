@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import lzma
 import mmap
 import os
 import posixpath
@@ -614,8 +615,9 @@ class _Zip:
 
 
 # What a damaged member raises while it is read (the archive around it is still readable):
-# a bad CRC, corrupt deflate data, a truncated stream, an unknown method, an encrypted member.
-_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError)
+# a bad CRC, corrupt deflate data, invalid LZMA properties or data, a truncated stream, an
+# unknown method, an encrypted member.
+_MEMBER_ERRORS = (zipfile.BadZipFile, zlib.error, lzma.LZMAError, EOFError, NotImplementedError, RuntimeError)
 
 
 def _member_error(exc: BaseException) -> str:
