@@ -493,3 +493,14 @@ def test_a_library_is_described_by_the_node_that_loaded_it(capsys, tmp_path):
     assert lib_b["hashes"][0]["content"] == __import__("hashlib").sha256((deps / "libB.so").read_bytes()).hexdigest()
     assert props(lib_b, "found-by") != ["loaded"] and props(lib_b, "not-hashed") == []
     assert props(comps[f"lib:{deps / 'libA.so'}"], "edge:needed")[0] == f"lib:{deps / 'libB.so'}"
+
+
+def test_a_run_that_audited_nothing_still_gives_valid_documents_about_its_input(capsys, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, empty)
+    assert rc == 3
+    doc = validate_cyclonedx(cdx.read_text())
+    validate_spdx(spdx)  # SPDX needs something the document DESCRIBES
+    [comp] = doc["components"]
+    assert comp["bom-ref"] == f"input:{empty}" and "nothing was audited" in props(comp, "error")[0]

@@ -219,6 +219,14 @@ def build_graph(report: CheckReport, policy: Policy) -> Graph:
             else:
                 target = vendor(f.rule)
             edge(source, target, kind, f"{f.kind}: {f.subject}")
+    if not any(c.parent is None and c.role in ("container", "file") for c in comps.values()):
+        # nothing was audited (an empty folder): the inputs themselves, so a document still
+        # describes what it is about
+        for path in report.inputs:
+            comp = comps.setdefault(f"input:{path}", Component(f"input:{path}", "input", path, "file"))
+            comp.prop("path", path)
+            for e in report.errors:
+                comp.prop("error", e)
     return Graph(comps, edges, report, policy)
 
 

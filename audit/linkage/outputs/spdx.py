@@ -52,7 +52,7 @@ def render_spdx(report: CheckReport, policy: Policy) -> str:
     ids = {ref: spdx_id(ref, c.name) for ref, c in g.components.items()}
     packages = [_package(c, ids[c.ref], date, annotator) for c in g.components.values()]
     rels = [{"spdxElementId": "SPDXRef-DOCUMENT", "relationshipType": "DESCRIBES", "relatedSpdxElement": ids[c.ref]}
-            for c in g.components.values() if c.parent is None and c.role in ("container", "file")]
+            for c in g.components.values() if c.parent is None and c.role in ("container", "file", "input")]
     rels += [{"spdxElementId": ids[c.parent], "relationshipType": "CONTAINS", "relatedSpdxElement": ids[c.ref],
               "comment": f"{NS}:edge=member"} for c in g.components.values() if c.parent is not None]
     for e in g.edges:
