@@ -350,6 +350,27 @@ def test_opcheck(lib):
                               test_utils=("test_schema", "test_faketensor"))
 
 
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_lse_ops_opcheck_and_fake_shapes(lib, layout):
+    """The ops that return (out, lse): schema and fake implementation checked by opcheck, in both
+    layouts (the lse is (B, H, Nq) either way, its memory dense in q's layout)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    seed, gen = seeded()
+    q, k, v = qkv((1, 2, 17, 64), (1, 2, 23, 64), gen=gen)
+    if layout == "bnhd":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    lib.attention(q, k, v, layout=layout, return_lse=True)  # registers the ops
+    for op in (torch.ops.flash_kernel.attention_lse, torch.ops.flash_kernel.naive_attention_lse):
+        torch.library.opcheck(op, (q, k, v, 0.0, layout, lib.path), test_utils=("test_schema", "test_faketensor"))
+        real_out, real_lse = op(q, k, v, 0.0, layout, lib.path)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fake_out, fake_lse = op(torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), 0.0, layout,
+                                    lib.path)
+        assert (fake_out.shape, fake_lse.shape, fake_lse.stride()) == (real_out.shape, real_lse.shape, real_lse.stride())
+        assert real_lse.shape == (1, 2, 17) and real_lse.dtype == torch.float32
+
+
 def test_traced_by_torch_compile(lib):
     """Dynamo traces through the op (fake implementation) and the compiled call matches eager."""
     seed, gen = seeded()
