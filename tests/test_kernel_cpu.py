@@ -253,19 +253,21 @@ def assert_lse_close(lse, ref, what):
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_lse_at_every_head_dim(cpu_lib, d):
-    """Flash at every head dim, both layouts, Nq and Nk off the tile sizes (32 query rows, 64
-    keys), several query and key tiles; o is the same with and without the lse."""
+    """Flash and naive at every head dim, both layouts, Nq and Nk off the tile sizes (32 query
+    rows, 64 keys), several query and key tiles; o is the same with and without the lse."""
     seed = fresh_seed()
     gen = torch.Generator().manual_seed(seed)
     for (b, h, nq, nk), layout, dtype in (((2, 2, 77, 130), "bhnd", torch.float32),
                                           ((1, 3, 33, 65), "bnhd", torch.bfloat16),
                                           ((1, 1, 5, 1), "bhnd", torch.float16)):
         q, k, v = make(*shapes(b, h, nq, nk, d, layout), dtype, gen)
-        o, lse, buf = run_poisoned_lse(cpu_lib, q, k, v, 0.0, layout, naive=False, guard=40)
-        what = f"d {d} {layout} {dtype} (seed {seed})"
-        assert_lse_close(lse, reference_lse(q, k, None, layout), what)
-        assert torch.isnan(buf[..., nq:]).all(), f"{what}: written past Nq"
-        assert torch.equal(o, run_poisoned(cpu_lib, q, k, v, 0.0, layout, naive=False)), what
+        ref = reference_lse(q, k, None, layout)
+        for naive in (False, True):
+            o, lse, buf = run_poisoned_lse(cpu_lib, q, k, v, 0.0, layout, naive=naive, guard=40)
+            what = f"d {d} {layout} {dtype} naive={naive} (seed {seed})"
+            assert_lse_close(lse, ref, what)
+            assert torch.isnan(buf[..., nq:]).all(), f"{what}: written past Nq"
+            assert torch.equal(o, run_poisoned(cpu_lib, q, k, v, 0.0, layout, naive=naive)), what
 
 
 @pytest.mark.parametrize("naive", [False, True], ids=["flash", "naive"])
