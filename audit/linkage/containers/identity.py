@@ -7,7 +7,10 @@
   - a container image: the digest of its config (the image ID); no purl (a saved image
     carries no registry name it could be looked up by);
   - a binary's `.note.package` (audit.elf.notes): pkg:deb/os/name@version?arch=... (rpm,
-    alpm, apk alike), pkg:generic/name@version for any other type.
+    alpm, apk alike), pkg:generic/name@version for any other type;
+  - a file of an image: the Debian package dpkg's records inside the image say owns it
+    (dpkg_owners): pkg:deb/<os-release ID>/name@version?arch=...&distro=...;
+  - a static archive: its digest only.
 
 Nothing here is trusted: each field is bounded, and a container without readable metadata
 simply has no PackageId (the file is still audited, and named by its path and digest).
@@ -42,7 +45,7 @@ class PackageId:
     name: str
     version: str | None = None
     purl: str | None = None
-    source: str = ""  # "METADATA" | "info/index.json" | ".note.package"
+    source: str = ""  # "METADATA" | "info/index.json" | ".note.package" | "dpkg"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "version": self.version, "purl": self.purl, "source": self.source}
@@ -50,12 +53,12 @@ class PackageId:
 
 @dataclass
 class Container:
-    """A wheel, conda package or image that audited files are members of (FileResult.archive
-    names it by `path`)."""
+    """A wheel, conda package, image or static archive that audited files are members of
+    (their reported paths start with `path` and "!")."""
 
     path: str  # as given or found, as reports name it
-    kind: str  # "wheel" | "conda" | "image"
-    sha256: str | None = None  # of the file (a wheel, a conda package); None for an image
+    kind: str  # "wheel" | "conda" | "image" | "static-archive"
+    sha256: str | None = None  # of the file (a wheel, a conda package, an archive); None for an image
     size: int | None = None
     package: PackageId | None = None
     digest: str | None = None  # an image: "sha256:..." of its config, the image ID
