@@ -152,11 +152,14 @@ def flash_attention_backend(library=None):
         import torch
 
         lib = lib_for(query.device)
-        out, lse = lib.attention(query, key, value, scale=scale, layout="bnhd", return_lse=True)
+        # the lse only where it is asked for (ring attention merges by it; Ulysses does not)
+        result = lib.attention(query, key, value, scale=scale, layout="bnhd", return_lse=return_lse)
         # which kernel ran (a C call: not made while torch.compile traces, where it would break the graph)
         ran.path = None if torch.compiler.is_compiling() else lib.last_flash_path()
-        lse = lse.transpose(1, 2)  # (B, S, H): contiguous, as the kernel wrote it for "bnhd"
-        return (out, lse) if return_lse else out
+        if not return_lse:
+            return result
+        out, lse = result
+        return out, lse.transpose(1, 2)  # (B, S, H): contiguous, as the kernel wrote it for "bnhd"
 
     ran = threading.local()  # the path the forward op last ran on this thread
 

@@ -147,8 +147,10 @@ def _forward_op(name: str, library) -> Callable:
 
         def ours(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                  enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+            if not return_lse:  # Ulysses alone merges nothing: no lse
+                return fn(query, key, value, scale=scale, layout="bnhd")
             out, lse = fn(query, key, value, scale=scale, layout="bnhd", return_lse=True)
-            return (out, lse.transpose(1, 2)) if return_lse else out
+            return out, lse.transpose(1, 2)
 
         return ours
     if name == "sdpa-cudnn":
