@@ -10,6 +10,8 @@ options -> model pieces -> the timed run -> the typed report -> the outcome:
     compare.py   each core against the reference: parity, speedups, Amdahl, consistency
     results.py   the typed report (PipelineReport and its parts, METHOD)
     outcome.py   what a finished report means for the exit status
+    parallel.py  --ulysses/--ring under torchrun: diffusers' context parallelism, each core inside
+                 its templated context-parallel attention
 
 The public names are re-exported here. runner.py and lanes.py call generate.cfg_step and
 generate.decode through the module, so whoever stands in for one sets it on `generate`; the
