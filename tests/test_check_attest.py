@@ -148,10 +148,14 @@ def test_same_inputs_same_bytes_and_source_date_epoch(dist, keys, capsys, monkey
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     cli(capsys, "check", dist["clean"], "--attest", "e.intoto.jsonl", "--key", keys / "signer.key")
     assert payload(Path("e.intoto.jsonl"))["predicate"]["timeVerified"] == "2023-11-14T22:13:20Z"
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
-    rc, out, err = cli(capsys, "check", dist["clean"], "--attest", "f.intoto.jsonl", "--key", keys / "signer.key")
-    assert rc == EXIT_USAGE and out == "" and err.startswith("error: $SOURCE_DATE_EPOCH yesterday")
-    assert not Path("f.intoto.jsonl").exists()
+    for bad in ("yesterday", "-1", "253402300800"):  # the last one: year 10000
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", bad)
+        rc, out, err = cli(capsys, "check", dist["clean"], "--attest", "f.intoto.jsonl", "--key", keys / "signer.key")
+        assert rc == EXIT_USAGE and out == "" and err.startswith(f"error: $SOURCE_DATE_EPOCH {bad}"), err
+        assert len(err.splitlines()) == 1 and not Path("f.intoto.jsonl").exists()
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "253402300799")
+    cli(capsys, "check", dist["clean"], "--attest", "g.intoto.jsonl", "--key", keys / "signer.key")
+    assert payload(Path("g.intoto.jsonl"))["predicate"]["timeVerified"] == "9999-12-31T23:59:59Z"
 
     rc, out, _ = cli(capsys, "verify-attestation", "a.intoto.jsonl", "--key", keys / "signer.pub",
                      "--artifact", dist["clean"], "--require-passed")

@@ -47,6 +47,7 @@ VERIFIER_ID = "https://sovereign-audit.dev/verifier/check"
 FINDINGS = "https://sovereign-audit.dev/vsa/findings/v1"
 POLICY_SOURCES = "https://sovereign-audit.dev/vsa/policy-sources/v1"
 PASSED_LEVEL = "SOVEREIGN_AUDIT_LINKAGE_PASSED"
+_LAST_SECOND = 253402300799  # 9999-12-31T23:59:59Z: RFC 3339 has four-digit years
 MAX_ATTESTATION_BYTES = 64 << 20  # one envelope is a few kB per thousand subjects
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _RANK = {"pass": 0, "fail": 1, "error": 2}
@@ -147,8 +148,9 @@ def source_date_epoch() -> int | None:
     text = os.environ.get("SOURCE_DATE_EPOCH")
     if text is None or not text.strip():
         return None
-    if not text.strip().isdigit() or len(text.strip()) > 12:
-        raise UsageError(f"$SOURCE_DATE_EPOCH {printable(text)[:40]}: not a number of seconds since 1970")
+    if not text.strip().isdigit() or len(text.strip()) > 12 or int(text.strip()) > _LAST_SECOND:
+        raise UsageError(f"$SOURCE_DATE_EPOCH {printable(text)[:40]}: not a number of seconds since 1970 "
+                         f"(up to {_LAST_SECOND}, the end of year 9999)")
     return int(text.strip())
 
 
