@@ -312,3 +312,19 @@ def test_an_unreadable_input_fails_the_verdict_and_is_listed_unattested(dist, ke
     assert [s["name"] for s in stmt["subject"]] == ["libclean.so"]
     findings = stmt["predicate"]["https://sovereign-audit.dev/vsa/findings/v1"]
     assert findings["unattested"] == ["broken.so"] and findings["exitCode"] == EXIT_INPUT
+
+
+def test_a_file_time_out_of_range_gives_a_timestamp_in_range(dist, keys, capsys):
+    import os
+
+    import datetime
+
+    for when in (2 ** 40, -(2 ** 40)):  # the file system keeps what it can (ext4: up to year 2446)
+        os.utime(dist["clean"], (when, when))
+        kept = int(dist["clean"].stat().st_mtime)
+        clamped = min(max(kept, 0), 253402300799)
+        want = datetime.datetime.fromtimestamp(clamped, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        rc, _, err = cli(capsys, "check", dist["clean"], "--attest", "c.intoto.jsonl", "--key", keys / "signer.key")
+        assert rc == EXIT_OK, err
+        assert payload(Path("c.intoto.jsonl"))["predicate"]["timeVerified"] == want
+    assert want == "1970-01-01T00:00:00Z"  # before 1970: the epoch

@@ -212,7 +212,7 @@ def time_verified(report: CheckReport, newest_mtime: int | None) -> str:
         return _rfc3339(epoch)
     if report.timing:
         return _rfc3339(time.time())
-    return _rfc3339(newest_mtime or 0)
+    return _rfc3339(min(max(newest_mtime or 0, 0), _LAST_SECOND))  # a file's time may be anything
 
 
 @dataclass(frozen=True)
