@@ -328,3 +328,19 @@ def test_a_file_time_out_of_range_gives_a_timestamp_in_range(dist, keys, capsys)
         assert rc == EXIT_OK, err
         assert payload(Path("c.intoto.jsonl"))["predicate"]["timeVerified"] == want
     assert want == "1970-01-01T00:00:00Z"  # before 1970: the epoch
+
+
+def test_hostile_statement_strings_are_escaped_in_error_lines(dist, keys, capsys):
+    from audit.report import dsse
+    from audit.report.keys import load_signing_key
+
+    cli(capsys, "check", dist["clean"], "--attest", "c.intoto.jsonl", "--key", keys / "signer.key")
+    stmt = payload(Path("c.intoto.jsonl"))
+    stmt["predicate"]["verifiedLevels"] = ["FAILED", "##[error]x\x1b[2J"]  # contradicts PASSED
+    stmt["predicateType"] = "::error::\u202eforged"
+    key = load_signing_key(keys / "signer.key")
+    Path("h.intoto.jsonl").write_text(json.dumps(dsse.sign(json.dumps(stmt).encode(), key).to_dict()))
+    rc, out, err = cli(capsys, "verify-attestation", "h.intoto.jsonl", "--key", keys / "signer.pub")
+    assert rc == EXIT_USAGE and out == "" and len(err.splitlines()) == 2
+    assert "##[" not in err and "\x1b" not in err and "\u202e" not in err
+    assert all(line.startswith("error: ") for line in err.splitlines())

@@ -329,7 +329,8 @@ def check_statement(stmt, where: str) -> list[str]:
     if not isinstance(levels, list) or not all(isinstance(x, str) for x in levels):
         bad.append(f"{where}: predicate.verifiedLevels is not a list of strings")
     elif result == "FAILED" and levels != ["FAILED"] or result == "PASSED" and "FAILED" in levels:
-        bad.append(f"{where}: predicate.verifiedLevels {levels!r:.80} contradicts verificationResult {result}")
+        bad.append(f"{where}: predicate.verifiedLevels {printable(repr(levels))[:80]} contradicts "
+                   f"verificationResult {result}")
     return bad
 
 
