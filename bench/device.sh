@@ -1331,7 +1331,8 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 #      Wan2.1-T2V-14B 720p shape (random weights, 75600 tokens), one DiT forward, ours against
 #      SDPA-cuDNN (diffusers' _native_cudnn backend) unsplit on one GPU, then under Ulysses 2 and
 #      ring 2: seconds, speedup over one GPU, scaling efficiency, ours over cuDNN, the NCCL share
-#   2. the binding's test on the second GPU (tests/test_cuda_placement.py, cuda:1)
+#   2. the binding's test on the second GPU (tests/test_cuda_placement.py, cuda:1), and the diffusers
+#      backend's context-parallel tests on the GPUs (tests/test_diffusers_context_parallel.py, NCCL)
 #   3. with time left, `sovereign-audit pipeline --ulysses 2` (wan-480p, STEPS steps, flash and
 #      sdpa-cudnn) under torchrun
 # Knobs: GPUS (default 2), LAYERS (default 40: the 14B model), REPEATS (default 2), STEPS (default 2),
@@ -1353,12 +1354,14 @@ if [ -z "${PREBUILT:-}" ]; then
 fi
 # one forward of the 14B model at 75600 tokens: ~12 s on one H200 (~9 s of it attention); each
 # (split, attention) runs 1 + REPEATS + 1 (profiled) forwards: ~4-5 minutes at REPEATS=2
-timeout -k 10 $(( $(left) - 90 )) torchrun --nproc-per-node "$GPUS" bench/context_parallel.py \
+timeout -k 10 $(( $(left) - 180 )) torchrun --nproc-per-node "$GPUS" bench/context_parallel.py \
     --layers "${LAYERS:-40}" --repeats "${REPEATS:-2}" --json "$OUT/context_parallel.json" >"$OUT/context_parallel.txt" 2>&1
 note "context_parallel rc=$? ($(el) s)"
 grep -vE "^\[|Warning|warn" "$OUT/context_parallel.txt" | tail -12 | tee -a "$SUMMARY"
 timeout -k 5 60 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_placement.py -k second_gpu >"$OUT/cuda1.log" 2>&1
 note "cuda:1 test rc=$? ($(el) s): $(tail -1 "$OUT/cuda1.log")"
+timeout -k 5 90 python3 -m pytest -q -p no:cacheprovider tests/test_diffusers_context_parallel.py -k gpus >"$OUT/cp_tests.log" 2>&1
+note "context-parallel GPU tests (NCCL) rc=$? ($(el) s): $(tail -1 "$OUT/cp_tests.log")"
 if [ "$(left)" -gt 120 ]; then
     timeout -k 10 $(( $(left) - 10 )) torchrun --nproc-per-node "$GPUS" -m audit.cli pipeline --preset wan-480p \
         --ulysses "$GPUS" --steps "${STEPS:-2}" --attention sdpa-cudnn,flash --no-decode --no-calibrate \
