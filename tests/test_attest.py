@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from audit.errors import AuditError
-from audit.report import dsse
+from audit.signing import dsse
 from audit.report.attest import write_attestations
-from audit.report.keys import generate_keypair
+from audit.signing.keys import generate_keypair
 from conftest import require_tool
 from test_verify import EVIDENCE, kernel_so  # noqa: F401  (the session fixture: a gcc-built .so)
 

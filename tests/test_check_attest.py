@@ -191,8 +191,8 @@ def test_usage_errors_come_before_the_audit(dist, keys, capsys):
 
 
 def test_verify_attestation_failures_are_one_error_line_each(dist, keys, capsys, tmp_path):
-    from audit.report import dsse
-    from audit.report.keys import load_signing_key
+    from audit.signing import dsse
+    from audit.signing.keys import load_signing_key
 
     cli(capsys, "check", dist["clean"], "--attest", "c.intoto.jsonl", "--key", keys / "signer.key")
     env = json.loads(Path("c.intoto.jsonl").read_text())
@@ -331,8 +331,8 @@ def test_a_file_time_out_of_range_gives_a_timestamp_in_range(dist, keys, capsys)
 
 
 def test_hostile_statement_strings_are_escaped_in_error_lines(dist, keys, capsys):
-    from audit.report import dsse
-    from audit.report.keys import load_signing_key
+    from audit.signing import dsse
+    from audit.signing.keys import load_signing_key
 
     cli(capsys, "check", dist["clean"], "--attest", "c.intoto.jsonl", "--key", keys / "signer.key")
     stmt = payload(Path("c.intoto.jsonl"))

@@ -145,7 +145,7 @@ def test_the_hint_names_what_to_install(name, install):
 
 
 def test_a_missing_module_of_our_own_is_still_an_internal_error(tmp_path):
-    proc = _run_without("audit.report.keys", "keygen", "--out", str(tmp_path / "k"), tmp_path=tmp_path)
+    proc = _run_without("audit.signing.keys", "keygen", "--out", str(tmp_path / "k"), tmp_path=tmp_path)
     assert proc.returncode == 4 and proc.stderr.startswith("error: internal error: ModuleNotFoundError"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1
 

@@ -10,8 +10,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.errors import EXIT_USAGE
-from audit.report import dsse
-from audit.report.keys import generate_keypair, load_signing_key
+from audit.signing import dsse
+from audit.signing.keys import generate_keypair, load_signing_key
 from conftest import require_tool
 
 

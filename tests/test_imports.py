@@ -137,6 +137,7 @@ def test_the_walk_sees_function_level_and_relative_imports(tmp_path):
 # lower layer (the shared utilities at the bottom, the command line at the top)
 LAYERS = [
     {"audit", "audit.errors", "audit.files", "audit.forking", "audit.resources", "audit.schemas"},
+    {"audit.signing"},                           # Ed25519 keys and DSSE envelopes
     {"audit.elf", "audit.binformat", "audit.kernel_build"},  # reading binaries; building the kernel
     {"audit.binary"},                            # the model the other formats share, and their helpers
     {"audit.pe", "audit.macho"},                 # reading Windows and macOS binaries

@@ -16,7 +16,7 @@ from securesystemslib.signer import SSlibKey
 
 from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_USAGE, AuditError
-from audit.report.keys import ENV_KEY, ENV_PASSWORD, load_public_key, load_signing_key
+from audit.signing.keys import ENV_KEY, ENV_PASSWORD, load_public_key, load_signing_key
 from conftest import require_tool
 
 

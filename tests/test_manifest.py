@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.errors import AuditError
-from audit.report import dsse
-from audit.report.keys import generate_keypair
+from audit.signing import dsse
+from audit.signing.keys import generate_keypair
 from audit.report.manifest import name_problem, write_manifest
 from conftest import require_tool
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from audit.cli import main
 from audit.errors import AuditError
 from audit.report.attest import write_attestations
-from audit.report.keys import generate_keypair, keyid_of, load_public_key, load_signing_key, write_keypair
+from audit.signing.keys import generate_keypair, keyid_of, load_public_key, load_signing_key, write_keypair
 from audit.report.manifest import write_manifest
 from audit.report.verify import MalformedBundle, verify_bundle
 from conftest import require_tool
@@ -261,7 +261,7 @@ def _resign_with_subject(root: Path, key, name: str, digest: str) -> None:
     """A properly signed attestation naming `name`, then the manifest rewritten so only the name is wrong."""
     st = {"_type": "https://in-toto.io/Statement/v1", "subject": [{"name": name, "digest": {"sha256": digest}}],
           "predicateType": "https://example.com/x", "predicate": {}}
-    from audit.report import dsse
+    from audit.signing import dsse
     (root / "attestations" / "evil.dsse.json").write_text(dsse.sign(json.dumps(st).encode(), key).to_json())
     write_manifest(root, key)
 
@@ -445,7 +445,7 @@ def fuzz_bundle(tmp_path_factory, kernel_so):
 
 def _same_signed_content(data: bytes, original: bytes) -> bool:
     """Edits DSSE leaves unsigned (JSON layout, keyid): the envelope still says the same signed thing."""
-    from audit.report import dsse
+    from audit.signing import dsse
     try:
         a, b = dsse.loads(data), dsse.loads(original)
     except AuditError:

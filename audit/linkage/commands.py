@@ -166,7 +166,7 @@ def _attest_key(attest_path, key_path):
     """The key to sign --attest with, loaded before the audit so a bad key costs no time."""
     if attest_path is None:
         return None
-    from audit.report.keys import load_signing_key
+    from audit.signing.keys import load_signing_key
 
     return load_signing_key(key_path)
 

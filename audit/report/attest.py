@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from audit import __version__
 from audit.errors import InputError
-from audit.report import dsse
+from audit.signing import dsse
 from audit.report.manifest import UnsafePath, hash_member, read_member, statement, subject, walk_bundle
 
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"

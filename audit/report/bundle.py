@@ -241,7 +241,7 @@ def copy_artifacts(out: Path, evidence: dict, evidence_dir: Path, kinds=("target
 
 def load_key(key) -> tuple[Any, SigningInfo]:
     try:
-        from audit.report.keys import SigningKey, load_signing_key
+        from audit.signing.keys import SigningKey, load_signing_key
     except ImportError as exc:
         return None, SigningInfo(False, reason=f"signing module missing ({exc})")
     k = key if isinstance(key, SigningKey) else load_signing_key(key)

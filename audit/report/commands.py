@@ -9,7 +9,7 @@ import click
 
 from audit.errors import EXIT_OK, EXIT_VIOLATION, InputError
 from audit.report.bundle import write_bundle
-from audit.report.keys import load_signing_key
+from audit.signing.keys import load_signing_key
 
 
 def signing_key(path):

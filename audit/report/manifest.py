@@ -226,7 +226,7 @@ def write_manifest(bundle_dir: Path, key) -> Path:
 
     Call it last: any file written after it is an unlisted file and makes `verify` fail.
     """
-    from audit.report import dsse  # local: keeps `manifest` importable without cryptography loaded
+    from audit.signing import dsse  # local: keeps `manifest` importable without cryptography loaded
 
     bundle_dir = Path(bundle_dir)
     for n in (MANIFEST, MANIFEST_ENVELOPE):

@@ -1,4 +1,4 @@
-"""`keygen` and `verify`: small Click wrappers over audit.report.keys and audit.report.verify."""
+"""`keygen` and `verify`: small Click wrappers over audit.signing.keys and audit.report.verify."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from audit.errors import EXIT_VIOLATION
 @click.option("--force", is_flag=True, help="Overwrite existing PREFIX.key / PREFIX.pub.")
 def keygen_cmd(prefix, force):
     """Make an Ed25519 signing key pair for `run --key` (or $SOVEREIGN_AUDIT_SIGNING_KEY)."""
-    from audit.report.keys import generate_keypair, write_keypair
+    from audit.signing.keys import generate_keypair, write_keypair
 
     key = generate_keypair()
     priv, pub = write_keypair(prefix, key, force=force)
@@ -80,7 +80,7 @@ def verify_attestation_cmd(ctx, attestation, pubkey, artifacts, require_passed):
     """
     from audit.errors import EXIT_USAGE, printable
     from audit.linkage.outputs.attestation import verify_file
-    from audit.report.keys import load_public_key, keyid_of
+    from audit.signing.keys import load_public_key, keyid_of
 
     public = load_public_key(pubkey)
     result = verify_file(attestation, public, list(artifacts))

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from audit.errors import InputError, UsageError
-from audit.report import dsse
-from audit.report.keys import keyid_of, load_public_key, public_key_from_pem
+from audit.signing import dsse
+from audit.signing.keys import keyid_of, load_public_key, public_key_from_pem
 from audit.report.manifest import (
     MANIFEST, MANIFEST_ENVELOPE, PUBLIC_KEY, SCHEMA, STATEMENT_TYPE, UNLISTED, UnsafePath,
     hash_member, name_problem, open_member, read_member, walk_bundle,

@@ -1,7 +1,7 @@
 """`check --attest FILE`: the run's verdict as a signed SLSA Verification Summary Attestation.
 
 FILE holds one line (JSON Lines, the `*.intoto.jsonl` that SLSA and Scorecard tooling look for):
-a DSSE envelope (audit.report.dsse, Ed25519, the keys of `keygen` and `run`) whose payload is an
+a DSSE envelope (audit.signing.dsse, Ed25519, the keys of `keygen` and `run`) whose payload is an
 in-toto Statement v1 with the predicate https://slsa.dev/verification_summary/v1:
 
   subject             every audited artifact as it lies on disk: a file given or found, a wheel,
@@ -226,9 +226,9 @@ class Written:
 
 def write_attestation(path: str, report: CheckReport, key, resource_uri: str | None,
                       written: list[tuple[str, str]]) -> Written:
-    """Build, sign and write the attestation (a SigningKey from audit.report.keys)."""
+    """Build, sign and write the attestation (a SigningKey from audit.signing.keys)."""
     from audit.linkage.outputs.write import _replace as replace_file
-    from audit.report import dsse
+    from audit.signing import dsse
 
     artifacts = artifact_subjects(report)
     subjects = artifacts.subjects + output_subjects(written)
@@ -267,7 +267,7 @@ def read_envelopes(path: str) -> list:
     """The DSSE envelopes of a `*.intoto.jsonl` file (one per line), or of a file holding one
     envelope as a JSON document. InputError when unreadable, MalformedEnvelope when not DSSE."""
     from audit.files import read_regular_file
-    from audit.report import dsse
+    from audit.signing import dsse
 
     try:
         size = os.stat(path).st_size
@@ -337,7 +337,7 @@ def check_statement(stmt, where: str) -> list[str]:
 def verify_file(path: str, public, artifacts: list[str] = ()) -> Verification:
     """(1) read the envelopes, (2) check every signature under `public`, (3) check each payload is
     a VSA statement, (4) find each artifact's sha256 among the subjects."""
-    from audit.report import dsse
+    from audit.signing import dsse
 
     out = Verification()
     envelopes = read_envelopes(path)  # (1): raises on unreadable or malformed input

@@ -94,7 +94,7 @@ class Envelope:
 
 
 def sign(body: bytes, key, payload_type: str = PAYLOAD_TYPE) -> Envelope:
-    """Sign `body` with a SigningKey (audit.report.keys) into an envelope."""
+    """Sign `body` with a SigningKey (audit.signing.keys) into an envelope."""
     sig = key.sign(pae(payload_type, body))
     return Envelope(payload_type, body, (Signature(key.keyid, sig),))
 
