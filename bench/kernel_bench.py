@@ -1,6 +1,6 @@
 """Time flash_kernel's GPU paths side by side with PyTorch's attention on one CUDA device.
 
-Run on the device machine (bench/device_kernel.sh does). For each shape (B,H,N,D or B,H,Nq,Nk,D,
+Run on the device machine (`bench/device.sh kernel` does). For each shape (B,H,N,D or B,H,Nq,Nk,D,
 or --preset NAME|GROUP of audit/evidence/presets.py, e.g. --preset dit for the diffusion-transformer
 table) in one process: ours through the public call flash_kernel.attention as users call it
 (method "ours"; --no-public to leave it out), any library variants (--lib NAME=PATH, flash
