@@ -217,6 +217,17 @@ def test_a_source_date_epoch_that_is_not_a_date_is_a_usage_error(capsys, tmp_pat
     assert not cdx.exists() and not spdx.exists()  # nothing half-written
 
 
+def test_a_bad_source_date_epoch_is_refused_before_the_audit(capsys, tmp_path, monkeypatch):
+    import audit.linkage.check as check
+
+    def no_audit(*a, **k):
+        raise AssertionError("audited before the usage error")
+
+    monkeypatch.setattr(check, "check_paths", no_audit)
+    rc, _, _, err = sboms(capsys, tmp_path, tmp_path, env={"SOURCE_DATE_EPOCH": "soon"})
+    assert rc == 2 and "SOURCE_DATE_EPOCH=soon" in err
+
+
 def test_a_file_that_cannot_be_audited_is_in_the_sbom_with_its_error(capsys, tmp_path, demo_wheel):
     bad = tmp_path / "libbad.so"
     cc_shared(bad, dlopen_note_source('[{"soname": "not a list"}]'))

@@ -49,7 +49,7 @@ def render_cyclonedx(report: CheckReport, policy: Policy) -> str:
         "specVersion": "1.6",
         "version": 1,
         "metadata": {
-            "timestamp": created(report),
+            "timestamp": created(),
             "tools": {"components": [{"type": "application", "name": "sovereign-audit", "version": __version__}]},
             "properties": [{"name": f"{NS}:{n}", "value": v} for n, v in summary_properties(report, policy)],
         },

@@ -267,7 +267,7 @@ def _container_of(path: str, containers: set[str]) -> str | None:
     return f"container:{best}" if best is not None else None
 
 
-def created(report: CheckReport) -> str:
+def created() -> str:
     """The documents' date: SOURCE_DATE_EPOCH when set (reproducible builds' convention), else
     the Unix epoch, so the same input always gives the same bytes (docs/sbom.md)."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()

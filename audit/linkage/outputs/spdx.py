@@ -47,7 +47,7 @@ def _package(c: Component, sid: str, date: str, annotator: str) -> dict:
 
 def render_spdx(report: CheckReport, policy: Policy) -> str:
     g = build_graph(report, policy)
-    date = created(report)
+    date = created()
     annotator = f"Tool: sovereign-audit-{__version__}"
     ids = {ref: spdx_id(ref, c.name) for ref, c in g.components.items()}
     packages = [_package(c, ids[c.ref], date, annotator) for c in g.components.values()]

@@ -73,6 +73,9 @@ def check_destinations(specs: list[OutputSpec]) -> None:
             raise UsageError(f"cannot write {spec.file}: No such directory {parent}")
         if not os.access(parent, os.W_OK) and not os.access(real, os.W_OK):
             raise UsageError(f"cannot write {spec.file}: Permission denied")
+    if any(s.format in ("cyclonedx", "spdx") for s in specs):  # their date: refused before any work
+        from audit.linkage.outputs.sbom import created
+        created()
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary and any(s.format == "github" for s in specs):
         parent = os.path.dirname(os.path.realpath(summary)) or "."
