@@ -103,6 +103,11 @@ def validate_cyclonedx(text: str) -> dict:
     from cyclonedx.validation.json import JsonStrictValidator
 
     assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    from packageurl import PackageURL  # cyclonedx-python-lib's own purl library
+
+    for c in cdx_components(doc):  # every purl parses, and is already in its canonical form
+        if "purl" in c:
+            assert PackageURL.from_string(c["purl"]).to_string() == c["purl"]
     return doc
 
 
