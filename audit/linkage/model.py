@@ -15,7 +15,7 @@ from audit.linkage.resolution.ldso import DepNode
 
 SCHEMA = "sovereign-audit.linkage/1"
 KINDS = ("soname", "needed", "transitive", "verneed", "static-symbol", "imported-symbol", "dlopen-string",
-         "dlsym-string", "assembled-name",
+         "dlopen-note", "dlsym-string", "assembled-name",
          "device-kernel", "rpath", "unresolved", "mismatch")
 WHEEL_SEP = "!/"  # "x.whl!/pkg/lib.so": a member of an archive
 

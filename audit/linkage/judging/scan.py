@@ -179,6 +179,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
             findings[-1].severity = "warn"
 
     marker_findings(info, policy, add, in_file)
+    declared_findings(info, policy, add)
     runtime_findings(info, policy, findings, add, loader)
 
     # A kernel without its own marker belongs to the denied library that ships it, if this is one.
@@ -251,6 +252,20 @@ def marker_findings(info, policy: Policy, add, in_file: str | None) -> None:
         add(rule, "static-string", hit.text, f"{hit.section} @0x{hit.offset:x}",
             offset=hit.offset if in_file is None else None,
             detail=f"text only the vendor's own code contains (marker \"{marker}\"): a copy of its code is inside")
+
+
+def declared_findings(info, policy: Policy, add) -> None:
+    """dlopen-note: a library the file's `.note.dlopen` (systemd's dlopen metadata) says it loads.
+    The authors' own declaration of a run-time dependency: a denied soname there fails like a
+    NEEDED entry would, whether or not the name is also a string the scan found."""
+    for decl in getattr(info, "dlopen_declared", ()):
+        for soname in decl.sonames:
+            rule = policy.deny_rule_for_soname(soname)
+            if rule is None:
+                continue
+            feature = f" (feature {decl.feature!r})" if decl.feature else ""
+            add(rule, "dlopen-note", soname, ".note.dlopen",
+                detail=f"declared in the file's .note.dlopen{feature}: loaded at run time by its own account")
 
 
 def runtime_findings(info: ElfInfo, policy: Policy, findings: list[Finding], add, loader: str) -> None:
