@@ -345,5 +345,5 @@ def test_lse_under_torch_compile(cpu_lib, monkeypatch):
 
     torch._dynamo.reset()
     out, lse = torch.compile(f, backend="eager", fullgraph=True)(q, k, v)
-    assert torch.equal(lse - 1, flash_kernel.attention(q, k, v, return_lse=True)[1])
+    assert torch.equal(lse, flash_kernel.attention(q, k, v, return_lse=True)[1] + 1)  # (x + 1) - 1 may round
     assert_lse_close(lse - 1, reference_lse(q, k), "compiled")

@@ -267,9 +267,13 @@ def test_without_the_signing_modules_the_bundle_says_unsigned(monkeypatch, tmp_p
     import audit.report
     from audit.report.bundle import write_bundle
 
-    for name in ("keys", "attest", "manifest"):
+    import audit.signing
+
+    for name in ("attest", "manifest"):
         monkeypatch.setitem(sys.modules, f"audit.report.{name}", None)
         monkeypatch.delattr(audit.report, name, raising=False)
+    monkeypatch.setitem(sys.modules, "audit.signing.keys", None)
+    monkeypatch.delattr(audit.signing, "keys", raising=False)
     result = write_bundle(require_cpu_run() / "evidence", tmp_path / "b")
     html = result.report.read_text()
     assert "signing: not available" in html and "ephemeral key" not in html

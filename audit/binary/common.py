@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from audit.elf.model import StringHit, SymbolColumns
 from audit.elf.reader import open_regular
 from audit.elf.parse import SHF_ALLOC, SHT_PROGBITS, Malformed, decode, release
-from audit.elf.strings import marker_strings, strings_in
+from audit.elf.strings import MARKER_TEXT_MAX, marker_strings, strings_in
+from audit.elf.strings import MAX_HITS as MAX_MARKERS
 from audit.errors import InputError
 
 MAX_HITS = 10_000  # library-name strings per file; more is an error (a name past it is never dropped)
@@ -185,7 +186,16 @@ def markers_in(buf, regions: Iterable[Region], markers: tuple[bytes, ...]) -> li
     hits: list[StringHit] = []
     try:
         for reg in regions if markers else ():
-            marker_strings(buf, reg.offset, reg.offset + reg.size, reg.name, markers, hits)
+            lo, hi = reg.offset, reg.offset + reg.size
+            for at in range(lo, hi, _WINDOW):  # a window resident at a time, as _windows does
+                stop = min(hi, at + _WINDOW)
+                found: list[StringHit] = []
+                marker_strings(buf, at, min(hi, stop + MARKER_TEXT_MAX), reg.name, markers, found)
+                # a window's own strings: those starting in it, and at its first byte only after a NUL
+                hits += [h for h in found if h.offset < stop and (h.offset != at or at == lo or buf[at - 1] == 0)]
+                if len(hits) > MAX_MARKERS:
+                    raise Malformed(f"more than {MAX_MARKERS} marker strings (the limit): they cannot all be listed")
+                release(buf, at, stop)
     except Malformed as exc:
         raise InputError(str(exc)) from None
     return hits
