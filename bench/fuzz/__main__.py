@@ -86,12 +86,13 @@ def plant_canary(canary: Path, seed_bytes: dict[str, bytes]) -> None:
     (canary / "x.conf").write_text("/usr/lib\n")
 
 
-def commands(case: archmut.Case, ins: list[str], in_dir: str, jobs_flag: list[str]) -> list[tuple[str, list, str, dict]]:
+def commands(case: archmut.Case, ins: list[str], in_dir: str, jobs_flag: list[str],
+             key: str) -> list[tuple[str, list, str, dict]]:
     """(tag, argv, format for the contract, extra env) of each run of a case."""
     sub = lambda args: [a.replace("@IN@", in_dir) for a in args]  # noqa: E731
     runs = [("check", ["check", *ins, "--format", "text", "--format", "json=out.json", "--format", "sarif=out.sarif",
                        "--format", "junit=out.xml", "--format", "cyclonedx=out.cdx.json", "--format", "spdx=out.spdx.json",
-                       *jobs_flag, *sub(case.check_args)], "text", {}),
+                       "--attest", "out.intoto.jsonl", "--key", key, *jobs_flag, *sub(case.check_args)], "text", {}),
             ("github", ["check", *ins, "--format", "github", *sub(case.check_args)], "github",
              {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": "summary.md"})]
     if case.family != "baseline":
@@ -136,8 +137,9 @@ def run_case(i: int, a, builder_args, runner: Runner, work: Path, corpus: list, 
     allowed = {0, 1, 3} | ({2} if case.usage_ok else set())
     canary_before = contract.snapshot(builder_args["canary"])
     violations, outcomes, argvs = [], [], []
-    for tag, argv, fmt, env in commands(case, ins, str(in_dir), jobs_flag):
-        for leftover in ("out.json", "out.sarif", "out.xml", "summary.md"):
+    for tag, argv, fmt, env in commands(case, ins, str(in_dir), jobs_flag, builder_args["key"]):
+        for leftover in ("out.json", "out.sarif", "out.xml", "out.cdx.json", "out.spdx.json", "out.intoto.jsonl",
+                         "summary.md"):
             (cwd / leftover).unlink(missing_ok=True)
         env = dict(env, TMPDIR=str(tmp))
         if "GITHUB_STEP_SUMMARY" in env:  # the runner creates it before the step
@@ -286,6 +288,10 @@ def _run(a, out: Path, seed_bytes, notes, canary: Path, env) -> int:
     policy_text = (REPO / "policies/sovereign.toml").read_text()
     runner = Runner(a.mode, str(canary), a.timeout, env)
     shared = {"seeds": seed_bytes, "canary": str(canary), "layouts": {}}
+    from audit.signing.keys import generate_keypair, write_keypair
+
+    # --attest signs with this key (an ephemeral one would add a note line to every run's stderr)
+    shared["key"] = str(write_keypair(out / "attest", generate_keypair(), force=True)[0])
     start = time.monotonic()
     deadline = start + a.seconds if a.seconds else float("inf")
     if not a.quiet:

@@ -95,7 +95,8 @@ def check_files(tag: str, cwd: str, rc: int | None) -> list[tuple[str, str]]:
     """The machine-readable outputs of run `tag` parse (when the run wrote them)."""
     v = []
     for name, parse in (("out.json", json.load), ("out.sarif", json.load), ("out.xml", ET.parse),
-                        ("out.cdx.json", json.load), ("out.spdx.json", json.load)):
+                        ("out.cdx.json", json.load), ("out.spdx.json", json.load),
+                        ("out.intoto.jsonl", lambda fh: [json.loads(line) for line in fh])):
         p = os.path.join(cwd, name)
         if not os.path.exists(p):
             if rc in (0, 1, 3):
