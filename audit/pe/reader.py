@@ -31,6 +31,7 @@ from audit.errors import InputError
 from audit.binary import common
 from audit.binary.common import Region
 from audit.binary.model import BOUND, DELAY_LOAD, EXPORT_FORWARD, IMPORT, BinaryInfo, Import
+from audit.pe.stubs import loader_stubs
 
 MACHINES = {0x14C: "IMAGE_FILE_MACHINE_I386", 0x8664: "IMAGE_FILE_MACHINE_AMD64",
             0xAA64: "IMAGE_FILE_MACHINE_ARM64", 0xA641: "IMAGE_FILE_MACHINE_ARM64EC",
@@ -185,6 +186,8 @@ class _Pe:
         self.named: set[int] = set()
         self.sym_entry = 18  # bytes a COFF symbol (a bigobj object's: 20)
         self.is_object = False
+        self.code_exports: list[tuple[str, int]] = []  # (name, RVA) of the exports the policy kept
+        self.getproc_slots: set[int] = set()  # RVAs of the IAT slots bound to GetProcAddress
         self._header()
 
     # ------------------------------------------------------------------ headers
@@ -282,6 +285,9 @@ class _Pe:
         self._delay_imports(info, syms)
         self._bound_imports(info)
         self._exports(info, syms)
+        if self.code_exports and self.getproc_slots:  # a dispatcher's exports: loader stubs, not copies
+            info.forwarders.extend(loader_stubs(self, self.code_exports, self.getproc_slots))
+            info.forwarders.sort(key=lambda f: f.symbol)
         self._coff_symbols(info, syms)
         info.needed = common.unique(i.name for i in info.imports)
         info.symbols = syms.columns()
@@ -309,8 +315,9 @@ class _Pe:
             info.sha256 = common.sha256_of(self.buf, self.size)
         return info
 
-    def _thunks(self, rva: int, dll: str, syms, table: str, budget: list[int]) -> int:
-        """Add the names of one import name table (INT) at `rva`; how many."""
+    def _thunks(self, rva: int, dll: str, syms, table: str, budget: list[int], iat: int = 0) -> int:
+        """Add the names of one import name table (INT) at `rva`; how many. `iat`: the import
+        address table it fills, whose GetProcAddress slot is noted."""
         step, fmt = (8, "<Q") if self.bits == 64 else (4, "<I")
         flag = 1 << (self.bits - 1)
         n = 0
@@ -327,6 +334,8 @@ class _Pe:
                 at = self.off((value & 0x7FFFFFFF) + 2, 1, f"{dll}'s imported name")
                 self.named.add(at)
                 name = common.cstring(self.buf, at, self.size, f"{dll}'s imported name")
+                if iat and name == "GetProcAddress":
+                    self.getproc_slots.add(iat + n * step)
             syms.add(name, False, table, "FUNC", "GLOBAL", dll)
             n += 1
 
@@ -343,7 +352,7 @@ class _Pe:
             if i == MAX_DLLS:
                 raise ValueError(f"more than {MAX_DLLS} imported DLLs")
             dll = self.string(name_rva, "imported DLL name")
-            n = self._thunks(oft or iat, dll, syms, "import", budget)
+            n = self._thunks(oft or iat, dll, syms, "import", budget, iat)
             info.imports.append(Import(dll, IMPORT, "import directory", n))
 
     def _delay_imports(self, info: BinaryInfo, syms) -> None:
@@ -425,6 +434,8 @@ class _Pe:
                 syms.add(name, True, "export", "FUNC", "GLOBAL", dll)
             else:
                 syms.add(name, True, "export", "FUNC", "GLOBAL")
+                if syms.pattern is None or syms.pattern.search(name.encode("utf-8", "surrogateescape")):
+                    self.code_exports.append((name, target))
         info.forwarders.sort(key=lambda f: f.symbol)
         info.imports.extend(Import(dll, EXPORT_FORWARD, "export directory", n) for dll, n in forwarded_to.items())
 

@@ -492,8 +492,8 @@ def _defined_as(policy: Policy, name: str, fw: Forward | None) -> tuple[str, str
     """
     if fw is None:
         return "static-symbol", None
-    if fw.via == "dlsym":
-        return "dlopen-string", "dlsym"
+    if fw.via in ("dlsym", "GetProcAddress"):  # a PE export that resolves its own name: audit/pe/stubs.py
+        return "dlopen-string", fw.via
     if fw.via == "trampoline":  # a lazy trampoline: its table's slot is filled by dlsym on first call
         return "dlopen-string", "trampoline"
     if policy.rule_for_symbol(fw.target) is not None or name.rstrip("_") in fw.target:
@@ -506,11 +506,11 @@ _VIA = {"plt": "@plt", "got": " (GOT)", "stub": " (stub)"}  # how a stub reaches
 
 def _stub_detail(via: str, stubs: list[Forward], count: int, libs: list[str]) -> str:
     """What the forwarding stubs do, with the first few targets named."""
-    if via == "dlsym":
-        text = ", ".join(f'{f.symbol} -> dlsym("{f.target}") slot @0x{f.slot:x}' for f in stubs)
+    if via in ("dlsym", "GetProcAddress"):
+        text = ", ".join(f'{f.symbol} -> {via}("{f.target}") slot @0x{f.slot:x}' for f in stubs)
         where = f"; the library is loaded by name ({', '.join(libs[:3])})" if libs else ""
         return (f"{count} defined function(s) are stubs that jump through a pointer filled at run time by "
-                f"dlsym of their own name, not copies: {text}{where}")
+                f"{via} of their own name, not copies: {text}{where}")
     if via == "trampoline":
         tables = sorted({f.target.rsplit("[", 1)[0] for f in stubs})
         text = ", ".join(f"{f.symbol} -> {f.target} @0x{f.slot:x}" for f in stubs)
