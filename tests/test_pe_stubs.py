@@ -127,3 +127,17 @@ def test_reading_is_bounded(pe_stubs, monkeypatch):
     monkeypatch.setattr(stubs, "MAX_EXPORTS_READ", 1 << 13)
     monkeypatch.setattr(stubs, "BODY_MAX", 16)  # the name is loaded further in than this
     assert read_pe(path).forwarders == []
+
+
+@pytest.mark.parametrize("index,value", [(3, (0x1000, 0xFFFFFFF0)), (10, (0xFFFFFF00, 0x100)), (3, (0x7FFFFFF0, 12))])
+def test_bad_exception_or_load_config_directory_is_read_safely(pe_stubs, tmp_path, index, value):
+    """An exception (.pdata) or load configuration directory pointing past the file is no
+    function table and no dispatch pointer: the stubs that need neither are still seen."""
+    raw = bytearray(pe_stubs["stubs"].read_bytes())
+    opt = int.from_bytes(raw[0x3C:0x40], "little") + 24
+    at = opt + 112 + 8 * index
+    raw[at:at + 8] = value[0].to_bytes(4, "little") + value[1].to_bytes(4, "little")
+    bad = tmp_path / "fkstubs.dll"
+    bad.write_bytes(bytes(raw))
+    got = {f.symbol for f in read_pe(bad).forwarders}
+    assert "cudnnAddTensor" in got  # a direct GetProcAddress call and call *%rax: no guard, no table needed

@@ -42,11 +42,11 @@ import struct
 
 import numpy as np
 
-from audit.elf.forward import _registers, _rip_operands, _through, _x86_strings
+from audit.elf.forward import _rip_operands, _through, _x86_strings
 from audit.elf.model import Forward
 
 MAX_EXPORTS_READ = 1 << 13  # exports whose code is read per file (the rest stay as exported)
-BODY_MAX = 1024  # bytes of one export read (cuDNN's longest stub: about 400)
+BODY_MAX = 1024  # bytes of one export read (cuDNN's dispatcher: its exports start at most 672 bytes apart)
 RESOLVER_MAX = 1024  # bytes of a called function searched for its GetProcAddress call
 ARG_WINDOW = 24  # bytes after loading the name's address in which the call that takes it starts
 VIA = "GetProcAddress"
@@ -157,7 +157,7 @@ def _stub_slot(img: _Image, body: bytes, va: int, name: str, getproc: set[int], 
         return None
     loaded = _rip_operands(body, va, (b"\x48\x8b", b"\x4c\x8b"))
     copies = _copies(body)
-    via_reg = _registers(body, va, 0xD0, False) | _registers(body, va, 0xE0, False)
+    via_reg = _indirect_registers(body)
     called = _through(body, va, 0x15, False) | _through(body, va, 0x25, False)
     for _ in range(2):  # the second pass: %rax, where the call goes through the guard's dispatch
         via_reg |= set().union(*(copies.get(r, ()) for r in via_reg))  # movq %r10, %rax; callq *%rax
@@ -169,6 +169,19 @@ def _stub_slot(img: _Image, body: bytes, va: int, name: str, getproc: set[int], 
         if img.writable(slot) and slot not in getproc:
             return slot
     return None
+
+
+def _indirect_registers(body: bytes) -> set[int]:
+    """Registers of the call *reg / jmp *reg patterns of a body (ff d0+r / ff e0+r; a REX prefix
+    with its B bit, 41 or 49, names r8-r15)."""
+    regs = set()
+    i = body.find(b"\xff")
+    while 0 <= i < len(body) - 1:
+        if body[i + 1] & 0xF8 in (0xD0, 0xE0):
+            rex = body[i - 1] if i else 0
+            regs.add((body[i + 1] & 7) + (8 if 0x40 <= rex <= 0x4F and rex & 1 else 0))
+        i = body.find(b"\xff", i + 1)
+    return regs
 
 
 def _copies(body: bytes) -> dict[int, set[int]]:
