@@ -5,6 +5,7 @@
     o = lib.attention(q, k, v)                                 # flash forward, (B,H,N,D) tensors
     o = flash_kernel.attention(q, k, v, scale=None, layout="bhnd")   # library picked for q.device
     o, lse = flash_kernel.attention(q, k, v, return_lse=True)         # lse: float32 (B, H, Nq), natural log
+    o = flash_kernel.attention(q, k, v, precision="fp8")              # opt-in FP8 numerics (flash_kernel.fp8)
 
 Library lookup: `load(PATH)` explicitly; else the build folder named by FLASH_KERNEL_BUILD
 (holding `<target>/libflash_kernel.so`); else the checkout's `build/` (the parent of this
@@ -120,11 +121,19 @@ _binding.op_layer = _op_layer
 _binding.library_lookup = library_for
 
 
-def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
+def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False,
+              precision: str = "exact"):
     """softmax(scale * Q K^T) V through the flash path of the library for q.device. With
     return_lse: (out, lse), lse float32 (B, H, Nq) whatever the layout, the natural-log
     log-sum-exp of each query row's scaled scores (what ring attention merges partial outputs
-    by); its memory is dense in q's layout ((B, Nq, H) for "bnhd")."""
+    by); its memory is dense in q's layout ((B, Nq, H) for "bnhd").
+
+    precision="fp8" opts into quantized attention (flash_kernel.fp8: INT8 Q K^T with K smoothed,
+    FP8 P V, quantized inside the call), output in the input dtype. It runs on CPU tensors (the
+    reference numerics); on any other device it raises fp8.Fp8Unavailable (a NotImplementedError),
+    never falling back to exact attention."""
+    if precision != "exact":
+        return _fp8_call(q, k, v, scale, layout, return_lse, precision)
     # Inputs of a kind called before (same shapes, strides, dtypes, devices, layout and library
     # settings) go from here straight to the C call: this runs on every call, so it is inline.
     global _last
@@ -148,6 +157,15 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
             if kind is not None:
                 return kind.run(api, q, k, v, scale, False, return_lse)
     return _call(q, k, v, scale, layout, False, return_lse)
+
+
+def _fp8_call(q, k, v, scale, layout, return_lse, precision):
+    from flash_kernel import fp8
+
+    if precision != "fp8":
+        raise ValueError(f"precision must be one of {', '.join(map(repr, fp8.PRECISIONS))}, "
+                         f"not {precision!r}")
+    return fp8.attention(q, k, v, scale, layout, return_lse)
 
 
 def naive_attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
