@@ -65,18 +65,29 @@ class _Image:
         self.buf, self.size, self.base = pe.buf, pe.size, pe.image_base
         self.secs = sorted(((self.base + s.va, s) for s in pe.sections), key=lambda p: p[0])
         self.starts = [va for va, _ in self.secs]
+        self.begins = self._pdata(pe)  # RVAs, sorted
+        self.exports = np.sort(np.array([r for _, r in exports], dtype=np.int64))
+
+    def _pdata(self, pe) -> np.ndarray:
+        """The function starts .pdata lists (RUNTIME_FUNCTION.BeginAddress), read in place."""
         rva, size = pe.dir(DIR_EXCEPTION)
         entries = min(size // 12, MAX_FUNCTIONS)
-        table = self.data(self.base + rva, 12 * entries) if rva and entries else None
-        begins = np.frombuffer(table, dtype="<u4")[::3].astype(np.int64) if table else np.zeros(0, np.int64)
-        self.functions = np.unique(np.concatenate([begins, np.array([r for _, r in exports], dtype=np.int64)])) \
-            + self.base
+        hit = self.section(self.base + rva) if rva and entries else None
+        if hit is None or self.base + rva + 12 * entries > hit[0] + hit[1].rawsize:
+            return np.zeros(0, np.int64)
+        at = hit[1].raw + self.base + rva - hit[0]
+        if at + 12 * entries > self.size:
+            return np.zeros(0, np.int64)
+        begins = np.frombuffer(self.buf, dtype="<u4", count=3 * entries, offset=at)[::3].astype(np.int64)
+        return begins if bool(np.all(begins[1:] >= begins[:-1])) else np.sort(begins)  # sorted, as the format asks
 
     def body(self, va: int, limit: int) -> bytes | None:
         """The code of the function at `va`: up to `limit` bytes, never past the next function."""
-        k = int(np.searchsorted(self.functions, va, side="right"))
-        if k < len(self.functions):
-            limit = min(limit, int(self.functions[k]) - va)
+        rva = va - self.base
+        for starts in (self.begins, self.exports):
+            k = int(np.searchsorted(starts, rva, side="right"))
+            if k < len(starts):
+                limit = min(limit, int(starts[k]) - rva)
         return self.code(va, limit)
 
     def section(self, va: int, loaded: bool = False):
