@@ -115,10 +115,11 @@ class BenchReport:
     environment: dict | None = None  # environment.capture(), schema sovereign-audit.environment/1
     layout: str = "bhnd"  # bnhd: inputs stored (B,N,H,D), passed as strided (B,H,N,D) views
     primary_call: str = ""  # how our library was called (the public call or the library object)
+    precision: str = "exact"  # what the measured kernel computed at: exact | fp8
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "selection": self.selection, "primary": self.primary,
-                "primary_call": self.primary_call,
+                "primary_call": self.primary_call, "precision": self.precision,
                 "dtype": self.dtype, "device": self.device, "device_name": self.device_name,
                 "torch": self.torch_version, "repeats": self.repeats, "warmup": self.warmup,
                 "seed": self.seed, "timer": self.timer, "layout": self.layout,
@@ -448,7 +449,8 @@ def _report(selection, dtype, repeats, warmup, seed, results, started, env,
     timer = _Timer(selection.device).name
     return BenchReport(selection.to_dict(), dtype, selection.device, repeats, warmup, seed, timer,
                        list(results), started, _now(), torch.__version__, name,
-                       selection.primary.name, env, layout, primary_backend(selection)[1])
+                       selection.primary.name, env, layout, primary_backend(selection)[1],
+                       selection.precision)
 
 
 class _progress:

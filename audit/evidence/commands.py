@@ -50,6 +50,10 @@ def _selection_options(f):
                      show_default=True,
                      help="How inputs are stored: bnhd = (B,N,H,D) as video DiTs pass them, "
                      "handed over as strided (B,H,N,D) views."),
+        click.option("--precision", type=click.Choice(["exact", "fp8"]), default="exact",
+                     show_default=True,
+                     help="fp8: our kernel's opt-in FP8 attention (INT8 Q K^T, FP8 P V), held to "
+                     "the fp8 gates; refused (exit 2) on a device without it."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -82,13 +86,15 @@ def _list_presets() -> None:
         click.echo(f"{name:20s} {', '.join(members)}")
 
 
-def _prepare(target, lib, candidate, shapes, presets, dtype, device, check_head_dims=True):
+def _prepare(target, lib, candidate, shapes, presets, dtype, device, check_head_dims=True,
+             precision="exact"):
+    from audit.evidence import precision as P
     from audit.evidence.presets import CPU_PRESETS, resolve_shapes
     from audit.evidence.selection import select
 
     # Parse the shapes before anything slow (a build, a CUDA init) so typos fail at once.
     parsed = resolve_shapes(shapes, presets) if (shapes or presets) else None
-    sel = select(target=target, lib=lib, candidate=candidate, device=device)
+    sel = P.apply(select(target=target, lib=lib, candidate=candidate, device=device), precision)
     if parsed is None:
         parsed = resolve_shapes([], [], CPU_PRESETS if sel.device == "cpu" else GPU_DEFAULT_PRESETS)
     if check_head_dims:  # bench reports a head dim our library lacks as a refused row instead
@@ -139,12 +145,13 @@ def _write_json(path: str | None, data: dict) -> None:
 @click.option("--scale", type=float, default=None,
               help="Softmax scale passed to every kernel [default: None, i.e. 1/sqrt(D)].")
 def parity_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, device, seed,
-               json_out, config_path, layout, gate_items, scale):
+               json_out, config_path, layout, precision, gate_items, scale):
     """Check a kernel against the oracle (naive pre-flash path) and a float64 reference.
 
     \b
     Gates (defaults): rel-L2 vs float64 <= 1e-4 fp32, 2e-3 fp16, 1e-2 bf16;
     cosine vs oracle >= 0.99999; no NaN/Inf. Each shape also runs a scale probe.
+    --precision fp8: rel-L2 <= 5e-2, cosine >= 0.999 ([parity.gates.fp8] overrides).
     Exit 0 all gates pass, 1 a gate failed (named with its shape), 2 bad input.
     """
     if list_presets:
@@ -156,8 +163,9 @@ def parity_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, dev
     config = _load_config(config_path)
     if scale is not None and (not math.isfinite(scale) or scale <= 0):
         raise UsageError(f"--scale {scale!r} must be a finite number > 0")
-    sel, parsed, dtype = _prepare(target, lib, candidate, shapes, presets, dtype, device)
-    gates = effective_gates(dtype, config, overrides)
+    sel, parsed, dtype = _prepare(target, lib, candidate, shapes, presets, dtype, device,
+                                  precision=precision)
+    gates = effective_gates(dtype, config, overrides, precision)
     report = run_parity(sel, parsed, dtype, gates=gates, seed=seed, scale=scale,
                         progress=_parity_progress(), checkpoint=_checkpoint(json_out),
                         layout=layout)
@@ -181,10 +189,15 @@ def _print_parity(report) -> None:
 
     sel = report.selection
     click.echo(f"parity: {_safe(sel['kind'])} {_safe(sel['spec'])} on {report.device} "
-               f"({_safe(report.device_name)}), {report.dtype}, oracle: {_safe(report.oracle)}")
+               f"({_safe(report.device_name)}), {report.dtype}, precision {report.precision}, "
+               f"oracle: {_safe(report.oracle)}")
     g = report.gates
     click.echo(f"gates: rel_l2 <= {g.rel_l2:g} vs float64, cosine >= {g.cosine:g} vs oracle, "
                f"NaN/Inf <= {g.nonfinite}")
+    if report.precision == "fp8":
+        from audit.evidence.precision import FP8_DIT_GATES as dg
+
+        click.echo(f"       DiT-shaped inputs: rel_l2 <= {dg.rel_l2:g}, cosine >= {dg.cosine:g} vs float64")
     for s in report.shapes:
         cr, co, orr = s.candidate_vs_reference, s.candidate_vs_oracle, s.oracle_vs_reference
         click.echo(f"  {s.status.upper():6s} {s.shape.label}  seed {s.seed}")
@@ -198,6 +211,10 @@ def _print_parity(report) -> None:
         if orr is not None:
             click.echo(f"    oracle vs float64: rel_l2 {fmt_num(orr.rel_l2)}  "
                        f"cos {fmt_cosine(orr.cosine)}")
+        dm = (s.dit_probe or {}).get("metrics")
+        if dm:
+            click.echo(f"    DiT-shaped: rel_l2 {fmt_num(dm.get('rel_l2'))}  "
+                       f"cos {fmt_cosine(dm.get('cosine'))}")
         if s.public_vs_raw is not None:
             click.echo(f"    binding (timed) vs raw ABI call: max_abs "
                        f"{fmt_num(s.public_vs_raw.max_abs)}")
@@ -223,7 +240,7 @@ def _print_parity(report) -> None:
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [default: only on a terminal].")
 def bench_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, device, seed,
-              json_out, config_path, layout, repeats, warmup, sets, backend_names, max_backend_seconds,
+              json_out, config_path, layout, precision, repeats, warmup, sets, backend_names, max_backend_seconds,
               progress):
     """Time the kernel against our naive path, torch eager and PyTorch SDPA (vendor A/B).
 
@@ -254,7 +271,7 @@ def bench_cmd(target, lib, candidate, shapes, presets, list_presets, dtype, devi
         raise UsageError("config: bench.sets must be an integer")
     names = tuple(backend_names) or tuple(conf.get("backends", ())) or None
     sel, parsed, dtype = _prepare(target, lib, candidate, shapes, presets, dtype, device,
-                                  check_head_dims=False)
+                                  check_head_dims=False, precision=precision)
     report = run_bench(sel, parsed, dtype, repeats=repeats, warmup=warmup, seed=seed, sets=sets,
                        backends=names, progress=progress, max_backend_s=max_backend_seconds,
                        checkpoint=_checkpoint(json_out), layout=layout)
@@ -281,7 +298,8 @@ def _tf(x: float | None) -> str:
 def _print_bench(report) -> None:
     sel = report.selection
     click.echo(f"bench: {_safe(sel['kind'])} {_safe(sel['spec'])} on {report.device} "
-               f"{_safe(report.device_name)}, {report.dtype}, {report.repeats} repeats, "
+               f"{_safe(report.device_name)}, {report.dtype}, precision {report.precision}, "
+               f"{report.repeats} repeats, "
                f"{report.warmup} warm-up, timer: {report.timer}")
     for s in report.shapes:
         click.echo(f"  {s.shape.label}  ({s.input_sets} input sets of {s.set_bytes / 2**20:.1f} MiB)")

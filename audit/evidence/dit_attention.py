@@ -26,10 +26,11 @@ from typing import Callable
 from audit.errors import UsageError
 
 SWAPS = ("self", "cross")  # which attention modules of every block get the core: attn1, attn2
-OUR_CORES = ("naive", "flash")
+FP8_CORE = "flash-fp8"  # our flash attention at precision="fp8" (flash_kernel.fp8)
+OUR_CORES = ("naive", "flash", FP8_CORE)
 SDPA_CORES = ("sdpa", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math")
 CORES = OUR_CORES + SDPA_CORES
-SOVEREIGN = {"naive": True, "flash": True}  # every SDPA core is a vendor path
+SOVEREIGN = {"naive": True, "flash": True, FP8_CORE: True}  # every SDPA core is a vendor path
 
 
 def _sdpa_backend(name: str):
@@ -62,6 +63,13 @@ def make_core(name: str, lib=None) -> Callable:
 
     if name not in CORES:
         raise UsageError(f"unknown attention {name!r}; use one of {', '.join(CORES)}")
+    if name == FP8_CORE:  # the opt-in FP8 numerics; refused where this build has no FP8 kernel
+        from flash_kernel import fp8
+
+        def core_fp8(q, k, v):
+            return fp8.attention(q, k, v, layout="bnhd")
+
+        return core_fp8
     if name in OUR_CORES:
         if lib is None:
             raise UsageError(f"attention {name!r} needs our kernel library (none was loaded)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from audit.errors import UsageError
 from audit.evidence import metrics as M
+from audit.evidence.precision import FP8_GATES
 from audit.evidence.presets import Shape
 from audit.evidence.selection import Backend, Selection, oracle_supports, torch_dtype
 
@@ -65,8 +66,9 @@ def parse_gate_overrides(items) -> dict[str, float]:
     return out
 
 
-def gates_from_config(config: dict, dtype: str) -> dict[str, float]:
-    """[parity.gates] NAME = VALUE, and per dtype [parity.gates.bf16] NAME = VALUE (wins)."""
+def gates_from_config(config: dict, dtype: str, precision: str = "exact") -> dict[str, float]:
+    """[parity.gates] NAME = VALUE, and per dtype [parity.gates.bf16] NAME = VALUE (wins). At
+    precision fp8 only [parity.gates.fp8] applies: the exact gates would fail every FP8 run."""
     section = config.get("parity", {})
     if not isinstance(section, dict):
         raise UsageError("config: [parity] must be a table")
@@ -78,28 +80,35 @@ def gates_from_config(config: dict, dtype: str) -> dict[str, float]:
     for key, val in table.items():
         if key in GATE_NAMES:
             out[key] = _gate_value(key, val)
-        elif key in DEFAULT_REL_L2 and isinstance(val, dict):
+        elif (key in DEFAULT_REL_L2 or key == "fp8") and isinstance(val, dict):
             per_dtype[key] = val
         else:
             raise UsageError(f"config: unknown key parity.gates.{key} (known: "
-                             f"{', '.join(GATE_NAMES)}, or a table per dtype)")
-    for key, val in per_dtype.get(dtype, {}).items():
+                             f"{', '.join(GATE_NAMES)}, or a table per dtype or for fp8)")
+    if precision == "fp8":
+        out = {}
+    table_name = "fp8" if precision == "fp8" else dtype
+    for key, val in per_dtype.get(table_name, {}).items():
         if key not in GATE_NAMES:
-            raise UsageError(f"config: unknown key parity.gates.{dtype}.{key}")
+            raise UsageError(f"config: unknown key parity.gates.{table_name}.{key}")
         out[key] = _gate_value(key, val)
     return out
 
 
-def effective_gates(dtype: str, config: dict | None = None, overrides: dict | None = None) -> Gates:
-    vals = {"rel_l2": DEFAULT_REL_L2[dtype], "cosine": DEFAULT_COSINE, "nonfinite": DEFAULT_NONFINITE}
-    vals.update(gates_from_config(config or {}, dtype))
+def effective_gates(dtype: str, config: dict | None = None, overrides: dict | None = None,
+                    precision: str = "exact") -> Gates:
+    if precision == "fp8":
+        vals = FP8_GATES.to_dict()
+    else:
+        vals = {"rel_l2": DEFAULT_REL_L2[dtype], "cosine": DEFAULT_COSINE, "nonfinite": DEFAULT_NONFINITE}
+    vals.update(gates_from_config(config or {}, dtype, precision))
     vals.update(overrides or {})
     return Gates(float(vals["rel_l2"]), float(vals["cosine"]), int(vals["nonfinite"]))
 
 
 @dataclass
 class GateResult:
-    name: str  # rel_l2 | cosine | nonfinite | scale_rel_l2 | output
+    name: str  # rel_l2 | cosine | nonfinite | scale_rel_l2 | output | dit_rel_l2 | dit_cosine
     against: str  # reference | oracle | -
     value: float | None
     threshold: float | None
@@ -123,6 +132,7 @@ class ShapeParity:
     candidate_vs_oracle: M.ErrorMetrics | None = None
     public_vs_raw: M.ErrorMetrics | None = None  # libraries: binding output vs poisoned raw call
     scale_probe: dict | None = None
+    dit_probe: dict | None = None  # precision fp8: the DiT-shaped inputs' metrics
     gates: list[GateResult] = field(default_factory=list)
     poisoned: bool = False  # True: the output was NaN-filled by us before the kernel wrote it
     oracle_poisoned: bool = False
@@ -146,7 +156,7 @@ class ShapeParity:
                 "oracle_vs_reference": md(self.oracle_vs_reference),
                 "candidate_vs_oracle": md(self.candidate_vs_oracle),
                 "public_vs_raw": md(self.public_vs_raw),
-                "scale_probe": self.scale_probe, "gates": [g.to_dict() for g in self.gates],
+                "scale_probe": self.scale_probe, "dit_probe": self.dit_probe, "gates": [g.to_dict() for g in self.gates],
                 "error": self.error}
 
 
@@ -165,6 +175,7 @@ class ParityReport:
     device_name: str = ""
     environment: dict | None = None  # environment.capture(), schema sovereign-audit.environment/1
     layout: str = "bhnd"  # how the inputs were stored: bhnd, or bnhd (strided (B,H,N,D) views)
+    precision: str = "exact"  # what the candidate computed at: exact | fp8 (and its gates)
 
     @property
     def passed(self) -> bool:
@@ -180,7 +191,7 @@ class ParityReport:
         return {"schema": SCHEMA, "passed": self.passed, "selection": self.selection,
                 "dtype": self.dtype, "device": self.device, "device_name": self.device_name,
                 "torch": self.torch_version, "seed": self.seed, "oracle": self.oracle,
-                "layout": self.layout,
+                "layout": self.layout, "precision": self.precision,
                 "gates": self.gates.to_dict(), "started": self.started, "finished": self.finished,
                 "reference": "float64 softmax(scale QK^T)V per head in row chunks, on the device",
                 "failures": self.failure_lines(), "shapes": [s.to_dict() for s in self.shapes],
@@ -369,8 +380,39 @@ def parity_shape(sel: Selection, shape: Shape, dtype_name: str, gates: Gates, se
         res.scale_probe = {"scale": probe_scale, "nq": rows, "error": str(exc)}
         res.gates.append(GateResult("scale_rel_l2", "reference", None, gates.rel_l2, False,
                                     f"the candidate failed on the scale probe: {exc}"))
+    if sel.precision == "fp8":
+        _dit_probe(sel, shape, dtype, seed, res)
     res.status = "passed" if not res.failures else "failed"
     return res
+
+
+def _dit_probe(sel: Selection, shape: Shape, dtype, seed: int, res: ShapeParity) -> None:
+    """FP8 only: the first PROBE_ROWS query rows again on DiT-shaped inputs (a constant offset per
+    K channel, outlier query rows: flash_kernel.fp8.dit_shaped_inputs), held to the DiT gates."""
+    import torch
+
+    from audit.evidence.precision import FP8_DIT_GATES
+    from flash_kernel.fp8 import dit_shaped_inputs
+
+    rows = min(shape.nq, PROBE_ROWS)
+    g = torch.Generator(device=sel.device)
+    g.manual_seed(seed)
+    q, k, v = dit_shaped_inputs(shape.batch, shape.heads, rows, shape.nk, shape.head_dim, g, dtype,
+                                sel.device)
+    try:
+        out, _ = _run_backend(sel.primary, q, k, v, None)
+    except _CallFailed as exc:
+        res.dit_probe = {"nq": rows, "error": str(exc)}
+        res.gates.append(GateResult("dit_rel_l2", "reference", None, FP8_DIT_GATES.rel_l2, False,
+                                    f"the candidate failed on DiT-shaped inputs: {exc}"))
+        return
+    m = M.reference_compare(q, k, v, {"candidate": out})["candidate"]
+    res.dit_probe = {"nq": rows, "inputs": "dit-shaped", "metrics": m.to_dict()}
+    what = f"(DiT-shaped inputs, {rows} query rows)"
+    res.gates.append(_upper("dit_rel_l2", "reference", m.rel_l2, FP8_DIT_GATES.rel_l2, what))
+    res.gates.append(_lower("dit_cosine", "reference", m.cosine, FP8_DIT_GATES.cosine))
+    if m.nonfinite:
+        res.gates[-1].passed = False
 
 
 def _bad(x: float | None) -> bool:
@@ -413,7 +455,7 @@ def run_parity(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
     if layout not in ("bhnd", "bnhd"):
         raise UsageError(f"unknown layout {layout!r}; use bhnd or bnhd")
     selection.check_shapes(shapes)
-    gates = gates or effective_gates(dtype)
+    gates = gates or effective_gates(dtype, precision=selection.precision)
     started = _now()
     results = []
     for i, shape in enumerate(shapes):
@@ -437,7 +479,8 @@ def _report(selection, dtype, seed, gates, results, started, env, layout) -> Par
     oracle = (selection.oracle.about if selection.oracle else
               f"torch softmax(QK^T)V in fp32 ({selection.oracle_note})")
     return ParityReport(selection.to_dict(), dtype, selection.device, seed, gates, list(results),
-                        oracle, started, _now(), torch.__version__, name, env, layout)
+                        oracle, started, _now(), torch.__version__, name, env, layout,
+                        selection.precision)
 
 
 def _cpu_name() -> str:

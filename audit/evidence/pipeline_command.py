@@ -56,6 +56,9 @@ def render_table(report) -> str:
     lines = [f"pipeline {d['preset']}: {cfg['preset']['tokens']} tokens, {cfg['steps']} steps x 2 CFG "
              f"passes, {cfg['device']} {cfg['dtype']}, reference {d['reference']}, each core in every "
              f"{swapped}"]
+    if cfg.get("precision") == "fp8":
+        lines.append("precision fp8: flash-fp8 is our opt-in FP8 attention (quantized, not exact); the "
+                     "calibration shows a known perturbation's effect on the latents beside it")
     par = cfg.get("parallel")
     if par:
         lines.append(f"context parallel: {par['split']} over {par['world_size']} processes (every self-attention "
@@ -138,8 +141,12 @@ def render_table(report) -> str:
               help="Write the report (schema sovereign-audit.pipeline/1), updated after every stage "
                    "(under torchrun by rank 0).")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
+@click.option("--precision", type=click.Choice(["exact", "fp8"]), default="exact", show_default=True,
+              help="fp8: our flash core runs the opt-in FP8 attention (flash becomes flash-fp8) and "
+              "the calibration perturbs the exact reference; refused (exit 2) on a device without it.")
 def pipeline_cmd(preset, steps, device, dtype, vae_dtype, attention, swap, lib_path, target, seed,
-                 guidance_scale, decode, vae_tiling, calibrate, calibration_rel, ulysses, ring, json_path, quiet):
+                 guidance_scale, decode, vae_tiling, calibrate, calibration_rel, ulysses, ring, json_path, quiet,
+                 precision):
     """End-to-end Wan2.1 video DiT: time and parity of the swapped attention.
 
     Builds the model from its config with seeded random weights (nothing is downloaded), runs the
@@ -184,7 +191,8 @@ def pipeline_cmd(preset, steps, device, dtype, vae_dtype, attention, swap, lib_p
                               guidance_scale=guidance_scale, calibrate=calibrate,
                               calibration_rel=calibration_rel, vae_dtype=vae_dtype,
                               vae_tiling=vae_tiling, lib=lib_path, target=target,
-                              progress=progress, checkpoint=checkpoint, parallel=setup)
+                              progress=progress, checkpoint=checkpoint, parallel=setup,
+                              precision=precision)
     finally:
         if setup is not None:
             cp.finish()

@@ -298,9 +298,11 @@ class Selection:
     oracle_note: str = ""
     library: dict = field(default_factory=dict)  # abi_version, target, flash_path, head_dims, path
     head_dims: tuple[int, ...] | None = None  # None: any
+    precision: str = "exact"  # exact | fp8 (audit.evidence.precision)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "spec": self.spec, "device": self.device,
+                "precision": self.precision,
                 "primary": self.primary.to_dict(),
                 "oracle": self.oracle.to_dict() if self.oracle else None,
                 "oracle_note": self.oracle_note, "library": self.library,

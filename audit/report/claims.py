@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from audit.report.readers import (bench_shapes, dig, linkage_files, parity_passed, parity_worst, pipeline_swapped,
                                   pipeline_speedup, primary_name, shape_label, speedups, stage_records)
-from audit.report.wording import (NEVER_RUN_WHY, baseline_name, e2e_phrase, is_level, metrics_line, num, plain, sci,
-                                  short_reason, speed_phrase, times)
+from audit.report.wording import (FP8_LABEL, NEVER_RUN_WHY, baseline_name, e2e_phrase, is_level, kernel_name,
+                                  metrics_line, num, plain, precision_of, sci, short_reason, speed_phrase, times)
 
 
 @dataclass
@@ -28,6 +28,8 @@ def rendered_claims(claims: list[Claim]) -> list[Claim]:
 
 def claimed(ev, op, e2e, sov, device) -> list[Claim]:
     out: list[Claim] = []
+    fp8 = precision_of(ev) == "fp8"
+    who = f"{primary_name(ev)} ({FP8_LABEL})" if fp8 else primary_name(ev)
     files = linkage_files(ev)
     if sov == "pass" and files:
         policy = plain(dig(ev, "linkage", "policy", "name") or dig(ev, "linkage", "policy"), "the default policy")
@@ -36,7 +38,17 @@ def claimed(ev, op, e2e, sov, device) -> list[Claim]:
             f"attention library under {policy} (DT_NEEDED, transitive dependencies, versioned imports, "
             "static symbols, dlopen strings and embedded device kernels checked).",
             ["evidence/linkage.json"], f"sovereignty of the {len(files)} audited object(s), by digest"))
-    if parity_passed(ev) is True:
+    if parity_passed(ev) is True and fp8:
+        shapes = dig(ev, "parity", "shapes", default=[])
+        w = parity_worst(ev)
+        g = dig(ev, "parity", "gates", default={}) or {}
+        out.append(Claim(
+            f"The {FP8_LABEL} flash forward stays within the fp8 gates (relative L2 <= {sci(g.get('rel_l2'))}, "
+            f"cosine >= {plain(g.get('cosine'))}) against a float64 reference on all {len(shapes)} tested "
+            f"shape(s) on {device} (worst relative L2 {sci(w['rel_l2'])}; worst 1-cos against our exact naive "
+            f"path {sci(w['one_minus_cos'])}); it is quantized attention, not exact.",
+            ["evidence/parity.json"], f"FP8 parity within the fp8 gates on the {len(shapes)} listed shape(s)"))
+    elif parity_passed(ev) is True:
         shapes = dig(ev, "parity", "shapes", default=[])
         w = parity_worst(ev)
         out.append(Claim(
@@ -48,7 +60,7 @@ def claimed(ev, op, e2e, sov, device) -> list[Claim]:
         lo, hi = num(sp.get("ci_low")), num(sp.get("ci_high"))
         if lo is not None and lo > 1.0:
             out.append(Claim(
-                f"On {device}, {primary_name(ev)} is {times(sp['ratio'])} faster than our naive pre-flash "
+                f"On {device}, {who} is {times(sp['ratio'])} faster than our naive pre-flash "
                 f"path on {shape_label(s)} (95% CI {times(lo)} to {times(hi)}, {dig(ev, 'bench', 'repeats')} "
                 f"repeats, {plain(dig(ev, 'bench', 'dtype'))}).",
                 ["evidence/bench.json"], f"op speedup over the naive path on {shape_label(s)} on {device}"))
@@ -56,14 +68,14 @@ def claimed(ev, op, e2e, sov, device) -> list[Claim]:
         lo = num(sp.get("ci_low"))
         if lo is not None and lo > 1.0:
             out.append(Claim(
-                f"On {device}, {primary_name(ev)} is {times(sp['ratio'])} faster than torch eager "
+                f"On {device}, {who} is {times(sp['ratio'])} faster than torch eager "
                 f"softmax(QK^T)V on {shape_label(s)} (95% CI {times(lo)} to {times(sp.get('ci_high'))}).",
                 ["evidence/bench.json"], f"op speedup over torch eager on {shape_label(s)}"))
     for s, sp in speedups(ev, "sdpa-flash") + speedups(ev, "sdpa-cudnn") + speedups(ev, "sdpa-efficient"):
         lo = num(sp.get("ci_low"))
         if lo is not None and lo > 1.0:
             out.append(Claim(
-                f"On {device}, {primary_name(ev)} is {times(sp['ratio'])} faster than vendor "
+                f"On {device}, {who} is {times(sp['ratio'])} faster than vendor "
                 f"{sp['baseline']} on {shape_label(s)} (95% CI from {times(lo)}).",
                 ["evidence/bench.json"], f"faster than {sp['baseline']} on {shape_label(s)}"))
     fig = e2e["figure"] if e2e is not None else None
@@ -72,7 +84,7 @@ def claimed(ev, op, e2e, sov, device) -> list[Claim]:
         k = e2e["checks"][e2e["headline"]]
         out.append(Claim(
             f"The {preset} DiT pipeline (random weights) ran {times(fig.value)} faster ({e2e['headline_what']}, "
-            f"95% CI {times(fig.low)} to {times(fig.high)}) with our flash kernel in every "
+            f"95% CI {times(fig.low)} to {times(fig.high)}) with our {kernel_name(ev, 'flash kernel')} in every "
             f"{pipeline_swapped(ev)} than with "
             f"{baseline_name(e2e['reference'])} on {device}; {k.sentence()}.",
             ["evidence/pipeline.json"],
@@ -90,6 +102,10 @@ def not_claimed(ev, never_run, run) -> list[str]:
         out.append("Any GPU speed: this run measured on a CPU; CPU timings do not predict GPU speed.")
     out.append("Output quality of a trained model: parity is agreement with a reference, not image or "
                "video quality.")
+    if precision_of(ev) == "fp8":
+        out.append("Exact attention: this run measured the opt-in FP8 path (INT8 Q K^T, FP8 P V, quantized "
+                   "inside the call); its figures hold for FP8 only, within the fp8 gates, and say nothing "
+                   "about the exact kernel.")
     if ev.get("pipeline") is not None:
         out.append("Anything about Wan2.1's trained weights: the pipeline used seeded random weights.")
     vendor_ok = [b for s in bench_shapes(ev) for b in dig(s, "backends", default=[])
@@ -134,6 +150,8 @@ def boundary(claimed, not_claimed, ev, artifacts, device, never_run) -> dict:
     dtypes = sorted({str(x) for x in (dig(ev, "parity", "dtype"), dig(ev, "bench", "dtype")) if x})
     if dtypes:
         applies.append("the dtype(s) " + ", ".join(dtypes))
+    if precision_of(ev) == "fp8":
+        applies.append(f"precision {FP8_LABEL}")
     does_not = ["any other binary (a different sha256), including a rebuild of the same source"]
     does_not += [f"target {t} (never run)" for t in never_run]
     does_not += ["other shapes, dtypes, head dims, masks, the backward pass", "other devices or drivers",

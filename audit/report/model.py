@@ -15,7 +15,8 @@ from audit.report.claims import Claim, rendered_claims
 from audit.report.readers import (accelerator, device_name, dig, headline_op, linkage_files, linkage_verdict,
                                   parity_passed, pipeline_speedup, shape_label, stage_records, target_records,
                                   vendor_beside)
-from audit.report.wording import (baseline_name, e2e_phrase, is_level, num, plain, speed_phrase)
+from audit.report.wording import (FP8_LABEL, baseline_name, e2e_phrase, is_level, kernel_name, num, plain,
+                                  precision_of, speed_phrase)
 
 
 @dataclass
@@ -81,7 +82,8 @@ def build_model(ev: dict, artifacts=(), signing=None, warnings=()) -> ReportMode
     parity_head, parity_rows = tables.parity_table(ev)
     bench_head, bench_rows = tables.bench_table(ev)
     return ReportModel(
-        title=_title(accelerator(ev), op, vendor_beside(ev, op[0]) if op else None, e2e, sov, finished),
+        title=_title(accelerator(ev), op, vendor_beside(ev, op[0]) if op else None, e2e, sov, finished,
+                     precision_of(ev)),
         device=device,
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), tool_version=__version__,
         verdict=_verdict(stages, failing, finished), signing=_signing_view(signing),
@@ -131,12 +133,15 @@ def _signing_view(signing) -> dict:
     return sig
 
 
-def _title(accel: str, op, vendor, e2e, sov, finished: completeness.Completeness) -> str:
+def _title(accel: str, op, vendor, e2e, sov, finished: completeness.Completeness,
+           precision: str = "exact") -> str:
     """The headline: every figure names its baseline, the device is the one that ran the kernel,
     a level ratio is called level, and an end-to-end figure its Amdahl bound refutes is not
     stated. A run that did not finish has "Incomplete run" in the figures' place."""
     lead = {"pass": "Sovereign flash attention", "fail": "Non-sovereign build: flash attention"}.get(
         sov or "", "Flash attention (sovereignty not checked)")
+    if precision == "fp8":  # never headlined as exact attention
+        lead += f", {FP8_LABEL},"
     if not finished.complete:
         what = (", ".join(f"stage {s}" for s in finished.stages) + " left unfinished" if finished.stages
                 else "partial evidence")
@@ -193,10 +198,12 @@ def _abstract(ev, device, op, e2e, sov, never_run, failing, finished) -> list[st
     pp = parity_passed(ev)
     if pp is not None:
         n = len(dig(ev, "parity", "shapes", default=[]))
-        bits.append(f"parity against a float64 reference {'holds' if pp else 'FAILS'} on {n} shape(s)")
+        gates = "within the fp8 gates, not exact" if precision_of(ev) == "fp8" else ""
+        bits.append(f"{'FP8 ' if gates else ''}parity against a float64 reference "
+                    f"{'holds' if pp else 'FAILS'}{' (' + gates + ')' if gates and pp else ''} on {n} shape(s)")
     if op:
         s, sp = op
-        bits.append(f"against our naive pre-flash path on {shape_label(s)} the flash forward is "
+        bits.append(f"against our naive pre-flash path on {shape_label(s)} the {kernel_name(ev)} is "
                     + speed_phrase(sp.get("ratio"), sp.get("ci_low"), sp.get("ci_high")))
         vendor = vendor_beside(ev, s)
         if vendor:
@@ -207,7 +214,8 @@ def _abstract(ev, device, op, e2e, sov, never_run, failing, finished) -> list[st
         base = baseline_name(e2e["reference"])
         fig = e2e["figure"]
         if fig is not None:
-            bits.append(f"end to end ({e2e['headline_what']}) the {preset} DiT pipeline with flash against "
+            bits.append(f"end to end ({e2e['headline_what']}) the {preset} DiT pipeline with "
+                        f"{kernel_name(ev, 'flash')} against "
                         f"{base} is " + e2e_phrase(e2e)
                         + ", consistent with the Amdahl bound from its measured attention share")
         if e2e["inconsistent"]:

@@ -110,6 +110,29 @@ def metrics_line(m: dict) -> str:
             f"{'n/a' if num(m.get('psnr_db')) is None else format(num(m.get('psnr_db')), '.1f') + ' dB'}")
 
 
+def precision_of(ev: dict) -> str:
+    """"fp8" when any evidence of the run was measured at precision fp8 (the run record, parity,
+    bench or the pipeline say so), else "exact". One FP8 stage makes the whole report FP8: its
+    figures must never be read as exact attention's."""
+    found = [ev.get("run"), ev.get("parity"), ev.get("bench")]
+    pipe = ev.get("pipeline")
+    found.append(pipe.get("config") if isinstance(pipe, dict) else None)
+    for d in found:
+        if isinstance(d, dict) and (d.get("precision") == "fp8"
+                                    or (isinstance(d.get("selection"), dict)
+                                        and d["selection"].get("precision") == "fp8")):
+            return "fp8"
+    return "exact"
+
+
+FP8_LABEL = "FP8 (quantized, not exact)"
+
+
+def kernel_name(ev: dict, exact: str = "flash forward") -> str:
+    """What the measured kernel is called in a sentence: the FP8 one is always labelled so."""
+    return f"{FP8_LABEL} {exact}" if precision_of(ev) == "fp8" else exact
+
+
 def finding_text(x: dict) -> str:
     t = f"[{plain(x.get('rule'), '?')}] {plain(x.get('kind'), '')} {plain(x.get('subject'), '')} ({plain(x.get('where'), '')})"
     if x.get("in_file"):

@@ -28,11 +28,14 @@ from audit.run.runner import run
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timing repeats per backend.")
 @click.option("--pipeline-preset", default=None, help="DiT pipeline preset (default: tiny on CPU, wan-480p on CUDA).")
 @click.option("--pipeline-steps", type=click.IntRange(min=1), default=None)
+@click.option("--precision", type=click.Choice(["exact", "fp8"]), default="exact", show_default=True,
+              help="fp8: parity, bench and the pipeline run our kernel's opt-in FP8 attention, held to "
+              "the fp8 gates and labelled FP8 in the report; refused (exit 2) on a device without it.")
 @click.option("--skip", "skip", multiple=True, type=click.Choice(["parity", "bench", "pipeline"]),
               help="Do not run this evidence stage (recorded as skipped; repeatable).")
 @click.pass_context
 def run_cmd(ctx, out, device, targets, artifacts, no_build, key, build_dir, repeats, pipeline_preset,
-            pipeline_steps, skip):
+            pipeline_steps, precision, skip):
     """Build, audit, gather evidence and write the signed research-object report.
 
     \b
@@ -47,6 +50,7 @@ def run_cmd(ctx, out, device, targets, artifacts, no_build, key, build_dir, repe
     config = RunConfig(out=out, device=device, targets=tuple(targets), artifacts=tuple(artifacts),
                        no_build=no_build, key=signing_key(key), build_dir=build_dir, repeats=repeats,
                        pipeline_preset=pipeline_preset, pipeline_steps=pipeline_steps, skip=tuple(skip),
+                       precision=precision,
                        argv=["sovereign-audit", "run", *_reconstruct(ctx)])
     result = run(config, echo=lambda s: click.echo(s, err=True))
     failed = [s for s in result.record.stages if s.status == "failed" or s.verdict == "fail"]

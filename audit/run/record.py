@@ -62,6 +62,7 @@ class RunConfig:
     pipeline_steps: int | None = None
     skip: tuple[str, ...] = ()  # evidence stages not to run (recorded as skipped)
     argv: list[str] = field(default_factory=list)
+    precision: str = "exact"  # exact | fp8: what parity, bench and the pipeline run our kernel at
 
 
 @dataclass
@@ -81,6 +82,7 @@ class RunRecord:
     stages: list[StageRecord] = field(default_factory=list)
     exit_code: int | None = None
     bundle_dir: str = ""  # absolute path of --out: objects audited inside it are shown bundle-relative
+    precision: str = "exact"  # exact | fp8: what our kernel's evidence was measured at
 
     def stage(self, name: str) -> StageRecord:
         for s in self.stages:
@@ -101,6 +103,7 @@ class RunRecord:
             "ended": self.ended,
             "device_requested": self.device_requested,
             "device": self.device,
+            "precision": self.precision,
             "host": self.host,
             "targets_requested": self.targets_requested,
             "targets_built": self.targets_built,

@@ -150,11 +150,13 @@ class Runner:
                           else f"an object could not be read or checked (exit {report.exit_code}): fail closed")
 
     def run_parity(self, rec: StageRecord) -> None:
-        self._per_library(rec, "parity", lambda lib: stages.parity(lib, self.record.device), gated=True)
+        self._per_library(rec, "parity", lambda lib: stages.parity(lib, self.record.device, self.config.precision),
+                           gated=True)
 
     def run_bench(self, rec: StageRecord) -> None:
         repeats = self.config.repeats or 10
-        self._per_library(rec, "bench", lambda lib: stages.bench(lib, self.record.device, repeats), gated=False)
+        self._per_library(rec, "bench", lambda lib: stages.bench(lib, self.record.device, repeats, self.config.precision),
+                           gated=False)
 
     def _per_library(self, rec: StageRecord, stage: str, call: Callable[[str], Any], gated: bool) -> None:
         """The primary library's evidence (ours; with --no-build the first --artifact) goes to
@@ -195,7 +197,7 @@ class Runner:
             return self.skip(rec, f"no library with our C ABI runs on {self.record.device}: "
                                   "the DiT pipeline needs one")
         report = stages.pipeline(ours[0], self.record.device, self.config.pipeline_preset,
-                                 self.config.pipeline_steps,
+                                 self.config.pipeline_steps, precision=self.config.precision,
                                  checkpoint=lambda r: self.save_evidence("pipeline", r.to_dict()))
         self.results["pipeline"] = report
         rec.evidence = self.save_evidence("pipeline", report.to_dict())
@@ -213,6 +215,10 @@ class Runner:
         if cfg.targets and not cfg.no_build:
             resolve_targets(list(cfg.targets))  # an unknown target is a usage error (exit 2)
         self.record.device = stages.resolve_device(cfg.device)
+        from audit.evidence import precision as P
+
+        P.require(cfg.precision, self.record.device)  # fp8 where it cannot run: a usage error
+        self.record.precision = cfg.precision
         self.record.artifacts = [stages.describe_artifact(Path(p)) for p in cfg.artifacts]
         replaced = prepare_out(self.out)
         if replaced:

@@ -155,28 +155,31 @@ def shapes(device: str, cpu_presets: tuple[str, ...]) -> list:
     return [preset(n) for n in (cpu_presets if device == "cpu" else GPU_PRESETS)]
 
 
-def parity(lib: str, device: str):
-    """ParityReport of `lib` on the device's shapes (default gates, seed 0)."""
+def parity(lib: str, device: str, precision: str = "exact"):
+    """ParityReport of `lib` on the device's shapes (the precision's default gates, seed 0)."""
+    from audit.evidence import precision as P
     from audit.evidence.parity import run_parity
     from audit.evidence.selection import select
 
-    return run_parity(selection=select(lib=lib, device=device), shapes=shapes(device, CPU_PARITY_PRESETS),
+    return run_parity(selection=P.apply(select(lib=lib, device=device), precision), shapes=shapes(device, CPU_PARITY_PRESETS),
                       dtype=run_dtype(device), device=device, gates=None, seed=0)
 
 
-def bench(lib: str, device: str, repeats: int):
+def bench(lib: str, device: str, repeats: int, precision: str = "exact"):
     """BenchReport of `lib` on the device's shapes."""
+    from audit.evidence import precision as P
     from audit.evidence.bench import run_bench
     from audit.evidence.selection import select
 
-    return run_bench(selection=select(lib=lib, device=device), shapes=shapes(device, CPU_BENCH_PRESETS),
+    return run_bench(selection=P.apply(select(lib=lib, device=device), precision), shapes=shapes(device, CPU_BENCH_PRESETS),
                      dtype=run_dtype(device), device=device, repeats=repeats, seed=0, progress=False)
 
 
-def pipeline(lib: str, device: str, preset: str | None, steps: int | None, checkpoint: Callable):
+def pipeline(lib: str, device: str, preset: str | None, steps: int | None, checkpoint: Callable,
+             precision: str = "exact"):
     """PipelineReport of the DiT pipeline with `lib` as our flash core; `checkpoint(report)` gets
     the partial report after each of the pipeline's own stages."""
     from audit.evidence.pipeline import run_pipeline
 
     return run_pipeline(preset=preset or ("tiny" if device == "cpu" else "wan-480p"), steps=steps or 2,
-                        device=device, lib=lib, checkpoint=checkpoint)
+                        device=device, lib=lib, checkpoint=checkpoint, precision=precision)

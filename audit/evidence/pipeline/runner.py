@@ -35,11 +35,14 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
                  target: str | None = None, environment: bool = True,
                  progress: Callable[[str], None] | None = None,
                  checkpoint: Callable[[PipelineReport], None] | None = None,
-                 parallel: ParallelSetup | None = None) -> PipelineReport:
+                 parallel: ParallelSetup | None = None, precision: str = "exact") -> PipelineReport:
     """Runs the preset once per attention core (the first is the reference) and compares.
 
     attention None: DEFAULT_ATTENTION of the device (SDPA-cuDNN first on CUDA). swap: which
-    attention of every block gets the core, "self", "cross" or both.
+    attention of every block gets the core, "self", "cross" or both. precision "fp8": our flash
+    core runs at precision="fp8" ("flash" becomes "flash-fp8"; refused on a device without it),
+    and the calibration perturbs the exact reference, so the FP8 error on the latents is read
+    next to a known perturbation's.
 
     A core that fails (out of memory, backend unavailable, kernel error) is recorded as skipped
     with its reason and the rest goes on; the caller decides what a failed core means
@@ -64,12 +67,21 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
     if not (math.isfinite(calibration_rel) and calibration_rel > 0):
         raise UsageError(f"calibration perturbation must be > 0, got {calibration_rel!r}")
     swap = parse_swap(swap)
+    from audit.evidence import precision as P
+    from audit.evidence.dit_attention import FP8_CORE
+
+    P.check(precision)
     if attention is None:  # the device's default cores, every one of which needs no more than ours
         library, dev_name = resolve_library(["flash"], device, lib, target)
         names = list(DEFAULT_ATTENTION[dev_name])
     else:
         names = parse_attention(attention)
         library, dev_name = resolve_library(names, device, lib, target)
+    if precision == "fp8":
+        names = list(dict.fromkeys(FP8_CORE if n == "flash" else n for n in names))
+    if FP8_CORE in names:
+        precision = "fp8"
+        P.require(precision, dev_name)
     import_diffusers()
     if dtype is None:
         dtype = "bf16" if dev_name == "cuda" else "fp32"
@@ -105,6 +117,7 @@ def run_pipeline(preset: str = "tiny", steps: int | None = None, device: str = "
         "cfg": "two DiT passes per step (cond, uncond)", "device": dev_name, "dtype": dtype,
         "vae_dtype": (vae_dtype or dtype) if decode_video else None, "decode": decode_video,
         "vae_tiling": tiled, "seed": seed, "attention": names, "swap": list(swap),
+        "precision": precision,
         "attention_calls_per_step": 2 * layers * len(swap),
         "attention_shape_bnhd": [1, pre.tokens(), pre.transformer["num_attention_heads"], head_dim],
         "cross_attention_shape_b_nq_nk_h_d": ([1, pre.tokens(), TEXT_SHAPE[1],
