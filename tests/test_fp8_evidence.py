@@ -189,6 +189,8 @@ def test_an_fp8_run_is_never_headlined_as_exact():
     assert "FP8 parity" in abstract and "the FP8 (quantized, not exact) flash forward is" in abstract
     assert any(n.startswith("Exact attention:") for n in model.not_claimed)
     assert any("FP8" in a for a in model.boundary["applies_to"])
+    precision = dict(model.methods)["Precision"]
+    assert precision.startswith("FP8 (quantized, not exact)") and "C ABI" not in precision
 
 
 def test_an_fp8_pipeline_alone_makes_the_report_fp8():

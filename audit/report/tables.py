@@ -9,8 +9,9 @@ from audit.report import plots
 from audit.report.readers import (bench_shapes, bundle_relative, dig, finding_count, headline_op, pipeline_swapped,
                                   linkage_files, parity_passed, parity_worst, pipeline_speedup, primary_name,
                                   shape_label, target_records)
-from audit.report.wording import (NEVER_RUN_WHY, baseline_name, finding_text, fmt_cos, is_level, metrics_line,
-                                  num, percent, plain, sci, seconds, short_reason, speed_phrase, times)
+from audit.report.wording import (FP8_LABEL, NEVER_RUN_WHY, baseline_name, finding_text, fmt_cos, is_level, metrics_line,
+                                  num, percent, plain, precision_of, sci, seconds, short_reason, speed_phrase,
+                                  times)
 
 
 def cell(t: str, css: str = "") -> dict:
@@ -47,7 +48,10 @@ def methods(ev, device) -> list[tuple[str, str]]:
                                           if k not in ("inputs", "parity"))
                                 if isinstance(dig(ev, 'pipeline', 'method'), dict) else "see pipeline.json")
                 if ev.get("pipeline") is not None else "") if x) or "not recorded"),
-            ("Precision", f"inputs {plain(dig(par, 'dtype') or dig(bench, 'dtype'))}; accumulation and softmax "
+            ("Precision", f"{FP8_LABEL}: inputs {plain(dig(par, 'dtype') or dig(bench, 'dtype'))}, quantized "
+                          "inside the call (INT8 Q K^T with K smoothed, e4m3 P V, flash_kernel.fp8); softmax "
+                          "statistics fp32; held to the fp8 gates" if precision_of(ev) == "fp8" else
+                          f"inputs {plain(dig(par, 'dtype') or dig(bench, 'dtype'))}; accumulation and softmax "
                           "statistics fp32 (the kernel's C ABI)"),
             ("Metric and gate", ("parity gates: " + ", ".join(f"{k} {v}" for k, v in gates.items())
                                  if isinstance(gates, dict) and gates else "no parity gates recorded")
