@@ -62,7 +62,9 @@ class BinaryInfo:
     symbols: Sequence[Symbol] = field(default_factory=list)
     symbol_counts: dict[str, int] = field(default_factory=dict)
     code_loading_imports: list[str] = field(default_factory=list)  # LoadLibraryA, GetProcAddress, dlopen...
-    forwarders: list[Forward] = field(default_factory=list)  # PE forwarded exports (via "export")
+    # PE forwarded exports (via "export") and exports that call through a pointer GetProcAddress
+    # filled with their own name (via "GetProcAddress", audit/pe/stubs.py)
+    forwarders: list[Forward] = field(default_factory=list)
     library_strings: list[StringHit] = field(default_factory=list)  # "cudnn64_9.dll", "libcublas.dylib"
     api_strings: list[StringHit] = field(default_factory=list)  # names for GetProcAddress/dlsym
     # whole strings in the data that start with one of the caller's markers (ElfInfo's, the same)

@@ -105,7 +105,7 @@ class Forward:
 
     symbol: str  # the defined name, e.g. "dgemm_"
     target: str  # what it forwards to: an imported name ("scipy_dgemm_"), or the name given to dlsym
-    via: str  # "plt" (a PLT entry), "got" (a GOT slot), "dlsym" (a slot the code fills by name at run time)
+    via: str  # "plt" (a PLT entry), "got" (a GOT slot), "dlsym" (a slot the code fills by name at run time; "GetProcAddress" the same in a PE file)
     slot: int  # virtual address of the slot the jump goes through
 
 
