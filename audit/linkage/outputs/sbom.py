@@ -214,7 +214,9 @@ def build_graph(report: CheckReport, policy: Policy) -> Graph:
             kind = _FINDING_EDGES.get(f.kind)
             if kind is None:
                 continue
-            if f.kind in _NAMED:
+            # a library-name string names its file; a dlopen-string finding of stubs or trampolines
+            # has an API name as subject (cublasCreate_v2): its target is the vendor, not a file
+            if f.kind in _NAMED and (f.subject in names or policy.deny_rule_for_soname(f.subject)):
                 target = names.get(f.subject) or unresolved(f.subject)
             else:
                 target = vendor(f.rule)
