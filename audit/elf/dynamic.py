@@ -169,7 +169,9 @@ def read_interpreter(img: ElfImage) -> str | None:
     return None
 
 
-def _notes(img: ElfImage, off: int, size: int):
+def each_note(img: ElfImage, off: int, size: int):
+    """(file offset, owner, type, descriptor offset, descriptor size) of each note in
+    [off, off+size); descriptors are not copied (a caller reads only the notes it wants)."""
     img.check_range(off, size, "note")
     pos, end = off, off + size
     while pos + 12 <= end:
@@ -179,7 +181,7 @@ def _notes(img: ElfImage, off: int, size: int):
         nxt = desc_at + ((descsz + 3) & ~3)
         if nxt > end or nxt <= pos:
             return
-        yield bytes(img.buf[name_at:name_at + namesz]).rstrip(b"\0"), ntype, bytes(img.buf[desc_at:desc_at + descsz])
+        yield pos, bytes(img.buf[name_at:name_at + namesz]).rstrip(b"\0"), ntype, desc_at, descsz
         pos = nxt
 
 
@@ -189,7 +191,7 @@ def read_build_id(img: ElfImage) -> str | None:
     for off, size in places:
         if off + size > img.size:
             continue
-        for name, ntype, desc in _notes(img, off, size):
-            if name == b"GNU" and ntype == NT_GNU_BUILD_ID and desc:
-                return desc.hex()
+        for _, name, ntype, desc_at, descsz in each_note(img, off, size):
+            if name == b"GNU" and ntype == NT_GNU_BUILD_ID and descsz:
+                return bytes(img.buf[desc_at:desc_at + descsz]).hex()
     return None

@@ -18,9 +18,9 @@ that cannot be read declares linkage nobody can see, so the file is an error (Ma
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass, field
 
+from audit.elf.dynamic import each_note
 from audit.elf.parse import PT_NOTE, SHT_NOTE, ElfImage, Malformed
 
 OWNER = b"FDO"
@@ -52,23 +52,6 @@ def _places(img: ElfImage) -> list[tuple[int, int]]:
     places = [(s.offset, s.size) for s in img.sections_of_type(SHT_NOTE)]
     places += [(p.offset, p.filesz) for p in img.segments if p.type == PT_NOTE]
     return sorted(set(places))
-
-
-def _each_note(img: ElfImage, off: int, size: int):
-    """(file offset, owner, type, descriptor) of each note in [off, off+size)."""
-    img.check_range(off, size, "note")
-    pos, end = off, off + size
-    while pos + 12 <= end:
-        namesz, descsz, ntype = struct.unpack_from(img.e + "III", img.buf, pos)
-        name_at = pos + 12
-        desc_at = name_at + ((namesz + 3) & ~3)
-        nxt = desc_at + ((descsz + 3) & ~3)
-        if nxt > end or nxt <= pos:
-            return
-        owner = bytes(img.buf[name_at:name_at + namesz]).rstrip(b"\0")
-        if owner == OWNER and ntype in (NT_FDO_PACKAGING_METADATA, NT_FDO_DLOPEN_METADATA):
-            yield pos, ntype, descsz, desc_at
-        pos = nxt
 
 
 def _json(img: ElfImage, desc_at: int, descsz: int):
@@ -121,7 +104,9 @@ def read_notes(img: ElfImage) -> ElfNotes:
     for off, size in _places(img):
         if off + size > img.size:  # a section table entry past the end: the reader says so elsewhere
             continue
-        for at, ntype, descsz, desc_at in _each_note(img, off, size):
+        for at, owner, ntype, desc_at, descsz in each_note(img, off, size):
+            if owner != OWNER or ntype not in (NT_FDO_PACKAGING_METADATA, NT_FDO_DLOPEN_METADATA):
+                continue
             if at in seen:  # the same note through its section and its segment
                 continue
             seen.add(at)
