@@ -30,8 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import DEFAULT_CACHE, _commit, fetch, load_expectations  # noqa: E402
 
-VENDOR = re.compile(r"cudnn|cublas|openblas|mkl|cusparse|cusolver|cufft|nvinfer|nccl|onednn|dnnl|accelerate",
-                    re.IGNORECASE)
+# the vendor families of policies/sovereign.toml, by the names their components and files carry
+VENDOR = re.compile(r"cudnn|cublas|openblas|mkl|cusparse|cusolver|cufft|nvinfer|tensorrt|nccl|onednn|dnnl|"
+                    r"accelerate|cutlass|flash.?attention|blis|atlas|lapack|rocsparse|hipsparse|rocblas|hipblas|"
+                    r"miopen", re.IGNORECASE)
 SECTION = "## Corpus"
 
 
