@@ -72,11 +72,12 @@ def validate(out: Path) -> dict:
     doc = parse_file(str(out / "bom.spdx.json"))
     problems = _validate_spdx(doc, validate_full_spdx_document)
     pkg = {p.spdx_id: p.name for p in doc.packages}
+    # (from, to, is an edge of the linkage graph): its comment names the edge kind; CONTAINS alone
+    # is also a container holding a file
     spdx_edges = {(pkg.get(r.spdx_element_id, r.spdx_element_id), pkg.get(str(r.related_spdx_element_id), ""),
-                   r.relationship_type.name) for r in doc.relationships}
-    vendor = sorted({Path(b).name for a, b in cdx_edges if VENDOR.search(Path(b).name)})
-    spdx_vendor = sorted({Path(b).name for a, b, kind in spdx_edges
-                          if kind in ("DYNAMIC_LINK", "STATIC_LINK") and VENDOR.search(Path(b).name)})
+                   (r.comment or "").startswith("sovereign-audit:edge=")) for r in doc.relationships}
+    vendor = sorted({b for a, b in cdx_edges if VENDOR.search(b)})  # component names: a file's base name, a vendor's
+    spdx_vendor = sorted({b for a, b, linkage in spdx_edges if linkage and VENDOR.search(b)})
     return {"cdx": "valid" if error is None else f"invalid: {error}", "spdx": "valid" if not problems else
             f"{len(problems)} problem(s): {problems[0].validation_message[:80]}",
             "components": len(names), "edges": len(cdx_edges), "relationships": len(spdx_edges),
@@ -216,8 +217,9 @@ def _emit(rows: list, failed: int, write: Path | None, final: bool, kept: dict[s
              "validated by cyclonedx-python-lib (JsonStrictValidator, CycloneDX 1.6) and spdx-tools "
              "(validate_full_spdx_document, SPDX 2.3); \"identical\": a second run gave the same bytes; "
              "vendor edges: the vendor libraries that a CycloneDX dependency reaches, read back with "
-             "cyclonedx-python-lib (the SPDX DYNAMIC_LINK/STATIC_LINK relationships read back with spdx-tools "
-             "name the same set where the row passes).", "",
+             "cyclonedx-python-lib (the SPDX relationships of the linkage graph (DYNAMIC_LINK, STATIC_LINK, CONTAINS for "
+             "embedded kernels; their comment names the edge kind) read back with spdx-tools name the same set where the row "
+             "passes).", "",
              "| input | exit | check (s) | CycloneDX | SPDX | components | dependencies | relationships | identical | vendor edges |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, code, seconds, v, same in rows:
