@@ -524,15 +524,10 @@ def test_a_run_that_audited_nothing_still_gives_valid_documents_about_its_input(
 def test_a_stub_finding_points_at_its_vendor_not_at_a_file_named_after_an_api(capsys, tmp_path):
     """Implib.so trampolines are a dlopen-string finding whose subject is an API name: the SBOM's
     edge goes to the vendor (cuBLAS), never to an 'unresolved' library called cublasCreate_v2."""
-    import subprocess
+    from conftest import require_tool
+    from test_trampolines import build_shim
 
-    from test_trampolines import RESOLVER, TRAMPOLINES
-
-    (tmp_path / "tramp.S").write_text(TRAMPOLINES)
-    (tmp_path / "resolve.c").write_text(RESOLVER)
-    lib = tmp_path / "libcublas_shim.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", lib, tmp_path / "tramp.S", tmp_path / "resolve.c", "-ldl"],
-                   check=True, capture_output=True)
+    lib = build_shim(tmp_path, require_tool("gcc"))
     code, out, err = cli(capsys, "check", lib, "--format", "cyclonedx", env={"SOURCE_DATE_EPOCH": "0"})
     assert code == 1, err
     bom = json.loads(out)

@@ -93,15 +93,18 @@ def policy():
     return load_policy(None)
 
 
+def build_shim(d: Path, cc: str, trampolines: str = TRAMPOLINES, resolver: str = RESOLVER, *flags: str) -> Path:
+    """d/libcublas_shim.so: the trampolines' assembly and their resolver, linked by `cc`."""
+    (d / "tramp.S").write_text(trampolines)
+    (d / "resolve.c").write_text(resolver)
+    out = d / "libcublas_shim.so"
+    run(cc, "-shared", "-fPIC", "-O2", *flags, "-o", out, d / "tramp.S", d / "resolve.c", "-ldl")
+    return out
+
+
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> Path:
-    gcc = require_tool("gcc")
-    d = tmp_path_factory.mktemp("implib-trampolines")
-    (d / "tramp.S").write_text(TRAMPOLINES)
-    (d / "resolve.c").write_text(RESOLVER)
-    out = d / "libcublas_shim.so"
-    run(gcc, "-shared", "-fPIC", "-O2", "-o", out, d / "tramp.S", d / "resolve.c", "-ldl")
-    return out
+    return build_shim(tmp_path_factory.mktemp("implib-trampolines"), require_tool("gcc"))
 
 
 def table_address(path: Path) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require_tool
-from linkage_fixtures import run
+from test_trampolines import build_shim
 
 from audit.elf.reader import read_elf
 from audit.linkage.check import check_paths
@@ -117,13 +117,8 @@ def policy():
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> Path:
-    gcc = require_tool("aarch64-linux-gnu-gcc")
-    d = tmp_path_factory.mktemp("implib-trampolines-aarch64")
-    (d / "tramp.S").write_text(TRAMPOLINES)
-    (d / "resolve.c").write_text(RESOLVER)
-    out = d / "libcublas_shim.so"
-    run(gcc, "-shared", "-fPIC", "-O2", "-march=armv8.5-a", "-o", out, d / "tramp.S", d / "resolve.c", "-ldl")
-    return out
+    return build_shim(tmp_path_factory.mktemp("implib-trampolines-aarch64"), require_tool("aarch64-linux-gnu-gcc"),
+                      TRAMPOLINES, RESOLVER, "-march=armv8.5-a")
 
 
 def table_address(path: Path) -> int:
