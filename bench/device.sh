@@ -1300,6 +1300,10 @@ cat "$OUT/top.txt"
 # head dim on the sm_90a (wgmma), sm_90 (mma.sync) and sm_90-generic builds, then its cost as users
 # call it: bench/kernel_bench.py --lse times the public call with and without it in turns at every
 # diffusion-transformer shape (the cost line: median with lse / median without, 95 % interval).
+# ALL_TESTS=1: every GPU test (kernels, binding, placement), not only the lse ones. SANITIZE=1:
+# memcheck on SANITIZE_LIBS (default: the three CUDA builds) and racecheck on the tensor-core ones, over
+# the driver's calls (every other dtype and layout asks for the lse) at the head dims of
+# SANITIZE_DIMS (default 64,72,128,256).
 #   OUT=/tmp/lse bash bench/device.sh lse       # BUDGET_S (default 540); PREBUILT=1 uses build/
 register lse 'the log-sum-exp on one GPU: its GPU tests on every CUDA build, then its cost over the plain public call (kernel_bench --lse)'
 run_lse() {
@@ -1314,9 +1318,25 @@ if [ -z "${PREBUILT:-}" ]; then
     python3 -m audit build --target sm_90a --target sm_90 --target sm_90-generic --out build >"$OUT/build.log" 2>&1
     note "build rc=$? ($(el) s)"
 fi
-timeout -k 5 $(( $(left) / 2 )) python3 -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k lse -x \
-    >"$OUT/tests.log" 2>&1
-note "lse GPU tests rc=$? ($(el) s): $(tail -1 "$OUT/tests.log")"
+if [ -n "${ALL_TESTS:-}" ]; then
+    timeout -k 5 $(( $(left) / 2 )) python3 -m pytest -q -p no:cacheprovider -rs -m gpu -n 8 tests/test_kernel_gpu.py \
+        tests/test_binding.py tests/test_cuda_placement.py >"$OUT/tests.log" 2>&1
+    note "GPU tests rc=$? ($(el) s): $(tail -1 "$OUT/tests.log")"
+    grep -E "^(FAILED|ERROR|SKIPPED)" "$OUT/tests.log" | head -8 | tee -a "$SUMMARY"
+else
+    timeout -k 5 $(( $(left) / 2 )) python3 -m pytest -q -p no:cacheprovider tests/test_kernel_gpu.py -k lse -x \
+        >"$OUT/tests.log" 2>&1
+    note "lse GPU tests rc=$? ($(el) s): $(tail -1 "$OUT/tests.log")"
+fi
+if [ -n "${SANITIZE:-}" ]; then
+    SL=${SANITIZE_LIBS:-"sm_90a sm_90 sm_90-generic"}
+    FK_BUILD=build FK_LIBS="$SL" FK_STAGES=memcheck FK_MEMCHECK_LIBS="$SL" FK_MEMCHECK_TIMEOUT=90 \
+        FK_DRIVER_DIMS=${SANITIZE_DIMS:-64,72,128,256} OUT="$OUT/memcheck" bash bench/device.sh kernel >"$OUT/memcheck.log" 2>&1
+    FK_BUILD=build FK_LIBS="sm_90a sm_90" FK_STAGES=racecheck FK_RACECHECK_LIBS="sm_90a sm_90" FK_RACECHECK_TIMEOUT=90 \
+        FK_DRIVER_DIMS=${SANITIZE_DIMS:-64,72,128,256} FK_DRIVER_MAX_N=77 OUT="$OUT/racecheck" bash bench/device.sh kernel \
+        >"$OUT/racecheck.log" 2>&1
+    grep -hE "^(memcheck|racecheck)" "$OUT/memcheck/summary.txt" "$OUT/racecheck/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+fi
 timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py --preset dit --lse --torch-methods '' --repeats 30 \
     --json "$OUT/lse_bench.json" >"$OUT/lse_bench.txt" 2>&1
 note "kernel_bench --lse rc=$? ($(el) s)"

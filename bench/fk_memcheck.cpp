@@ -1,4 +1,6 @@
 // Calls the C ABI over the GPU test shapes with exact-size buffers; returns non-zero on any failure.
+// Every other (dtype, layout) asks for the log-sum-exp too, into an exact-size fp32 buffer, so both the
+// epilogue that writes it and the one that does not run under the sanitizers.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <cstdio>
@@ -48,8 +50,10 @@ int main(int argc, char **argv) {
             if (dt == 0) std::memcpy(&host[i * 4], &f, 4);
             else { uint32_t u; std::memcpy(&u, &f, 4); uint16_t x = dt == 1 ? f2h(f) : uint16_t(u >> 16); std::memcpy(&host[i * 2], &x, 2); }
         }
-        void *q, *k, *v, *o;
+        void *q, *k, *v, *o; float *lse = nullptr;
         cudaMalloc(&q, nqe * es); cudaMalloc(&k, nke * es); cudaMalloc(&v, nke * es); cudaMalloc(&o, nqe * es);
+        const bool with_lse = (dt + lay) % 2 == 1;
+        if (with_lse) cudaMalloc(&lse, size_t(B * H * nq) * sizeof(float));
         cudaMemcpy(q, host.data(), nqe * es, cudaMemcpyHostToDevice);
         cudaMemcpy(k, host.data(), nke * es, cudaMemcpyHostToDevice);
         cudaMemcpy(v, host.data(), nke * es, cudaMemcpyHostToDevice);
@@ -57,14 +61,18 @@ int main(int argc, char **argv) {
         a.batch = B; a.heads = H; a.nq = nq; a.nk = nk; a.head_dim = d;
         auto st = [&](int64_t *x, long n) { if (lay == 0) { x[0] = H * n * d; x[1] = n * d; x[2] = d; } else { x[0] = n * H * d; x[1] = d; x[2] = H * d; } };
         st(a.q_stride, nq); st(a.o_stride, nq); st(a.k_stride, nk); st(a.v_stride, nk);
+        if (with_lse) {  // (B, H, Nq) contiguous in one layout, (B, Nq, H) in the other
+            a.lse = lse; a.lse_stride[0] = H * nq;
+            if (lay == 0) { a.lse_stride[1] = nq; a.lse_stride[2] = 1; } else { a.lse_stride[1] = 1; a.lse_stride[2] = H; }
+        }
         for (int which = 0; which < (flash_only ? 1 : 2); ++which) {
             int32_t rc = (which ? naive : flash)(&a); cudaError_t e = cudaDeviceSynchronize(); ++calls;
-            if (rc != 0 || e != cudaSuccess) { ++bad; std::printf("FAIL %s B%ld H%ld nq%ld nk%ld d%d dt%d lay%d rc %d (%s) cuda %s\n", which ? "naive" : "flash", B, H, nq, nk, d, dt, lay, rc, err(), cudaGetErrorString(e)); }
+            if (rc != 0 || e != cudaSuccess) { ++bad; std::printf("FAIL %s B%ld H%ld nq%ld nk%ld d%d dt%d lay%d lse%d rc %d (%s) cuda %s\n", which ? "naive" : "flash", B, H, nq, nk, d, dt, lay, int(with_lse), rc, err(), cudaGetErrorString(e)); }
         }
         // misaligned pointer: refused before any launch
         a.q = (char *)q + 2; int32_t rc = flash(&a); ++calls;
         if (rc != FK_ERR_ALIGNMENT) { ++bad; std::printf("FAIL misaligned q accepted (rc %d)\n", rc); }
-        cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o);
+        cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); if (lse) cudaFree(lse);
     }
     std::printf("memcheck driver: %d calls, %d failures\n", calls, bad);
     return bad ? 1 : 0;
