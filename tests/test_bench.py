@@ -63,7 +63,7 @@ def test_every_backend_sees_every_input_set_and_consecutive_calls_differ(sets, n
     from audit.evidence import bench as B
 
     orig = B.backends_for
-    B.backends_for = lambda s, d, w=None: [(f"b{i}", make(i)) for i in range(n_backends)]
+    B.backends_for = lambda s, d, w=None, dt=None: [(f"b{i}", make(i)) for i in range(n_backends)]
     try:
         B.run_bench(sel, [SMALL], "fp32", repeats=8, warmup=1, sets=sets, progress=False,
                     capture_environment=False)

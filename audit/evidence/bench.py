@@ -1,5 +1,6 @@
 """`bench`: op timing of the selected kernel against our naive path, torch eager and (the vendor
-A/B, not sovereign) PyTorch SDPA's flash, cuDNN and efficient backends.
+A/B, not sovereign) PyTorch SDPA's flash, cuDNN and efficient backends; on request
+(`--backend fa4`), FlashAttention-4 where it is installed.
 
 Method: CUDA events on the GPU (perf_counter with nothing pending on the CPU); warm-up calls;
 several input sets rotated so a cache does not hold what is timed; the order of backends rotates
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from audit.errors import UsageError
+from audit.evidence import fa4
 from audit.evidence import metrics as M
 from audit.evidence.environment import capture
 from audit.evidence.parity import is_oom
@@ -35,7 +37,8 @@ from audit.evidence.stats import RatioCI, Summary, bootstrap_ratio_ci, summarize
 SCHEMA = "sovereign-audit.bench/1"
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
-BACKEND_NAMES = ("primary", "naive", "eager", *SDPA_BACKENDS)
+DEFAULT_BACKENDS = ("primary", "naive", "eager", *SDPA_BACKENDS)
+BACKEND_NAMES = (*DEFAULT_BACKENDS, fa4.NAME)  # fa4: only when asked for (an optional install)
 ROTATION_BYTES = 256 << 20  # input bytes rotated through: beyond any L2 (H200: 60 MB) / LLC
 MAX_SETS = 64  # small shapes: many small sets, so that together they still exceed a cache
 
@@ -143,9 +146,21 @@ def _sdpa(enum_name: str) -> Callable:
     return fn
 
 
-def backends_for(sel: Selection, head_dim: int, wanted: tuple[str, ...] | None = None) -> list:
-    """(name, Backend or skip reason) in timing order; `wanted` filters BACKEND_NAMES."""
-    wanted = tuple(wanted or BACKEND_NAMES)
+@dataclass
+class Unavailable:
+    """A backend asked for that cannot run here: a skipped row, with why."""
+
+    sovereign: bool
+    vendor: bool
+    about: str
+    reason: str
+
+
+def backends_for(sel: Selection, head_dim: int, wanted: tuple[str, ...] | None = None,
+                 dtype: str | None = None) -> list:
+    """(name, Backend or Unavailable) in timing order; `wanted` picks from BACKEND_NAMES
+    [default: DEFAULT_BACKENDS]."""
+    wanted = tuple(wanted or DEFAULT_BACKENDS)
     for w in wanted:
         if w not in BACKEND_NAMES:
             raise UsageError(f"unknown backend {w!r}; known: {', '.join(BACKEND_NAMES)}")
@@ -156,7 +171,8 @@ def backends_for(sel: Selection, head_dim: int, wanted: tuple[str, ...] | None =
         if oracle_supports(sel, head_dim):
             out.append(("naive", sel.oracle))
         else:
-            out.append(("naive", sel.oracle_note or f"our naive path lacks head dim {head_dim}"))
+            out.append(("naive", Unavailable(True, False, "our naive forward",
+                                             sel.oracle_note or f"our naive path lacks head dim {head_dim}")))
     if "eager" in wanted:
         out.append(("eager", Backend(
             "eager", lambda q, k, v, scale=None: M.eager_attention(q, k, v, scale),
@@ -166,6 +182,13 @@ def backends_for(sel: Selection, head_dim: int, wanted: tuple[str, ...] | None =
         if name in wanted:
             out.append((name, Backend(name, _sdpa(enum_name), sovereign=False, vendor=True,
                                       about=f"PyTorch SDPA {enum_name} (vendor A/B, not sovereign)")))
+    if fa4.NAME in wanted:
+        why = fa4.unavailable(sel.device, dtype) if dtype is not None else None
+        if why:
+            out.append((fa4.NAME, Unavailable(False, True, "FlashAttention-4 (A/B, not sovereign)", why)))
+        else:
+            out.append((fa4.NAME, Backend(fa4.NAME, fa4.attention, sovereign=False, vendor=True,
+                                          about=fa4.about())))
     return out
 
 
@@ -295,7 +318,7 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
     except Exception as exc:
         if not is_oom(exc):
             raise
-        for name, be in backends_for(sel, shape.head_dim, wanted):
+        for name, be in backends_for(sel, shape.head_dim, wanted, dtype_name):
             res.backends.append(BackendResult(name, getattr(be, "sovereign", False),
                                               getattr(be, "vendor", False),
                                               getattr(be, "about", ""), "skipped",
@@ -312,10 +335,10 @@ def bench_shape(sel: Selection, shape: Shape, dtype_name: str, repeats: int, war
             if p and p not in paths:
                 paths.append(p)
 
-    for name, be in backends_for(sel, shape.head_dim, wanted):
-        if isinstance(be, str):
-            res.backends.append(BackendResult(name, True, False, "our naive forward",
-                                              "skipped", be))
+    for name, be in backends_for(sel, shape.head_dim, wanted, dtype_name):
+        if isinstance(be, Unavailable):
+            res.backends.append(BackendResult(name, be.sovereign, be.vendor, be.about, "skipped",
+                                              be.reason))
             continue
         br = BackendResult(name, be.sovereign, be.vendor, be.about, "ok")
         res.backends.append(br)
@@ -427,7 +450,7 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
     backends_for(selection, 0, backends)  # validates names early
     started = _now()
     results: list[ShapeBench] = []
-    per_shape = len(backends or BACKEND_NAMES) * (repeats + max(1, warmup))
+    per_shape = len(backends or DEFAULT_BACKENDS) * (repeats + max(1, warmup))
     with _progress(progress, len(shapes) * per_shape) as tick:
         for i, shape in enumerate(shapes):
             results.append(bench_shape(selection, shape, dtype, repeats, warmup,

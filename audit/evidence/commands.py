@@ -232,8 +232,10 @@ def _print_parity(report) -> None:
               help="Input sets rotated through [default: enough to exceed 256 MiB, 2..64].")
 @click.option("--backend", "backend_names", multiple=True,
               type=click.Choice(["primary", "naive", "eager", "sdpa-flash", "sdpa-cudnn",
-                                 "sdpa-efficient"]),
-              help="Time only these (repeatable) [default: all].")
+                                 "sdpa-efficient", "fa4"]),
+              help="Time only these (repeatable) [default: all but fa4]. fa4: FlashAttention-4 "
+              "(pip install flash-attn-4; CUDA, fp16/bf16), an A/B skipped with its reason where "
+              "it does not import.")
 @click.option("--max-backend-seconds", type=float, default=None,
               help="Cap the timed seconds of one backend on one shape: fewer repeats (>= 3, "
               "recorded) for a slow baseline [default: no cap].")
@@ -330,14 +332,17 @@ def _ratio_cell(s, baseline: str) -> str:
 
 def render_vendor_table(report) -> str:
     """Per shape: the path ours ran (or why it was refused), TFLOP/s of ours and of SDPA's flash
-    and cuDNN backends, and ours against each (ratio of medians, 95% CI; > 1: ours is faster)."""
+    and cuDNN backends, and ours against each (ratio of medians, 95% CI; > 1: ours is faster);
+    FlashAttention-4's columns too where the run timed it."""
     from audit.evidence.presets import about
 
     prim = report.primary
     how = f", called through {report.primary_call}" if report.primary_call else ""
+    with_fa4 = any(s.backend("fa4") is not None for s in report.shapes)
     lines = [f"ours = {_safe(prim)}{how}; ratios: median time of the baseline / ours, 95% bootstrap CI",
              f"{'shape (B,H,Nq,Nk,D)':<24} {'what':<40} {'path':<9} {'ours TF/s':>9} "
-             f"{'SDPA-flash':>10} {'SDPA-cuDNN':>10}  {'ours/cuDNN':<19} {'ours/SDPA-flash':<19}"]
+             f"{'SDPA-flash':>10} {'SDPA-cuDNN':>10}  {'ours/cuDNN':<19} {'ours/SDPA-flash':<19}"
+             + (f" {'FA4 TF/s':>8}  {'ours/FA4':<19}" if with_fa4 else "")]
     for s in report.shapes:
         sh = s.shape
         dims = f"{sh.batch},{sh.heads},{sh.nq},{sh.nk},{sh.head_dim}"
@@ -352,7 +357,11 @@ def render_vendor_table(report) -> str:
         path = s.path or ("-" if ours is None or ours.summary is None else "?")
         lines.append(f"{dims:<24} {_safe(what):<40} {_safe(path):<9} {t(prim):>9} {t('sdpa-flash'):>10} "
                      f"{t('sdpa-cudnn'):>10}  {_ratio_cell(s, 'sdpa-cudnn'):<19} "
-                     f"{_ratio_cell(s, 'sdpa-flash'):<19}")
+                     f"{_ratio_cell(s, 'sdpa-flash'):<19}"
+                     + (f" {t('fa4'):>8}  {_ratio_cell(s, 'fa4'):<19}" if with_fa4 else ""))
         if ours is not None and ours.status != "ok":
             lines.append(f"{'':<24} {ours.status}: {_safe(ours.reason)[:150]}")
+        fa = tf.get("fa4")
+        if fa is not None and fa.status != "ok":
+            lines.append(f"{'':<24} fa4 {fa.status}: {_safe(fa.reason)[:150]}")
     return "\n".join(lines)
