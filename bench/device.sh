@@ -1344,6 +1344,46 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 }  # end of run_lse
 
 # ==================================================================================================
+# fa4
+# Ours against SDPA-cuDNN and FlashAttention-4 (`bench --backend fa4`), side by side in one bench
+# call: every --preset dit shape and the long video presets (HunyuanVideo 720p, Mochi, CogVideoX-5B,
+# LTX-Video), DTYPE (default bf16), inputs stored (B,N,H,D) as diffusers holds them (LAYOUT, default
+# bnhd), REPEATS timed calls a backend (default 10), methods interleaved call by call.
+# The device machine has no network: FA4_STAGE names a folder holding what bench/fa4_wheels.sh
+# fetched (the wheels, and nvidia-cutlass-dsl-libs-cu13's files as cu13.part* pieces of one tar.xz),
+# installed into FA4_SITE (default /tmp/site); without FA4_STAGE, FA4_SITE must already hold them.
+#   OUT=/tmp/fa4 FA4_STAGE=/tmp/stage PREBUILT=1 bash bench/device.sh fa4     # BUDGET_S (default 560)
+register fa4 'ours against SDPA-cuDNN and FlashAttention-4 (bench --backend fa4) at every --preset dit shape and the long video presets, in one bench call'
+run_fa4() {
+OUT=${OUT:-/tmp/fa4_out}
+BUDGET_S=${BUDGET_S:-560}
+FA4_SITE=${FA4_SITE:-/tmp/site}
+mkdir -p "$OUT" "$FA4_SITE"
+export PYTHONUNBUFFERED=1
+device_common
+if [ -n "${FA4_STAGE:-}" ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$FA4_SITE" \
+        "$FA4_STAGE"/*.whl >"$OUT/pip.log" 2>&1
+    note "fa4 wheels rc=$?"
+    cat "$FA4_STAGE"/cu13.part* | xz -d | tar -x -C "$FA4_SITE"
+    note "fa4 cu13 libraries rc=$?"
+fi
+# the CuTe DSL's Python packages sit under nvidia_cutlass_dsl/dsl_packages
+export PYTHONPATH=$FA4_SITE:$FA4_SITE/nvidia_cutlass_dsl/dsl_packages:$PWD
+record_env "$OUT/env.txt" python3 -c 'import importlib.metadata as m; print(*(d + " " + m.version(d) for d in ("flash-attn-4", "nvidia-cutlass-dsl")))'
+if [ -z "${PREBUILT:-}" ]; then
+    python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log" 2>&1
+    note "build rc=$? ($(el) s)"
+fi
+timeout -k 10 $(( $(left) - 15 )) python3 -m audit bench --device cuda --dtype "${DTYPE:-bf16}" --layout "${LAYOUT:-bnhd}" \
+    --preset dit --preset hunyuanvideo-720p --preset mochi --preset cogvideox-5b --preset ltx-video \
+    --backend primary --backend sdpa-cudnn --backend fa4 --repeats "${REPEATS:-10}" --warmup 2 --no-progress \
+    --json "$OUT/bench-fa4.json" >"$OUT/bench-fa4.txt" 2>&1
+note "bench --backend fa4 rc=$? ($(el) s)"
+sed -n '/^ours = /,$p' "$OUT/bench-fa4.txt" | tee -a "$SUMMARY"
+}  # end of run_fa4
+
+# ==================================================================================================
 # context-parallel
 # Our kernel under diffusers' context parallelism on 2 GPUs (one process a GPU, NCCL; the device
 # kind nvidia-h200-x2; keep the NVLink-multicast settings the device notes give):
