@@ -23,6 +23,10 @@ with our kernel as the forward op; the op returns the log-sum-exp that ring atte
 partial outputs by. The communication is diffusers' over torch.distributed (NCCL on GPUs, gloo on
 CPU); the counts say how many calls ran under which split. With `return_lse=True` a call returns
 (out, lse), lse float32 (B, S, H) in natural log: the model layout diffusers' backends return.
+
+`flash_attention_backend(precision="fp8")` serves every call at the opt-in FP8 precision
+(flash_kernel.fp8: quantized, not exact): on a device without an FP8 kernel each call raises
+fp8.Fp8Unavailable rather than running exact attention in its place, and the counts say "fp8".
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class DispatchCounts:
     paths: Counter = field(default_factory=Counter)  # served calls by the kernel path that ran them
     # served calls under context parallelism, by split ("ulysses 2", "ring 2", "ulysses 2 x ring 2")
     parallel: Counter = field(default_factory=Counter)
+    precision: str = "exact"  # what served calls computed at: exact | fp8 (quantized, not exact)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count(self, reason: str | None, path: str | None = None, split: str | None = None) -> None:
@@ -65,12 +70,13 @@ class DispatchCounts:
         ran = ", ".join(f"{p}: {n}" for p, n in sorted(self.paths.items()))
         split = ", ".join(f"{p}: {n}" for p, n in sorted(self.parallel.items()))
         why = ", ".join(f"{r}: {n}" for r, n in sorted(self.passed_on.items()))
-        return (f"served {self.served}" + (f" ({ran})" if ran else "")
+        how = " at fp8 (quantized, not exact)" if self.precision == "fp8" else ""
+        return (f"served {self.served}{how}" + (f" ({ran})" if ran else "")
                 + (f", context parallel {sum(self.parallel.values())} ({split})" if split else "")
                 + f", passed on {passed}" + (f" ({why})" if why else ""))
 
     def to_dict(self) -> dict:
-        return {"served": self.served, "paths": dict(sorted(self.paths.items())),
+        return {"served": self.served, "precision": self.precision, "paths": dict(sorted(self.paths.items())),
                 "parallel": dict(sorted(self.parallel.items())), "passed_on": dict(sorted(self.passed_on.items()))}
 
 
@@ -126,10 +132,15 @@ class _BackendName(str):
 
 
 @contextlib.contextmanager
-def flash_attention_backend(library=None):
+def flash_attention_backend(library=None, precision: str = "exact"):
     """Make our flash kernel diffusers' active attention backend inside the block; yields the
     DispatchCounts. `library`: a loaded flash_kernel.Library (default: the one built for each
-    tensor's device, as flash_kernel.attention picks it)."""
+    tensor's device, as flash_kernel.attention picks it). `precision`: "exact" or "fp8" (opt-in
+    quantized attention, flash_kernel.fp8; refused per call where the device has no FP8 kernel)."""
+    from flash_kernel import fp8
+
+    if precision not in fp8.PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, fp8.PRECISIONS))}, not {precision!r}")
     try:
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry as registry
     except ImportError as exc:
@@ -140,7 +151,17 @@ def flash_attention_backend(library=None):
     import flash_kernel
 
     lib_for = (lambda device: library) if library is not None else flash_kernel.library_for
-    counts = DispatchCounts()
+    counts = DispatchCounts(precision=precision)
+
+    def attend(lib, query, key, value, scale, return_lse):
+        """One attention in diffusers' (B, S, H, D) layout at the block's precision; the path it ran."""
+        import torch
+
+        if precision == "fp8":
+            return fp8.attention(query, key, value, scale, "bnhd", return_lse), "fp8 reference"
+        result = lib.attention(query, key, value, scale=scale, layout="bnhd", return_lse=return_lse)
+        # which kernel ran (a C call: not made while torch.compile traces, where it would break the graph)
+        return result, None if torch.compiler.is_compiling() else lib.last_flash_path()
     previous_name, previous = registry.get_active_backend()
     previous_args = registry._supported_arg_names[previous_name]
 
@@ -149,13 +170,8 @@ def flash_attention_backend(library=None):
         """One attention on this rank's tensors: diffusers' forward-op contract (its templated
         context-parallel attention calls it once per Ulysses call, once per ring step), (B, S, H, D)
         in and out, lse (B, S, H). Nothing is saved for a backward (there is none)."""
-        import torch
-
-        lib = lib_for(query.device)
         # the lse only where it is asked for (ring attention merges by it; Ulysses does not)
-        result = lib.attention(query, key, value, scale=scale, layout="bnhd", return_lse=return_lse)
-        # which kernel ran (a C call: not made while torch.compile traces, where it would break the graph)
-        ran.path = None if torch.compiler.is_compiling() else lib.last_flash_path()
+        result, ran.path = attend(lib_for(query.device), query, key, value, scale, return_lse)
         if not return_lse:
             return result
         out, lse = result
@@ -167,15 +183,12 @@ def flash_attention_backend(library=None):
                 scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
                 _parallel_config=None):
         why = _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+        if why is None and precision == "fp8":
+            fp8.check_device(query.device)  # no FP8 kernel here: refused, never served exact instead
         if why is None and _parallel_config is None:  # diffusers hands backends (B, N, H, D): our "bnhd" layout
-            import torch
-
-            lib = lib_for(query.device)
-            if return_lse:
-                out = forward_op(None, query, key, value, scale=scale, return_lse=True)
-            else:
-                out = lib.attention(query, key, value, scale=scale, layout="bnhd")
-            counts.count(None, None if torch.compiler.is_compiling() else lib.last_flash_path())
+            ran.path = None
+            out = forward_op(None, query, key, value, scale=scale, return_lse=return_lse)
+            counts.count(None, ran.path)
             return out
         if why is None:  # context parallel: diffusers' communication, our kernel as the forward op
             ran.path = None

@@ -44,6 +44,8 @@ def _forward(model, seed: int):
     gen = torch.Generator().manual_seed(seed)
     latents = torch.randn(1, 4, 3, 8, 10, generator=gen)  # 3 frames of 8x10: 60 tokens (ragged)
     text = torch.randn(1, 7, 32, generator=gen)
+    dtype = next(model.parameters()).dtype  # float64 for the oracle model
+    latents, text = latents.to(dtype), text.to(dtype)
     with torch.no_grad():
         return model(hidden_states=latents, timestep=torch.tensor([700]), encoder_hidden_states=text,
                      return_dict=False)[0]
@@ -142,9 +144,9 @@ def test_blocks_nest_and_restore(lib):
         with flash_attention_backend(lib) as inner:
             ad.dispatch_attention_fn(q, k, v, attn_mask=torch.ones(2, 1, 33, 33, dtype=torch.bool))
         ad.dispatch_attention_fn(q, k, v)
-    assert inner.to_dict() == {"served": 0, "paths": {}, "parallel": {}, "passed_on": {"attention mask": 1}}
+    assert inner.to_dict() == {"served": 0, "precision": "exact", "paths": {}, "parallel": {}, "passed_on": {"attention mask": 1}}
     # inner passed it on to outer
-    assert outer.to_dict() == {"served": 1, "paths": {"cpu": 1}, "parallel": {}, "passed_on": {"attention mask": 1}}
+    assert outer.to_dict() == {"served": 1, "precision": "exact", "paths": {"cpu": 1}, "parallel": {}, "passed_on": {"attention mask": 1}}
     assert ad._AttentionBackendRegistry.get_active_backend()[0] == ad.AttentionBackendName.NATIVE
 
 
@@ -170,3 +172,53 @@ def test_wan_on_the_gpu_in_bf16():
     assert counts.served == 2 * LAYERS and not counts.passed_on, counts.summary()
     assert sum(counts.paths.values()) == counts.served and set(counts.paths) <= {"wgmma", "mma_sync"}, counts.summary()
     assert torch.isfinite(ours).all() and _rel(ours, stock) <= 2e-2, f"seed {seed}"
+
+
+def test_fp8_serves_every_call_quantized_against_float64(lib):
+    """precision="fp8": every attention of the Wan DiT served by the FP8 numerics (flash_kernel.fp8),
+    each call the reference's output, and the DiT's output near float64 within the FP8 gate, not
+    equal to the exact run's (the quantization is really applied)."""
+    from audit.evidence.precision import FP8_GATES
+    from flash_kernel import fp8
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    model = _wan(seed)
+    exact = _forward(model.double(), seed)  # the float64 model: the oracle
+    model = model.float()
+    with flash_attention_backend(lib) as ex:
+        ours_exact = _forward(model, seed)
+    with flash_attention_backend(lib, precision="fp8") as counts:
+        ours_fp8 = _forward(model, seed)
+    assert counts.served == 2 * LAYERS and not counts.passed_on, counts.summary()
+    assert counts.paths == {"fp8 reference": 2 * LAYERS} and counts.precision == "fp8"
+    assert "at fp8 (quantized, not exact)" in counts.summary() and ex.precision == "exact"
+    rel = _rel(ours_fp8, exact)
+    assert rel <= FP8_GATES.rel_l2, f"seed {seed}: rel-L2 {rel:.3g}"
+    assert rel > 10 * _rel(ours_exact, exact), f"seed {seed}: the fp8 run is as close as the exact one"
+    # one call, through the dispatcher, is the reference's output exactly
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(gen=gen)
+    with flash_attention_backend(lib, precision="fp8"):
+        out = ad.dispatch_attention_fn(q, k, v)
+    assert torch.equal(out, fp8.attention(q, k, v, None, "bnhd"))
+
+
+def test_fp8_on_a_device_without_an_fp8_kernel_is_refused_not_served_exact(lib):
+    from flash_kernel import fp8
+
+    q, k, v = (t.to("meta") for t in _qkv())
+    with flash_attention_backend(lambda_lib(lib), precision="fp8") as counts:
+        with pytest.raises(fp8.Fp8Unavailable, match="not available on meta"):
+            ad.dispatch_attention_fn(q, k, v)
+    assert counts.served == 0 and not counts.passed_on
+
+
+def lambda_lib(lib):
+    """The CPU library, offered for any device: the refusal must come from the precision alone."""
+    return lib
+
+
+def test_an_unknown_precision_is_refused_before_the_block():
+    with pytest.raises(ValueError, match="precision must be one of 'exact', 'fp8', not 'int4'"):
+        with flash_attention_backend(precision="int4"):
+            pass
