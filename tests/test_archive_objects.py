@@ -176,3 +176,31 @@ def test_truncated_import_member_is_one_input_error(tmp_path):
     data[at + 12:at + 16] = (length + 64).to_bytes(4, "little")
     lib.write_bytes(bytes(data))
     one_input_error(cli("check", lib), str(lib))
+
+
+def test_a_coff_object_on_its_own_is_audited_as_an_archive_member_is(tmp_path):
+    """A COFF object named on its own, or met in a folder (what a build hands its linker), is read
+    as the same object inside an archive is: its symbols judged, a clean one passing."""
+    caller = msvc(tmp_path, "caller.obj", DLLIMPORT)
+    rc, doc = as_json(caller)
+    assert rc == EXIT_VIOLATION, doc
+    assert findings(doc, str(caller)) == {("nvidia.cublas", "imported-symbol", "cublasSgemm_v2")}
+    assert doc["files"][0]["format"] == "coff"
+    folder = tmp_path / "objs"
+    folder.mkdir()
+    vendor = mingw(folder, "vendor.obj", VENDOR)
+    clean = mingw(folder, "clean.obj", CLEAN)
+    rc, doc = as_json(folder)
+    assert rc == EXIT_VIOLATION, doc
+    assert findings(doc, str(vendor)) == {("nvidia.cublas", "static-symbol", "cublasSgemm_v2")}
+    assert findings(doc, str(clean)) == set()
+    rc, doc = as_json(clean)
+    assert rc == EXIT_OK and doc["files"][0]["verdict"] == "pass", doc
+
+
+def test_a_truncated_coff_object_on_its_own_is_one_error(tmp_path):
+    obj = msvc(tmp_path, "caller.obj", DLLIMPORT)
+    data = obj.read_bytes()
+    cut = tmp_path / "cut.obj"
+    cut.write_bytes(data[: len(data) // 2])  # the symbol table's end is past the file's
+    one_input_error(cli("check", cut), "cut.obj")

@@ -343,7 +343,7 @@ class Inputs:
             # say whether it holds a binary
             yield from self._sniffed_tar(report, host, "compressed_tar")
             return
-        if kind in AUDITED:  # ELF, PE (DLL, EXE, .pyd), Mach-O (thin or universal)
+        if kind in AUDITED:  # ELF, PE (DLL, EXE, .pyd), Mach-O (thin or universal), COFF object
             yield Input(report, host, explicit)
         elif kind is Kind.STATIC_ARCHIVE:  # its object files are linked into a build: each is audited
             yield from _members_of(report, self._archive_file(report, host, explicit))

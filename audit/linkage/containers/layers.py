@@ -256,7 +256,7 @@ class ImageTree:
     # -- what the audit reads ----------------------------------------------------------------
     def elf_files(self) -> list[tuple[str, Entry, bool]]:
         """(path, entry, first use of its bytes) of every regular file of an audited format (ELF,
-        PE, Mach-O), sorted by path; of hard-linked names, the member's own name comes first."""
+        PE, Mach-O, COFF object), sorted by path; of hard-linked names, the member's own name comes first."""
         paths = [p for p in sorted(self.entries)
                  if self.entries[p].kind == "file" and self._kind(self.entries[p]) in AUDITED]
         first: dict[tuple[int, int], str] = {}
@@ -269,7 +269,7 @@ class ImageTree:
 
     def other_binaries(self) -> list[tuple[str, Entry, Kind]]:
         """(path, entry, kind) of every regular file of the final tree that is a binary of a
-        format the audit does not read on its own (static archives, COFF objects, ...), sorted by path; one name
+        format the audit does not read on its own (static archives, fatbins, ...), sorted by path; one name
         of each hard-linked set."""
         out, seen = [], set()
         for p in sorted(self.entries):

@@ -38,7 +38,7 @@ from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOpti
 
 PE_KINDS = (Kind.PE_DLL, Kind.PE_EXECUTABLE)
 MACHO_KINDS = (Kind.MACHO, Kind.MACHO_FAT)
-AUDITED = (Kind.ELF,) + PE_KINDS + MACHO_KINDS  # the formats `check` and `inspect` read
+AUDITED = (Kind.ELF, Kind.COFF_OBJECT) + PE_KINDS + MACHO_KINDS  # the formats `check` and `inspect` read
 
 # Always the system's: the loader maps these from System32 whatever folder a DLL comes from.
 KNOWN_DLLS = frozenset((
@@ -75,7 +75,7 @@ def read_binary(path: str, symbol_pattern=None, api_prefixes: tuple[bytes, ...] 
         from audit.pe.reader import read_pe
 
         return read_pe(path, symbol_pattern, api_prefixes, sha256, markers)
-    if kind is Kind.COFF_OBJECT:  # a static archive's or import library's member (containers/inputs.py)
+    if kind is Kind.COFF_OBJECT:  # on its own, or a static archive's or import library's member
         from audit.pe.reader import read_coff_object
 
         return read_coff_object(path, symbol_pattern, api_prefixes, sha256, markers)
