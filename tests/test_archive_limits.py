@@ -11,21 +11,14 @@ import zipfile
 import pytest
 from linkage_fixtures import linkage_libs  # noqa: F401  (fixture)
 
-from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE
 from audit.linkage.check import check_paths
 from audit.linkage.containers.inputs import ArchiveLimits
 from audit.linkage.judging.policy import load_policy
 from audit.linkage.resolution.ldso import ResolveOptions
+from cli_runner import cli
 
 MiB = 1 << 20
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def zeros_wheel(path, header: bytes, zeros: int, extra: dict) -> None:

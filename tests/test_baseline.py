@@ -13,8 +13,8 @@ import pytest
 from conftest import require_tool
 from linkage_fixtures import cc_shared
 
-from audit.cli import main
 from audit.errors import EXIT_OK, EXIT_USAGE, EXIT_VIOLATION
+from cli_runner import cli
 
 
 @pytest.fixture(scope="session")
@@ -30,13 +30,6 @@ def built(fixture_root) -> dict[str, Path]:
                                    'void *l(void){return dlopen("libcublas.so.12", RTLD_NOW);}\n', "-ldl"),
         "clean": cc_shared(d / "d/libclean.so", "int c(void){return 0;}\n"),
     }
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def project(tmp_path: Path, built, *names) -> Path:

@@ -19,11 +19,11 @@ from linkage_fixtures import (  # noqa: F401  (fixtures)
     openblas_available,
 )
 
-from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_VIOLATION
 from audit.linkage.check import check_paths
 from audit.linkage.judging.policy import load_policy
 from audit.linkage.resolution.ldso import ResolveOptions
+from cli_runner import cli
 
 needs_openblas = pytest.mark.skipif(not openblas_available(), reason="libopenblas-dev not installed (make test installs it)")
 
@@ -31,13 +31,6 @@ needs_openblas = pytest.mark.skipif(not openblas_available(), reason="libopenbla
 @functools.lru_cache(maxsize=1)
 def policy():
     return load_policy(None)
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def check_json(capsys, *args):

@@ -24,15 +24,9 @@ from securesystemslib.signer import SSlibKey
 
 from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_VIOLATION
+from cli_runner import cli
 
 VSA = "https://slsa.dev/verification_summary/v1"
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,8 @@ import os
 import pytest
 from linkage_fixtures import linkage_libs  # noqa: F401  (fixture)
 
-from audit.cli import main
 from audit.errors import EXIT_USAGE, InputError, one_line, printable
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+from cli_runner import cli
 
 
 def test_a_bad_second_output_leaves_the_first_file_untouched(linkage_libs, tmp_path, capsys):

@@ -13,18 +13,11 @@ import pytest
 from conftest import require_tool
 from linkage_fixtures import cc_shared
 
-from audit.cli import main
 from audit.errors import EXIT_VIOLATION
 from audit.linkage.check import check_paths
 from audit.linkage.judging.policy import load_policy
 from audit.linkage.resolution.ldso import ResolveOptions
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+from cli_runner import cli
 
 
 def _vendor_wheel(tmp_path: Path) -> Path:

@@ -11,17 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from audit.cli import COMMANDS, main
+from audit.cli import COMMANDS
 from audit.errors import EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from cli_runner import cli
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 EVERY = list(COMMANDS) + ["policy show", "policy list"]

@@ -13,10 +13,10 @@ from conftest import require_tool
 from image_fixtures import docker_archive, layer_tar, oci_layout
 from linkage_fixtures import cc_shared
 
-from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 from audit.linkage.check import check_paths
 from audit.linkage.judging.policy import load_policy
+from cli_runner import cli
 
 TRIPLET_LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
@@ -69,13 +69,6 @@ def bad_layer(elf) -> bytes:
 
 CREATED = ["ADD rootfs /", "COPY libbad.so /usr/lib/", "RUN rm /usr/lib/libbad.so*"]
 ENV = ["PATH=/usr/bin", "LD_LIBRARY_PATH=/opt/helper"]
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def audit(*paths):

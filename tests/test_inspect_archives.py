@@ -13,15 +13,8 @@ from conftest import require_tool
 from image_fixtures import docker_archive, layer_tar
 from linkage_fixtures import cc_shared
 
-from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_VIOLATION
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
+from cli_runner import cli
 
 
 @pytest.fixture(scope="module")

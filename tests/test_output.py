@@ -13,7 +13,6 @@ import jsonschema
 import pytest
 from linkage_fixtures import linkage_libs  # noqa: F401  (fixture)
 
-from audit.cli import main
 from audit.linkage.check import check_paths
 from audit.linkage.outputs.github import (
     escape_data,
@@ -27,6 +26,7 @@ from audit.linkage.outputs.sarif import artifact_uri, render_sarif
 from audit.linkage.outputs.text import escape, render_text
 from audit.linkage.judging.policy import load_policy
 from audit.linkage.resolution.ldso import ResolveOptions
+from cli_runner import cli
 
 HOSTILE = "evil\x1b[2J\nPASS ok,:%[x](javascript:e)<b>.so"  # no "/": a file name
 
@@ -34,13 +34,6 @@ HOSTILE = "evil\x1b[2J\nPASS ok,:%[x](javascript:e)<b>.so"  # no "/": a file nam
 @functools.lru_cache(maxsize=1)
 def sarif_schema():
     return json.loads(resources.files("audit.schemas").joinpath("sarif-2.1.0.json").read_text())
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import functools
 import pytest
 import tomllib
 
-from audit.cli import main
 from audit.errors import EXIT_USAGE, PolicyError
 from audit.linkage.judging.patterns import PatternError, glob_to_regex, soname_stem
 from audit.linkage.judging.policy import load_policy, shipped_policies, to_toml
+from cli_runner import cli
 
 FAMILIES = {
     "AMD": ["rocBLAS", "hipBLAS", "hipBLASLt", "rocSOLVER", "rocSPARSE", "MIOpen", "composable_kernel",
@@ -26,13 +26,6 @@ FAMILIES = {
 @functools.lru_cache(maxsize=1)
 def default_policy():
     return load_policy(None)  # read-only use below: loaded once per session
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main(list(args))
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def write(tmp_path, text, name="p.toml"):

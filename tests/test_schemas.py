@@ -18,18 +18,11 @@ from linkage_fixtures import cc_shared
 from test_report_fixtures import cli as run_cli
 
 from audit import schemas
-from audit.cli import main
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
+from cli_runner import cli
 
 NAMES = {"check-1.schema.json": schemas.CHECK, "inspect-1.schema.json": schemas.INSPECT,
          "run-1.schema.json": schemas.RUN}
-
-
-def cli(capsys, *args):
-    with pytest.raises(SystemExit) as exc:
-        main([str(a) for a in args])
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def validate(doc: dict, uri: str) -> None:
