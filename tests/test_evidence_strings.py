@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from conftest import require_tool
+from cli_runner import audit, found
 from linkage_fixtures import run
 
 from audit.elf.reader import read_elf
-from audit.linkage.check import check_paths
 from audit.linkage.judging.policy import load_policy
-from audit.linkage.resolution.ldso import ResolveOptions, dlopen_names
+from audit.linkage.resolution.ldso import dlopen_names
 
 # The texts the fixtures hold (gflags help text, an OpenCV-like build-information line).
 HELP = "Specify path for loading libcublas.so."
@@ -99,15 +99,6 @@ def compiled_in(tmp_path_factory) -> Path:
     out = d / "libengine.so"
     run(gxx, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-s", "-o", out, d / "engine.cc", "-ldl")
     return out
-
-
-def audit(path: Path):
-    (res,) = check_paths([str(path)], policy(), ResolveOptions()).files
-    return res
-
-
-def found(res, rule: str, kind: str) -> list:
-    return [f for f in res.findings if f.rule == rule and f.kind == kind]
 
 
 def test_names_inside_text_are_mentions_and_whole_strings_are_names(libs):

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 from conftest import require_tool
+from cli_runner import audit, found
 from linkage_fixtures import run
 
 from audit.elf.immediates import name_constants
 from audit.elf.parse import ElfImage
 from audit.elf.reader import read_assembled_names
-from audit.linkage.check import check_paths
 from audit.linkage.judging.policy import list_prefixes, load_policy
-from audit.linkage.resolution.ldso import ResolveOptions
 
 LOADER = r"""
 #include <dlfcn.h>
@@ -77,15 +76,6 @@ def near(tmp_path_factory) -> Path:
     out = d / "libnear.so"
     run(gxx, "-shared", "-fPIC", "-O2", "-o", out, d / "near.cc", "-ldl")
     return out
-
-
-def audit(path: Path):
-    (res,) = check_paths([str(path)], policy(), ResolveOptions()).files
-    return res
-
-
-def found(res, rule: str, kind: str) -> list:
-    return [f for f in res.findings if f.rule == rule and f.kind == kind]
 
 
 def test_the_fixture_has_the_vector_constant_shape(loader):
