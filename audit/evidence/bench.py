@@ -183,7 +183,7 @@ def backends_for(sel: Selection, head_dim: int, wanted: tuple[str, ...] | None =
             out.append((name, Backend(name, _sdpa(enum_name), sovereign=False, vendor=True,
                                       about=f"PyTorch SDPA {enum_name} (vendor A/B, not sovereign)")))
     if fa4.NAME in wanted:
-        why = fa4.unavailable(sel.device, dtype) if dtype is not None else None
+        why = fa4.unavailable(sel.device, dtype)
         if why:
             out.append((fa4.NAME, Unavailable(False, True, "FlashAttention-4 (A/B, not sovereign)", why)))
         else:
@@ -447,7 +447,7 @@ def run_bench(selection: Selection, shapes: list[Shape], dtype: str = "fp32",
     if sets is not None and not (1 <= sets <= MAX_SETS):
         raise UsageError(f"--sets must be between 1 and {MAX_SETS}")
     # No head-dim check up front: a shape our library lacks is a "refused" row, timed for the others.
-    backends_for(selection, 0, backends)  # validates names early
+    backends_for(selection, 0, backends, dtype)  # validates names early
     started = _now()
     results: list[ShapeBench] = []
     per_shape = len(backends or DEFAULT_BACKENDS) * (repeats + max(1, warmup))
