@@ -104,7 +104,7 @@ class Builder:
         self.seeds = seeds
         self.elfmut = elfmut
         self.canary = canary  # absolute path of the folder no run may open
-        self.elf_names = [k for k in seeds if k not in ("pe", "baseline")]
+        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "baseline")]
 
     # -- pieces
     def elf(self, case: Case, mutate: float = 0.5) -> bytes:
@@ -115,6 +115,22 @@ class Builder:
             case.notes.append(f"{name}: " + "; ".join(notes))
             case.primary = data
         return data
+
+    def damaged(self, case: Case, data: bytes) -> bytes:
+        """A non-ELF seed as it is, cut short, or with a few of its header and table bytes changed."""
+        r = self.rng.randrange(3)
+        if r == 0:
+            return data
+        if r == 1:
+            cut = self.rng.randrange(1, len(data))
+            case.notes.append(f"non-ELF seed cut to {cut} bytes")
+            return data[:cut]
+        out = bytearray(data)
+        for _ in range(self.rng.randint(1, 8)):
+            at = self.rng.randrange(min(len(out), 512))
+            out[at] = self.rng.choice([0, 0xFF, 0x7F, 0x80, self.rng.randrange(256)])
+        case.notes.append("non-ELF seed with header bytes changed")
+        return bytes(out)
 
     def escape(self, rel_up: int = 12) -> str:
         return "../" * rel_up + self.canary.lstrip("/")
@@ -239,6 +255,8 @@ class Builder:
             if r == 0:
                 case.files.append(("file", "d/fk.dll", self.seeds["pe"]))
                 case.notes.append("PE DLL beside the ELF")
+                if "coff" in self.seeds:  # a COFF object, read as an archive member is
+                    case.files.append(("file", "d/fk.obj", self.damaged(case, self.seeds["coff"])))
             elif r == 1:
                 case.files.append(("fifo", "d/libfifo.so"))
                 case.notes.append("FIFO in the folder")

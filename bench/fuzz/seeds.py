@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 DEVICE_SRC = TESTS / "fixtures" / "device"
-STAMP = "seeds-v1.json"
+STAMP = "seeds-v2.json"
 
 DEP_C = "int fk_dep_value(void) { return 42; }\n"
 STATIC_CUBLAS_C = "int cublasSgemm_v2(void){return 0;}\nint cublasCreate_v2(void){return 0;}\n"
@@ -196,6 +196,9 @@ def build(cache: Path, log=print) -> dict:
         err = _run(["x86_64-w64-mingw32-gcc", "-shared", "-o", "fk.dll", "dll.c"], d)
         if err is None:
             seeds["pe"] = "elf/fk.dll"
+        (d / "obj.c").write_text("int cublasCreate_v2(void **);\nint fk_obj(void){void *h; return cublasCreate_v2(&h);}\n")
+        if _run(["x86_64-w64-mingw32-gcc", "-c", "-o", "fk.obj", "obj.c"], d) is None:
+            seeds["coff"] = "elf/fk.obj"
     if "pe" not in seeds:
         (d / "fk.dll").write_bytes(_minimal_pe())
         seeds["pe"] = "elf/fk.dll"
