@@ -182,9 +182,9 @@ def flash_attention_backend(library=None, precision: str = "exact"):
     def backend(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                 scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
                 _parallel_config=None):
+        if precision == "fp8":  # no FP8 kernel on this device: refused, never served exact instead
+            fp8.check_device(query.device)
         why = _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-        if why is None and precision == "fp8":
-            fp8.check_device(query.device)  # no FP8 kernel here: refused, never served exact instead
         if why is None and _parallel_config is None:  # diffusers hands backends (B, N, H, D): our "bnhd" layout
             ran.path = None
             out = forward_op(None, query, key, value, scale=scale, return_lse=return_lse)

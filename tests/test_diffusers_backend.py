@@ -203,13 +203,22 @@ def test_fp8_serves_every_call_quantized_against_float64(lib):
     assert torch.equal(out, fp8.attention(q, k, v, None, "bnhd"))
 
 
-def test_fp8_on_a_device_without_an_fp8_kernel_is_refused_not_served_exact(lib):
+def test_fp8_on_a_device_without_an_fp8_kernel_is_refused_not_served_exact(lib, monkeypatch):
     from flash_kernel import fp8
 
     q, k, v = (t.to("meta") for t in _qkv())
     # the CPU library is offered for every device, so the refusal can come from the precision alone
     with flash_attention_backend(lib, precision="fp8") as counts:
         with pytest.raises(fp8.Fp8Unavailable, match="not available on meta"):
+            ad.dispatch_attention_fn(q, k, v)
+    assert counts.served == 0 and not counts.passed_on
+    # refused before any other test: not passed on to exact attention for want of a library either
+    def no_library(device):
+        raise OSError(f"no library built for {device}")
+
+    monkeypatch.setattr(flash_kernel, "library_for", no_library)
+    with flash_attention_backend(precision="fp8") as counts:
+        with pytest.raises(fp8.Fp8Unavailable):
             ad.dispatch_attention_fn(q, k, v)
     assert counts.served == 0 and not counts.passed_on
 
