@@ -127,8 +127,9 @@ def test_block_scales_map_each_blocks_largest_value_to_the_format_maximum():
             assert torch.equal(blk, torch.full_like(blk, top)), (kind, b)
         back = vf * s.repeat_interleave(64, dim=-1)[..., :200].unsqueeze(-1)
         per_row = s.repeat_interleave(64, dim=-1)[..., :200].unsqueeze(-1)
-        if kind == "int8":  # rounding to nearest: at most half a step off
-            assert ((back - x).abs() <= per_row * 0.5 * (1 + 1e-6)).all()
+        if kind == "int8":  # rounding to nearest: at most half a step off, plus the float32
+            # roundings of x / s and of q * s (each within 2^-24 of the value, |q * s| <= 128 s)
+            assert ((back - x).abs() <= per_row * 0.5 + x.abs() * 2 ** -22).all()
         else:  # 3 mantissa bits: relative error <= 2^-4 in the normal range
             normal_range = x.abs() >= per_row * 2 ** -6
             rel = ((back - x).abs() / x.abs())[normal_range]
