@@ -204,3 +204,38 @@ def test_a_truncated_coff_object_on_its_own_is_one_error(tmp_path):
     cut = tmp_path / "cut.obj"
     cut.write_bytes(data[: len(data) // 2])  # the symbol table's end is past the file's
     one_input_error(cli("check", cut), "cut.obj")
+
+
+PRAGMA = '#pragma comment(lib, "{lib}")\nint own_add(int a, int b) {{ return a + b; }}\n'
+
+
+@pytest.mark.parametrize("lib, rule", [("cublas.lib", "nvidia.cublas"), ("cudnn", "nvidia.cudnn"),
+                                       ("cublasLt.lib", "nvidia.cublaslt")])
+def test_a_defaultlib_directive_naming_a_vendor_import_library_fails(tmp_path, lib, rule):
+    """`#pragma comment(lib, ...)` puts /DEFAULTLIB:NAME in the object's .drectve: whatever links
+    the object links that library, and its import library loads the vendor DLL. The object has no
+    vendor symbol: the directive alone is the evidence, on its own and inside a static library."""
+    obj = msvc(tmp_path, "pulls.obj", PRAGMA.format(lib=lib))
+    name = lib if lib.endswith(".lib") else lib + ".lib"
+    rc, doc = as_json(obj)
+    assert rc == EXIT_VIOLATION, doc
+    assert findings(doc, str(obj)) == {(rule, "needed", name)}
+    (finding,) = doc["files"][0]["findings"]
+    assert "/DEFAULTLIB" in json.dumps(finding)
+    archive = llvm_ar(tmp_path / "libpulls.a", obj)
+    rc, doc = as_json(archive)
+    assert rc == EXIT_VIOLATION and findings(doc, f"{archive}!/pulls.obj") == {(rule, "needed", name)}, doc
+
+
+def test_defaultlib_directives_of_system_and_compiler_libraries_pass(tmp_path):
+    """The C runtime's library (what cl.exe's objects name: libcmt, oldnames), kernel32 and a
+    project's own library are no vendor's."""
+    src = PRAGMA.format(lib="kernel32.lib") + "".join(f'#pragma comment(lib, "{n}")\n'
+                                                      for n in ("myproject", "libcmt", "oldnames"))
+    obj = msvc(tmp_path, "own.obj", src)
+    from audit.pe.reader import read_coff_object
+
+    assert {i.name for i in read_coff_object(obj).imports} == {"kernel32.lib", "myproject.lib", "libcmt.lib",
+                                                              "oldnames.lib"}
+    rc, doc = as_json(obj)
+    assert rc == EXIT_OK and doc["files"][0]["findings"] == [], doc

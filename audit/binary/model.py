@@ -25,7 +25,8 @@ WEAK = "weak"  # Mach-O LC_LOAD_WEAK_DYLIB: loaded if present
 REEXPORT = "reexport"  # Mach-O LC_REEXPORT_DYLIB: loaded, and its symbols offered as this one's
 LAZY = "lazy"  # Mach-O LC_LAZY_LOAD_DYLIB
 UPWARD = "upward"  # Mach-O LC_LOAD_UPWARD_DYLIB
-IMPORT_KINDS = (IMPORT, DELAY_LOAD, BOUND, EXPORT_FORWARD, WEAK, REEXPORT, LAZY, UPWARD)
+DEFAULTLIB = "defaultlib"  # a COFF object's .drectve /DEFAULTLIB:NAME: a library the linker links in
+IMPORT_KINDS = (IMPORT, DELAY_LOAD, BOUND, EXPORT_FORWARD, WEAK, REEXPORT, LAZY, UPWARD, DEFAULTLIB)
 
 
 @dataclass(frozen=True)

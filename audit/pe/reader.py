@@ -30,7 +30,7 @@ from audit.elf.parse import Malformed, decode
 from audit.errors import InputError
 from audit.binary import common
 from audit.binary.common import Region
-from audit.binary.model import BOUND, DELAY_LOAD, EXPORT_FORWARD, IMPORT, BinaryInfo, Import
+from audit.binary.model import BOUND, DEFAULTLIB, DELAY_LOAD, EXPORT_FORWARD, IMPORT, BinaryInfo, Import
 from audit.pe.stubs import loader_stubs
 
 MACHINES = {0x14C: "IMAGE_FILE_MACHINE_I386", 0x8664: "IMAGE_FILE_MACHINE_AMD64",
@@ -114,6 +114,26 @@ def read_coff_object(path: str | os.PathLike, symbol_pattern: re.Pattern[bytes] 
         common.close_quietly(mm)
 
 
+MAX_DIRECTIVE_BYTES = 1 << 20
+
+
+def defaultlibs(text: str) -> list[str]:
+    """The libraries `/DEFAULTLIB:NAME` (or `-defaultlib:`, any case) names in a .drectve text,
+    quotes removed, `.lib` added where the name has no extension, as the linker does; in order,
+    once each."""
+    out: list[str] = []
+    for m in _DEFAULTLIB.finditer(text):
+        name = (m.group(1) if m.group(1) is not None else m.group(2)).strip()
+        if not name:
+            continue
+        if "." not in name.replace("\\", "/").rsplit("/", 1)[-1]:
+            name += ".lib"
+        if name not in out:
+            out.append(name)
+    return out
+
+
+_DEFAULTLIB = re.compile(r'(?:^|\s)[/-]defaultlib:(?:"([^"]*)"|(\S+))', re.IGNORECASE)
 _ANON = b"\0\0\xff\xff"  # IMAGE_FILE_MACHINE_UNKNOWN, then 0xFFFF: an import or "anonymous" object header
 _BIGOBJ_CLSID = bytes.fromhex("c7a1bad1eebaa94baf20faf66aa4dcb8")
 MAX_SHORT_IMPORTS = 1 << 20
@@ -273,6 +293,21 @@ class _Pe:
 
     # ------------------------------------------------------------------ the file
 
+    def _linker_directives(self, info: BinaryInfo) -> None:
+        """An object's .drectve section: options the linker takes as if given on its command line.
+        `/DEFAULTLIB:NAME` (MSVC's `#pragma comment(lib, NAME)`) links the library NAME into
+        whatever the object is linked into: an import library there loads its DLL."""
+        for sec in self.sections:
+            if sec.name != ".drectve" or not sec.rawsize:
+                continue
+            if sec.raw + sec.rawsize > self.size or sec.rawsize > MAX_DIRECTIVE_BYTES:
+                raise ValueError(f".drectve ({sec.rawsize} bytes at {sec.raw:#x}) runs past the file or its limit")
+            text = bytes(self.buf[sec.raw:sec.raw + sec.rawsize])
+            if text.startswith(b"\xef\xbb\xbf"):  # UTF-8, marked
+                text = text[3:]
+            for name in defaultlibs(text.decode("utf-8", "replace")):
+                info.imports.append(Import(name, DEFAULTLIB, ".drectve"))
+
     def file_type(self) -> str:
         return "DLL" if self.characteristics & IMAGE_FILE_DLL else "EXE"
 
@@ -289,6 +324,8 @@ class _Pe:
             info.forwarders.extend(loader_stubs(self, self.code_exports, self.getproc_slots))
             info.forwarders.sort(key=lambda f: f.symbol)
         self._coff_symbols(info, syms)
+        if self.is_object:
+            self._linker_directives(info)
         info.needed = common.unique(i.name for i in info.imports)
         info.symbols = syms.columns()
         info.symbol_counts = syms.counts

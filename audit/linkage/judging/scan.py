@@ -590,7 +590,7 @@ def tree_findings(tree: DepNode, resolver: Resolver, policy: Policy) -> tuple[li
             else:
                 kind = "needed" if depth == 1 else "transitive"
                 where = (node.request or "DT_NEEDED") + (f" of {chain[-2].name}" if depth > 1 else "")
-            if node.how == "member":  # its path is an extraction folder's: the note names the member
+            if node.how in ("member", "directive"):  # an extraction folder's path; a name judged alone
                 detail = node.note
             else:
                 how = f"DT_{node.how.upper()} of {node.via}" if node.how in ("rpath", "runpath") else node.how

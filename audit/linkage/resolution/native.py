@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from audit.binary.model import BinaryInfo
+from audit.binary.model import DEFAULTLIB, BinaryInfo
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.linkage.resolution.fs import HOST, FileSystem
 from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, attach, loaded_again
@@ -51,7 +51,7 @@ KNOWN_DLLS = frozenset((
     "imagehlp.dll", "nsi.dll", "wintrust.dll"))
 _MAC_SYSTEM = ("/usr/lib/", "/System/Library/")
 _PE_ASKED = {"import": "import", "delay-load": "delay-load import", "bound": "bound import",
-             "export-forward": "export forward"}
+             "export-forward": "export forward", "defaultlib": "/DEFAULTLIB directive (.drectve)"}
 _LOADS_BY_NAME = ("LoadLibrary", "LoadPackagedLibrary", "LdrLoadDll", "dlopen", "dlmopen", "NSAddImage")
 
 
@@ -220,6 +220,21 @@ class _NativeResolver:
 class WindowsResolver(_NativeResolver):
     kinds = PE_KINDS
 
+    def _directive(self, name: str, base: str, asked: str) -> DepNode:
+        """A library a COFF object's /DEFAULTLIB names: a static or import library the linker takes,
+        judged by its name alone (no linker search path is known here). Import library X.lib
+        stands for the DLL X.dll, NVIDIA's X64_<version>.dll (cublas.lib: cublas64_12.dll) or
+        libX.dll; the system's and the compiler's libraries (libcmt, kernel32, ...) pass."""
+        stem = base[:-4] if base[-4:].casefold() == ".lib" else base
+        for candidate, shown in ((f"{stem}.dll", f"{stem}.dll"), (f"{stem}64_.dll", f"{stem}64_*.dll"),
+                                 (f"lib{stem}.dll", f"lib{stem}.dll")):
+            rule = self.policy.deny_rule_for_soname(candidate)
+            if rule is not None:
+                return DepNode(name=name, status="denied", rule=rule.id, how="directive", edge="needed",
+                               request=asked, note=f"a library the linker takes: the import library of {shown}")
+        return DepNode(name=name, status="trusted", how="system", edge="needed", request=asked,
+                       note="a library the linker takes; judged by its name alone")
+
     @staticmethod
     def asked(imp) -> str:
         return _PE_ASKED.get(imp.kind, imp.kind)
@@ -232,6 +247,8 @@ class WindowsResolver(_NativeResolver):
                 warnings: list[str], dlopen: bool) -> DepNode | None:
         base = name.replace("\\", "/").rsplit("/", 1)[-1]
         folded = base.casefold()
+        if kind == _PE_ASKED[DEFAULTLIB]:
+            return self._directive(name, base, kind)
         rule = None if dlopen else self.policy.deny_rule_for_soname(base)
         edge = "dlopen" if dlopen else "needed"
         how_asked = "LoadLibrary string" if dlopen else kind
