@@ -239,3 +239,11 @@ def test_defaultlib_directives_of_system_and_compiler_libraries_pass(tmp_path):
                                                               "oldnames.lib"}
     rc, doc = as_json(obj)
     assert rc == EXIT_OK and doc["files"][0]["findings"] == [], doc
+
+
+def test_an_object_naming_thousands_of_libraries_is_one_error(tmp_path):
+    """Every directive is an edge of the dependency tree: past its bound the file is one error,
+    not a long walk (the names are told apart once each, not compared pairwise)."""
+    src = "".join(f'#pragma comment(lib, "lib{i}")\n' for i in range(6000)) + CLEAN
+    obj = msvc(tmp_path, "many.obj", src)
+    one_input_error(cli("check", obj), "more than 5000 edges")

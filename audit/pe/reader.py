@@ -121,16 +121,15 @@ def defaultlibs(text: str) -> list[str]:
     """The libraries `/DEFAULTLIB:NAME` (or `-defaultlib:`, any case) names in a .drectve text,
     quotes removed, `.lib` added where the name has no extension, as the linker does; in order,
     once each."""
-    out: list[str] = []
+    out: dict[str, None] = {}  # ordered, and a set: a crafted section may repeat a name 10^5 times
     for m in _DEFAULTLIB.finditer(text):
         name = (m.group(1) if m.group(1) is not None else m.group(2)).strip()
         if not name:
             continue
         if "." not in name.replace("\\", "/").rsplit("/", 1)[-1]:
             name += ".lib"
-        if name not in out:
-            out.append(name)
-    return out
+        out.setdefault(name)
+    return list(out)
 
 
 _DEFAULTLIB = re.compile(r'(?:^|\s)[/-]defaultlib:(?:"([^"]*)"|(\S+))', re.IGNORECASE)
