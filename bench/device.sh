@@ -36,6 +36,7 @@
 #                   in the background, sm_90a as `sovereign-audit build` makes it; appends
 #                   LABEL=PATH to LIBS and the nvcc's pid to PIDS (the library under $VB/NAME,
 #                   logs under $LOG)
+#   install_wheels DIR SITE LOG   every DIR/*.whl into SITE (pip, no index, no dependencies)
 #   use_carried_wheels LOG   the device machine has no network: Python packages it lacks
 #                   (diffusers, cryptography, ...) travel as wheels in .whl/ and are installed
 #                   into /tmp/site, put ahead of the checkout on PYTHONPATH; without them, the
@@ -79,10 +80,13 @@ build_variants() {
     done
 }
 
+install_wheels() {  # DIR SITE LOG: every DIR/*.whl into SITE, from the files alone (no index, no deps)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" \
+        "$1"/*.whl >"$3" 2>&1
+}
 use_carried_wheels() {
     if ls .whl/*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            .whl/*.whl >"$1" 2>&1 && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
+        install_wheels .whl /tmp/site "$1" && export PYTHONPATH=/tmp/site:$PWD || export PYTHONPATH=$PWD
     else
         export PYTHONPATH=$PWD
     fi
@@ -1362,8 +1366,7 @@ mkdir -p "$OUT" "$FA4_SITE"
 export PYTHONUNBUFFERED=1
 device_common
 if [ -n "${FA4_STAGE:-}" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$FA4_SITE" \
-        "$FA4_STAGE"/*.whl >"$OUT/pip.log" 2>&1
+    install_wheels "$FA4_STAGE" "$FA4_SITE" "$OUT/pip.log"
     note "fa4 wheels rc=$?"
     cat "$FA4_STAGE"/cu13.part* | xz -d | tar -x -C "$FA4_SITE"
     note "fa4 cu13 libraries rc=$?"
