@@ -162,9 +162,7 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
 def _fp8_call(q, k, v, scale, layout, return_lse, precision):
     from flash_kernel import fp8
 
-    if precision != "fp8":
-        raise ValueError(f"precision must be one of {', '.join(map(repr, fp8.PRECISIONS))}, "
-                         f"not {precision!r}")
+    fp8.check_precision(precision)  # "exact" never comes here
     return fp8.attention(q, k, v, scale, layout, return_lse)
 
 

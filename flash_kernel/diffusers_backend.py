@@ -139,8 +139,7 @@ def flash_attention_backend(library=None, precision: str = "exact"):
     quantized attention, flash_kernel.fp8; refused per call where the device has no FP8 kernel)."""
     from flash_kernel import fp8
 
-    if precision not in fp8.PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(map(repr, fp8.PRECISIONS))}, not {precision!r}")
+    fp8.check_precision(precision)
     try:
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry as registry
     except ImportError as exc:
@@ -186,8 +185,7 @@ def flash_attention_backend(library=None, precision: str = "exact"):
             fp8.check_device(query.device)
         why = _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         if why is None and _parallel_config is None:  # diffusers hands backends (B, N, H, D): our "bnhd" layout
-            ran.path = None
-            out = forward_op(None, query, key, value, scale=scale, return_lse=return_lse)
+            out = forward_op(None, query, key, value, scale=scale, return_lse=return_lse)  # sets ran.path
             counts.count(None, ran.path)
             return out
         if why is None:  # context parallel: diffusers' communication, our kernel as the forward op

@@ -36,6 +36,13 @@ FP22_DROP_BITS = 10  # float32 keeps 23 mantissa bits, the FP8 accumulator about
 PRECISIONS = ("exact", "fp8")
 
 
+def check_precision(precision: str) -> str:
+    """`precision` itself, or a ValueError naming the ones there are."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, not {precision!r}")
+    return precision
+
+
 def kv_tile(head_dim: int) -> int:
     """Keys per K/V tile of the Hopper kernel at this head dim (docs/kernel.md, the Hopper path)."""
     if head_dim <= 128:

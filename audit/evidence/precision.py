@@ -23,8 +23,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from audit.errors import UsageError
+from flash_kernel import fp8
 
-PRECISIONS = ("exact", "fp8")
+PRECISIONS = fp8.PRECISIONS
 DEFAULT = "exact"
 FP8_BACKEND = "flash-fp8"
 
@@ -53,8 +54,6 @@ def check(precision: str) -> str:
 
 def refusal(device: str) -> str | None:
     """Why `fp8` cannot run on `device`, or None where it can."""
-    from flash_kernel import fp8
-
     try:
         fp8.check_device(device)
     except fp8.Fp8Unavailable as exc:
@@ -91,8 +90,6 @@ def apply(sel, precision: str):
             import flash_kernel
 
             return flash_kernel.attention(q, k, v, scale=scale, precision="fp8")
-
-        from flash_kernel import fp8
 
         primary = Backend(FP8_BACKEND, fn, sovereign=True,
                           about=f"flash_kernel.attention(precision='fp8'), CPU reference numerics "
