@@ -1348,6 +1348,64 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 }  # end of run_lse
 
 # ==================================================================================================
+# fp8
+# The FP8 kernel (precision="fp8": INT8 Q K^T with K smoothed, e4m3 P V) on one cc 9.0 GPU:
+#   1. a smoke call per bucket (head dims 64 and 128) under a 60 s limit, so a hang shows at once;
+#   2. its GPU tests (tests/test_fp8_gpu.py: against flash_kernel.fp8.reference and float64 at every
+#      head dim 32..128, dtypes, layouts, the lse, DiT-shaped inputs, Nk 32k, B*H past 65535);
+#   3. memcheck and racecheck over the driver's fp8 calls (FK_DRIVER_FP8, exact-size workspaces)
+#      on the sm_90a build at SANITIZE_DIMS (default 32,64,72,128);
+#   4. its speed beside ours exact and SDPA-cuDNN at every --preset dit shape and the long video
+#      presets (kernel_bench --fp8: TFLOP/s dense-equivalent, quantization inside the timed call;
+#      "fp8 speedup" lines: median ours / median ours_fp8 with the 95 % interval).
+#   OUT=/tmp/fp8 PREBUILT=1 bash bench/device.sh fp8     # BUDGET_S (default 570)
+register fp8 'the FP8 kernel on one cc 9.0 GPU: a smoke call, its GPU tests, memcheck and racecheck, then its speed beside ours exact and SDPA-cuDNN (kernel_bench --fp8)'
+run_fp8() {
+OUT=${OUT:-/tmp/fp8_out}
+BUDGET_S=${BUDGET_S:-570}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+device_common
+use_carried_wheels "$OUT/pip.log"
+record_env "$OUT/env.txt"
+if [ -z "${PREBUILT:-}" ]; then
+    python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log" 2>&1
+    note "build rc=$? ($(el) s)"
+fi
+timeout -k 5 60 python3 - >"$OUT/smoke.txt" 2>&1 <<'PY'
+import torch, flash_kernel
+from flash_kernel import fp8
+lib = flash_kernel.load("build/sm_90a/libflash_kernel.so")
+for d in (64, 128):
+    g = torch.Generator().manual_seed(d)
+    q, k, v = (torch.randn(1, 2, n, d, generator=g).bfloat16() for n in (300, 700, 700))
+    out = lib.fp8_attention(q.cuda(), k.cuda(), v.cuda())
+    torch.cuda.synchronize()
+    ref = fp8.reference(q, k, v)
+    s = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / d ** 0.5, -1) @ v.double()
+    rel = lambda a, b: ((a.double().cpu() - b.double()).norm() / b.double().norm()).item()
+    print(f"smoke d{d}: path {lib.last_flash_path()} finite {bool(torch.isfinite(out).all())} "
+          f"rel-L2 vs fp8.reference {rel(out, ref):.2e}, vs float64 {rel(out, s):.2e} (reference's own {rel(ref, s):.2e})")
+PY
+note "fp8 smoke rc=$? ($(el) s)"
+tee -a "$SUMMARY" < "$OUT/smoke.txt" | tail -4
+timeout -k 5 $(( $(left) / 3 )) python3 -m pytest -q -p no:cacheprovider -rs tests/test_fp8_gpu.py >"$OUT/tests.log" 2>&1
+note "fp8 GPU tests rc=$? ($(el) s): $(tail -1 "$OUT/tests.log")"
+grep -E "^(FAILED|ERROR)|^E  " "$OUT/tests.log" | head -12 | tee -a "$SUMMARY"
+FK_BUILD=build FK_LIBS=sm_90a FK_STAGES=memcheck FK_MEMCHECK_LIBS=sm_90a FK_MEMCHECK_TIMEOUT=90 FK_DRIVER_FP8=1 \
+    FK_DRIVER_DIMS=${SANITIZE_DIMS:-32,64,72,128} OUT="$OUT/memcheck" bash bench/device.sh kernel >"$OUT/memcheck.log" 2>&1
+FK_BUILD=build FK_LIBS=sm_90a FK_STAGES=racecheck FK_RACECHECK_LIBS=sm_90a FK_RACECHECK_TIMEOUT=90 FK_DRIVER_FP8=1 \
+    FK_DRIVER_DIMS=${SANITIZE_DIMS:-32,64,72,128} FK_DRIVER_MAX_N=77 OUT="$OUT/racecheck" bash bench/device.sh kernel \
+    >"$OUT/racecheck.log" 2>&1
+grep -hE "^(memcheck|racecheck)" "$OUT/memcheck/summary.txt" "$OUT/racecheck/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py --preset dit --preset hunyuanvideo-720p --preset mochi \
+    --preset cogvideox-5b --preset ltx-video --fp8 --torch-methods sdpa_cudnn --repeats 10 --warmup 2 \
+    --json "$OUT/fp8_bench.json" >"$OUT/fp8_bench.txt" 2>&1
+note "kernel_bench --fp8 rc=$? ($(el) s)"
+grep -E "ours_fp8|fp8 speedup" "$OUT/fp8_bench.txt" | tee -a "$SUMMARY"
+}  # end of run_fp8
+
+# ==================================================================================================
 # fa4
 # Ours against SDPA-cuDNN and FlashAttention-4 (`bench --backend fa4`), side by side in one bench
 # call: every --preset dit shape and the long video presets (HunyuanVideo 720p, Mochi, CogVideoX-5B,

@@ -1,6 +1,8 @@
 // Calls the C ABI over the GPU test shapes with exact-size buffers; returns non-zero on any failure.
 // Every other (dtype, layout) asks for the log-sum-exp too, into an exact-size fp32 buffer, so both the
-// epilogue that writes it and the one that does not run under the sanitizers.
+// epilogue that writes it and the one that does not run under the sanitizers. FK_DRIVER_FP8: the
+// calls ask for precision fp8 instead (head dims up to 128, the flash path alone), each with a
+// workspace of exactly fk_workspace_bytes.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <cstdio>
@@ -20,6 +22,8 @@ int main(int argc, char **argv) {
     if (!h) { std::printf("dlopen: %s\n", dlerror()); return 2; }
     fwd_t flash = (fwd_t)dlsym(h, "fk_flash_forward"), naive = (fwd_t)dlsym(h, "fk_naive_forward");
     const char *(*err)() = (const char *(*)())dlsym(h, "fk_last_error");
+    int32_t (*ws_bytes)(const fk_attention_args *, int64_t *) =
+        (int32_t (*)(const fk_attention_args *, int64_t *))dlsym(h, "fk_workspace_bytes");
     std::vector<std::array<long, 4>> shapes = {{2,3,1,1},{2,3,77,77},{2,2,1000,1000},{1,2,4097,4097},{2,2,77,1000},{1,3,1000,77},{2,1,1,4097},{1,2,4097,1}};
     if (const char *m = std::getenv("FK_DRIVER_MANY"); m && *m) {
         // the persistent grid's shapes instead: more work items than SMs (blocks loop over several,
@@ -39,9 +43,11 @@ int main(int argc, char **argv) {
     const bool small = on("FK_DRIVER_SMALL");            // racecheck: fewer, smaller calls
     const bool flash_only = on("FK_DRIVER_FLASH_ONLY");  // ... and not the naive path
     const long small_n = on("FK_DRIVER_MAX_N") ? std::atol(std::getenv("FK_DRIVER_MAX_N")) : 1000;  // racecheck: the largest N
+    const bool fp8 = on("FK_DRIVER_FP8");
     for (auto &s : shapes) for (int d : dims) for (int dt = 0; dt < 3; ++dt) for (int lay = 0; lay < 2; ++lay) {
         if (small && (s[2] > small_n || s[3] > small_n || dt == 0 || (!only && d != 64 && d != 128 && d != 72 && d != 192))) continue;
         if (d != 64 && d != 128 && (s[2] > 1000 || s[3] > 1000)) continue;  // keep it short
+        if (fp8 && d > 128) continue;  // the FP8 kernel's head dims
         long B = s[0], H = s[1], nq = s[2], nk = s[3]; size_t es = dt == 0 ? 4 : 2;
         size_t nqe = B * H * nq * d, nke = B * H * nk * d;
         std::vector<unsigned char> host(nke > nqe ? nke * es : nqe * es);
@@ -65,14 +71,21 @@ int main(int argc, char **argv) {
             a.lse = lse; a.lse_stride[0] = H * nq;
             if (lay == 0) { a.lse_stride[1] = nq; a.lse_stride[2] = 1; } else { a.lse_stride[1] = 1; a.lse_stride[2] = H; }
         }
-        for (int which = 0; which < (flash_only ? 1 : 2); ++which) {
+        void *ws = nullptr;
+        if (fp8) {
+            a.precision = FK_PRECISION_FP8;
+            int64_t need = 0;
+            if (ws_bytes(&a, &need) != 0 || need <= 0) { ++bad; std::printf("FAIL fk_workspace_bytes: %s\n", err()); }
+            cudaMalloc(&ws, size_t(need)); a.workspace = ws; a.workspace_bytes = need;
+        }
+        for (int which = 0; which < (flash_only || fp8 ? 1 : 2); ++which) {
             int32_t rc = (which ? naive : flash)(&a); cudaError_t e = cudaDeviceSynchronize(); ++calls;
             if (rc != 0 || e != cudaSuccess) { ++bad; std::printf("FAIL %s B%ld H%ld nq%ld nk%ld d%d dt%d lay%d lse%d rc %d (%s) cuda %s\n", which ? "naive" : "flash", B, H, nq, nk, d, dt, lay, int(with_lse), rc, err(), cudaGetErrorString(e)); }
         }
         // misaligned pointer: refused before any launch
         a.q = (char *)q + 2; int32_t rc = flash(&a); ++calls;
         if (rc != FK_ERR_ALIGNMENT) { ++bad; std::printf("FAIL misaligned q accepted (rc %d)\n", rc); }
-        cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); if (lse) cudaFree(lse);
+        cudaFree(q); cudaFree(k); cudaFree(v); cudaFree(o); if (lse) cudaFree(lse); if (ws) cudaFree(ws);
     }
     std::printf("memcheck driver: %d calls, %d failures\n", calls, bad);
     return bad ? 1 : 0;

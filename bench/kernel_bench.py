@@ -15,7 +15,10 @@ median reported. FLOPs are 4*B*H*Nq*Nk*D. Also measures the two ceilings (a bf16
 SDPA-flash's (SDPA-math's in fp32 where SDPA-flash lacks the head dim; relative L2) so a fast
 wrong kernel cannot hide. --lse adds "ours_lse", the public call with return_lse=True, and reports
 its cost over "ours" (median of ours_lse / median of ours, with a 95 % interval: the log-sum-exp
-should cost nothing measurable). Prints a table; --json writes all.
+should cost nothing measurable). --fp8 adds "ours_fp8", the public call at precision="fp8" (the
+FP8 kernel, its quantization inside the timed call), and reports its speedup over "ours" (median of
+ours / median of ours_fp8, 95 % interval); its relL2 is against SDPA's exact output, so it shows
+the FP8 error, not a fault. Prints a table; --json writes all.
 """
 
 from __future__ import annotations
@@ -220,10 +223,12 @@ def main(argv=None) -> int:
                     help="comma list of PyTorch baselines to time (sdpa_flash, sdpa_cudnn, eager; '' for none)")
     ap.add_argument("--lse", action="store_true",
                     help="also time the public call with return_lse=True ('ours_lse') and report its cost over 'ours'")
+    ap.add_argument("--fp8", action="store_true",
+                    help="also time the public call at precision='fp8' and report its speedup over 'ours'")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    if args.lse and args.no_public:
-        ap.error("--lse times the public call: it cannot go with --no-public")
+    if (args.lse or args.fp8) and args.no_public:
+        ap.error("--lse and --fp8 time the public call: they cannot go with --no-public")
     if args.repeats < 10:
         ap.error("--repeats must be >= 10 (median of at least ten)")
     if not torch.cuda.is_available():
@@ -243,6 +248,9 @@ def main(argv=None) -> int:
                             public_lib))
             if args.lse:  # the same call asking for the log-sum-exp too; its output is compared as ours is
                 methods.append(("ours_lse", lambda q, k, v: flash_kernel.attention(q, k, v, return_lse=True)[0],
+                                args.repeats, set(), public_lib))
+            if args.fp8:  # the opt-in FP8 kernel, quantization included in the timed call
+                methods.append(("ours_fp8", lambda q, k, v: flash_kernel.attention(q, k, v, precision="fp8"),
                                 args.repeats, set(), public_lib))
         except flash_kernel.KernelError as exc:  # the --lib methods still run
             print(f"warning: 'ours' left out, the public call finds no library: {exc}", file=sys.stderr)
@@ -274,7 +282,9 @@ def main(argv=None) -> int:
     for shape, what in shapes:
         result["rows"] += bench_shape(shape, dtype, methods, args, what)
     if args.lse:
-        result["lse_cost"] = lse_costs(result["rows"])
+        result["lse_cost"] = pair_ratios(result["rows"], "ours_lse", "ours")
+    if args.fp8:
+        result["fp8_speedup"] = pair_ratios(result["rows"], "ours", "ours_fp8")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     c = result["ceilings"]
@@ -285,22 +295,27 @@ def main(argv=None) -> int:
         lo, hi = c["ci95"]
         print(f"return_lse cost at {','.join(map(str, c['shape']))}: {c['ratio']:.3f}x the time without "
               f"[{lo:.3f}, {hi:.3f}]")
+    for c in result.get("fp8_speedup", []):
+        lo, hi = c["ci95"]
+        print(f"fp8 speedup at {','.join(map(str, c['shape']))}: {c['ratio']:.3f}x ours (exact) "
+              f"[{lo:.3f}, {hi:.3f}]")
     return 0
 
 
-def lse_costs(rows) -> list[dict]:
-    """Per shape timed both ways: median time of 'ours_lse' / median of 'ours' (1.0: no cost) with
-    its 95 % bootstrap interval, from the raw times the two took in turns."""
+def pair_ratios(rows, num: str, den: str) -> list[dict]:
+    """Per shape timed both ways: median time of method `num` / median of `den`, with its 95 %
+    bootstrap interval, from the raw times the two took in turns (--lse: ours_lse / ours, 1.0 is
+    no cost; --fp8: ours / ours_fp8, the FP8 kernel's speedup)."""
     out = []
     by_shape: dict[tuple, dict] = {}
     for r in rows:
-        if r["method"] in ("ours", "ours_lse") and "times_ms" in r:
+        if r["method"] in (num, den) and "times_ms" in r:
             by_shape.setdefault(tuple(r["shape"]), {})[r["method"]] = r
     for shape, pair in by_shape.items():
         if len(pair) == 2:
-            on, off = pair["ours_lse"]["times_ms"], pair["ours"]["times_ms"]
-            out.append({"shape": list(shape), "ratio": statistics.median(on) / statistics.median(off),
-                        "ci95": list(ratio_ci(on, off))})
+            a, b = pair[num]["times_ms"], pair[den]["times_ms"]
+            out.append({"shape": list(shape), "ratio": statistics.median(a) / statistics.median(b),
+                        "ci95": list(ratio_ci(a, b))})
     return out
 
 

@@ -130,8 +130,9 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
 
     precision="fp8" opts into quantized attention (flash_kernel.fp8: INT8 Q K^T with K smoothed,
     FP8 P V, quantized inside the call), output in the input dtype. It runs on CPU tensors (the
-    reference numerics); on any other device it raises fp8.Fp8Unavailable (a NotImplementedError),
-    never falling back to exact attention."""
+    reference numerics) and on CUDA tensors through the FP8 kernel of an sm_90a library on a
+    cc 9.0 device (head dims up to 128); anywhere else it raises fp8.Fp8Unavailable (a
+    NotImplementedError), never falling back to exact attention."""
     if precision != "exact":
         return _fp8_call(q, k, v, scale, layout, return_lse, precision)
     # Inputs of a kind called before (same shapes, strides, dtypes, devices, layout and library

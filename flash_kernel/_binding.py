@@ -15,7 +15,7 @@ import struct
 import threading
 from pathlib import Path
 
-ABI_VERSION = 2  # FK_ABI_VERSION of flash_kernel.h (2: the log-sum-exp output)
+ABI_VERSION = 3  # FK_ABI_VERSION of flash_kernel.h (2: the log-sum-exp output; 3: precision, workspace)
 
 # fk_status (flash_kernel.h)
 FK_OK = 0
@@ -29,6 +29,8 @@ FK_ERR_SCALE = 7
 FK_ERR_LAUNCH = 8
 FK_ERR_NO_MEMORY = 9
 FK_ERR_ABI = 10
+FK_ERR_PRECISION = 11
+FK_ERR_WORKSPACE = 12
 STATUS_NAMES = {
     FK_OK: "FK_OK",
     FK_ERR_NULL_POINTER: "FK_ERR_NULL_POINTER",
@@ -41,7 +43,13 @@ STATUS_NAMES = {
     FK_ERR_LAUNCH: "FK_ERR_LAUNCH",
     FK_ERR_NO_MEMORY: "FK_ERR_NO_MEMORY",
     FK_ERR_ABI: "FK_ERR_ABI",
+    FK_ERR_PRECISION: "FK_ERR_PRECISION",
+    FK_ERR_WORKSPACE: "FK_ERR_WORKSPACE",
 }
+
+# fk_precision
+FK_PRECISION_EXACT = 0
+FK_PRECISION_FP8 = 1
 
 # fk_dtype
 FK_DTYPE_F32 = 0
@@ -92,6 +100,9 @@ class AttentionArgs(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("lse", ctypes.c_void_p),  # ABI 2: fp32 (B, H, nq) log-sum-exp, or NULL
         ("lse_stride", ctypes.c_int64 * 3),
+        ("precision", ctypes.c_int32),  # ABI 3: fk_precision
+        ("workspace", ctypes.c_void_p),  # ABI 3: device memory of fk_workspace_bytes, or NULL
+        ("workspace_bytes", ctypes.c_int64),
     ]
 
 
@@ -246,6 +257,11 @@ class Library:
         for name in ("fk_flash_forward", "fk_naive_forward"):
             getattr(d, name).restype = ctypes.c_int32
             getattr(d, name).argtypes = [ctypes.POINTER(AttentionArgs)]
+        # Optional within ABI 3: a library without it has no path that needs a workspace (no FP8).
+        self._workspace_bytes = getattr(d, "fk_workspace_bytes", None)
+        if self._workspace_bytes is not None:
+            self._workspace_bytes.restype = ctypes.c_int32
+            self._workspace_bytes.argtypes = [ctypes.POINTER(AttentionArgs), ctypes.POINTER(ctypes.c_int64)]
         self.abi_version = int(d.fk_abi_version())
         if self.abi_version != ABI_VERSION:
             raise AbiMismatch(f"{self.path!r} implements flash_kernel ABI {self.abi_version}; this binding "
@@ -344,6 +360,32 @@ class Library:
             name = STATUS_NAMES.get(status, f"status {status}")
             raise KernelError(f"{'fk_naive_forward' if naive else 'fk_flash_forward'} failed: {name}: "
                               f"{self.last_error()}", status)
+
+    def fp8_attention(self, q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
+        """precision="fp8" through the library's FP8 kernel (flash_kernel.fp8's numerics): a new
+        output shaped like q (and the lse, as `attention`), the workspace the library names
+        allocated on q's device for the call. A library or device without the kernel refuses it
+        (KernelError, status FK_ERR_PRECISION); nothing falls back to exact attention."""
+        import torch
+
+        if self._workspace_bytes is None:
+            raise KernelError(f"{self.path!r} exports no fk_workspace_bytes: it has no FP8 kernel", FK_ERR_PRECISION)
+        q, k, v = check_inputs(q, k, v, layout, self.head_dims)
+        self.check_device(q.device)
+        s = resolve_scale(scale, _bhnd(q, layout)[0][3])
+        o = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = lse_like(q, layout) if return_lse else None
+        args = fill_args(q, k, v, o, layout, s, None, lse)
+        args.precision = FK_PRECISION_FP8
+        need = ctypes.c_int64(0)
+        status = self._workspace_bytes(ctypes.byref(args), ctypes.byref(need))
+        if status != FK_OK:
+            raise KernelError(f"fk_workspace_bytes failed: {STATUS_NAMES.get(status, status)}: {self.last_error()}",
+                              status)
+        workspace = torch.empty(max(int(need.value), 1), dtype=torch.uint8, device=q.device)
+        args.workspace, args.workspace_bytes = workspace.data_ptr(), int(need.value)
+        self._invoke(args, q.device, False)
+        return (o, lse) if return_lse else o
 
     def attention(self, q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
         """Flash forward: softmax(scale * Q K^T) V as a new tensor shaped like q; with return_lse,

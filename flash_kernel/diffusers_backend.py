@@ -156,8 +156,9 @@ def flash_attention_backend(library=None, precision: str = "exact"):
         """One attention in diffusers' (B, S, H, D) layout at the block's precision; the path it ran."""
         import torch
 
-        if precision == "fp8":
-            return fp8.attention(query, key, value, scale, "bnhd", return_lse), "fp8 reference"
+        if precision == "fp8":  # the CPU reference, or the library's FP8 kernel on CUDA
+            out = fp8.attention(query, key, value, scale, "bnhd", return_lse, library=lib)
+            return out, "fp8" if query.device.type == "cuda" else "fp8 reference"
         result = lib.attention(query, key, value, scale=scale, layout="bnhd", return_lse=return_lse)
         # which kernel ran (a C call: not made while torch.compile traces, where it would break the graph)
         return result, None if torch.compiler.is_compiling() else lib.last_flash_path()
@@ -182,7 +183,7 @@ def flash_attention_backend(library=None, precision: str = "exact"):
                 scale: float | None = None, enable_gqa: bool = False, return_lse: bool = False,
                 _parallel_config=None):
         if precision == "fp8":  # no FP8 kernel on this device: refused, never served exact instead
-            fp8.check_device(query.device)
+            fp8.check_device(query.device, library)
         why = _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
         if why is None and _parallel_config is None:  # diffusers hands backends (B, N, H, D): our "bnhd" layout
             out = forward_op(None, query, key, value, scale=scale, return_lse=return_lse)  # sets ran.path

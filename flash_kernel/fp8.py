@@ -211,27 +211,56 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
     return out
 
 
-def check_device(device) -> None:
-    """Refuse precision="fp8" where this build has no FP8 kernel (every GPU today): no silent
-    fallback to exact attention."""
+def check_device(device, library=None) -> None:
+    """Refuse precision="fp8" where there is no FP8 kernel: no silent fallback to exact attention.
+    CPU runs the reference numerics; CUDA runs the library's FP8 kernel where it has one (an sm_90a
+    library on a cc 9.0 device; the library refuses what else it cannot run, such as head dims past
+    128); every other device is refused."""
     kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
     if kind == "cpu":
         return
+    if kind == "cuda":
+        why = _gpu_refusal(device, library)
+        if why is None:
+            return
+        raise Fp8Unavailable(f"precision='fp8' is not available on {device}: {why} "
+                             f"(use precision='exact' on this device)")
     raise Fp8Unavailable(
-        f"precision='fp8' is not available on {device}: the FP8 GPU kernel needs FP8 tensor cores "
-        f"(NVIDIA sm_90 or newer) and is not in this build; only the CPU reference runs fp8 "
-        f"(use precision='exact' on this device)")
+        f"precision='fp8' is not available on {device}: the FP8 kernel needs FP8 tensor cores "
+        f"(an sm_90a library on an NVIDIA cc 9.0 device) and is not in this build; only the CPU "
+        f"reference runs fp8 elsewhere (use precision='exact' on this device)")
+
+
+def _gpu_refusal(device, library) -> str | None:
+    """Why the FP8 kernel cannot run on CUDA `device` with `library` (None: ours for the device)."""
+    torch = _torch()
+    import flash_kernel
+
+    if not torch.cuda.is_available():
+        return "CUDA is not available to torch here"
+    try:
+        lib = library if library is not None else flash_kernel.library_for(torch.device(device))
+    except flash_kernel.KernelError as exc:
+        return str(exc)
+    if lib.target != "sm_90a":
+        return f"the FP8 kernel is in sm_90a libraries only (this one is {lib.target})"
+    cc = torch.cuda.get_device_capability(torch.device(device))
+    if tuple(cc) != (9, 0):
+        return f"the FP8 kernel needs a cc 9.0 device (Hopper), this one is cc {cc[0]}.{cc[1]}"
+    return None
 
 
 def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False,
-              scheme: Scheme = CHOSEN):
-    """The public precision="fp8" call: CPU tensors of one float dtype in `layout` (bhnd or
-    bnhd), output in that dtype and layout (lse float32 (B, H, Nq))."""
+              scheme: Scheme = CHOSEN, library=None):
+    """The public precision="fp8" call: tensors of one float dtype in `layout` (bhnd or bnhd),
+    output in that dtype and layout (lse float32 (B, H, Nq)). CPU tensors run `reference` with
+    `scheme`; CUDA tensors the FP8 kernel of `library` (None: ours for the device), whose numerics
+    are CHOSEN's."""
     torch = _torch()
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-    check_device(q.device)
+    check_device(q.device, library)
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
@@ -252,6 +281,10 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
                          f"v {tuple(v.shape)} (as (B, H, N, D))")
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
         raise ValueError(f"scale must be a finite number, not {scale!r}")
+    if q.device.type == "cuda":
+        if scheme != CHOSEN:
+            raise ValueError(f"the FP8 kernel runs {CHOSEN.name} only, not {scheme.name}")
+        return _kernel(q, k, v, scale, layout, return_lse, library)
     with torch.no_grad():
         res = reference(q, k, v, scale, scheme, return_lse)
     out, lse = res if return_lse else (res, None)
@@ -261,6 +294,23 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
         if lse is not None:
             lse = lse.transpose(1, 2).contiguous().transpose(1, 2)
     return (out, lse) if return_lse else out
+
+
+def _kernel(q, k, v, scale, layout, return_lse, library):
+    """The library's FP8 kernel on (B, H, N, D) views of the caller's tensors; its refusals
+    (a head dim or build without the kernel) are Fp8Unavailable."""
+    import flash_kernel
+    from flash_kernel import _binding
+
+    lib = library if library is not None else flash_kernel.library_for(q.device)
+    if layout == "bnhd":  # the checks above took (B, H, N, D) views; the kernel takes the caller's
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    try:
+        return lib.fp8_attention(q, k, v, scale, layout, return_lse)
+    except _binding.KernelError as exc:
+        if exc.status in (_binding.FK_ERR_PRECISION, _binding.FK_ERR_HEAD_DIM):
+            raise Fp8Unavailable(f"precision='fp8' is not available for this call: {exc}") from None
+        raise
 
 
 DIT_K_OFFSET = 5.0  # std of the constant offset per K channel

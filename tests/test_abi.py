@@ -23,6 +23,8 @@ def dll(fixture_root):
     d = ctypes.CDLL(tb.library)
     d.fk_flash_forward.argtypes = d.fk_naive_forward.argtypes = [ctypes.POINTER(B.AttentionArgs)]
     d.fk_flash_forward.restype = d.fk_naive_forward.restype = ctypes.c_int32
+    d.fk_workspace_bytes.argtypes = [ctypes.POINTER(B.AttentionArgs), ctypes.POINTER(ctypes.c_int64)]
+    d.fk_workspace_bytes.restype = ctypes.c_int32
     d.fk_last_error.restype = ctypes.c_char_p
     d.fk_target.restype = d.fk_flash_path.restype = ctypes.c_char_p
     d.fk_supported_head_dims.argtypes = [ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]
@@ -45,7 +47,7 @@ def call(dll, args, naive=False):
 
 
 def test_getters(dll):
-    assert dll.fk_abi_version() == 2 == B.ABI_VERSION
+    assert dll.fk_abi_version() == 3 == B.ABI_VERSION
     assert dll.fk_target() == b"cpu"
     assert dll.fk_flash_path() == b"cpu"
     n = dll.fk_supported_head_dims(None, 0)
@@ -108,12 +110,15 @@ def _mutations():
         ("NaN scale", setf("scale", math.nan), B.FK_ERR_SCALE, "scale"),
         ("infinite scale", setf("scale", math.inf), B.FK_ERR_SCALE, "scale"),
         ("abi_version 1", setf("abi_version", 1), B.FK_ERR_ABI, "ABI"),  # a caller of the ABI before lse
-        ("abi_version 3", setf("abi_version", 3), B.FK_ERR_ABI, "ABI"),
+        ("abi_version 2", setf("abi_version", 2), B.FK_ERR_ABI, "ABI"),  # a caller before precision
+        ("abi_version 4", setf("abi_version", 4), B.FK_ERR_ABI, "ABI"),
         ("abi_version 0", setf("abi_version", 0), B.FK_ERR_ABI, "ABI"),
         ("negative lse stride", lse(stride=(16, -8, 1)), B.FK_ERR_STRIDE, "lse_stride[1] is negative"),
         ("overflowing lse stride", lse(stride=(16, 8, 2**62)), B.FK_ERR_SIZE, "lse: sizes and strides overflow"),
         ("lse rows on one element", lse(stride=(16, 8, 0)), B.FK_ERR_STRIDE, "lse_stride[2] is 0"),
         ("misaligned lse", lse(offset=2), B.FK_ERR_ALIGNMENT, "lse is not 4-byte aligned"),
+        ("precision 2", setf("precision", 2), B.FK_ERR_PRECISION, "precision 2 is not exact (0) or fp8 (1)"),
+        ("precision -1", setf("precision", -1), B.FK_ERR_PRECISION, "precision -1"),
     ]
 
 
@@ -166,7 +171,8 @@ def test_naive_workspace_that_cannot_exist_is_no_memory(dll):
 
 def test_argument_struct_matches_the_header(tmp_path):
     """The binding's AttentionArgs has the header's layout: every field's offset and the size, as
-    the C compiler lays fk_attention_args out (ABI 2 appends lse and lse_stride)."""
+    the C compiler lays fk_attention_args out (ABI 2 appends lse and lse_stride, ABI 3 the
+    precision and its workspace)."""
     import shutil
     import subprocess
     from pathlib import Path
@@ -184,7 +190,7 @@ def test_argument_struct_matches_the_header(tmp_path):
                                                        check=True).stdout.splitlines())
     assert {f: int(got[f]) for f in fields} == {f: getattr(B.AttentionArgs, f).offset for f in fields}
     assert int(got["sizeof"]) == ctypes.sizeof(B.AttentionArgs)
-    assert fields[-2:] == ["lse", "lse_stride"]
+    assert fields[-5:] == ["lse", "lse_stride", "precision", "workspace", "workspace_bytes"]
 
 
 @pytest.mark.parametrize("naive", [False, True], ids=["flash", "naive"])
@@ -202,3 +208,30 @@ def test_lse_is_written_only_where_asked(dll, good, naive):
     ref = torch.logsumexp((q.double() @ k.double().transpose(-1, -2)) / 8.0, dim=-1)
     assert (buf[..., 0].double() - ref).abs().max().item() < 1e-5
     assert torch.isnan(buf[..., 1:]).all() and not torch.isnan(o).any()
+
+
+@pytest.mark.parametrize("naive", [False, True], ids=["flash", "naive"])
+def test_fp8_is_refused_by_the_cpu_library_before_anything_is_written(dll, good, naive):
+    """The CPU target has no FP8 kernel (flash_kernel.fp8 is its reference, in Python), and the
+    naive path is the exact oracle: precision fp8 is FK_ERR_PRECISION, o untouched."""
+    args, (_, _, _, o) = good
+    o.fill_(float("nan"))
+    args.precision = B.FK_PRECISION_FP8
+    status, msg = call(dll, args, naive)
+    assert status == B.FK_ERR_PRECISION
+    assert ("oracle" in msg) if naive else ("cpu target" in msg and "sm_90a" in msg)
+    assert torch.isnan(o).all()
+
+
+def test_workspace_bytes(dll, good):
+    """fk_workspace_bytes: 0 for exact; FK_ERR_PRECISION for fp8 on the CPU target; the argument
+    checks of a call (a bad head dim, a NULL `bytes`) with *bytes set to 0."""
+    args, _ = good
+    n = ctypes.c_int64(-1)
+    assert dll.fk_workspace_bytes(ctypes.byref(args), ctypes.byref(n)) == B.FK_OK and n.value == 0
+    args.precision = B.FK_PRECISION_FP8
+    n.value = -1
+    assert dll.fk_workspace_bytes(ctypes.byref(args), ctypes.byref(n)) == B.FK_ERR_PRECISION and n.value == 0
+    args.precision, args.head_dim = B.FK_PRECISION_EXACT, 100
+    assert dll.fk_workspace_bytes(ctypes.byref(args), ctypes.byref(n)) == B.FK_ERR_HEAD_DIM
+    assert dll.fk_workspace_bytes(ctypes.byref(args), None) == B.FK_ERR_NULL_POINTER

@@ -68,13 +68,14 @@ int32_t fk_supported_head_dims(int32_t *d, int32_t c) { if (d && c > 0) d[0] = 6
 const char *fk_last_error(void) { return "fake library"; }
 int32_t fk_flash_forward(const void *a) { return 8; }
 int32_t fk_naive_forward(const void *a) { return 8; }
+int32_t fk_workspace_bytes(const void *a, int64_t *n) { *n = 0; return 0; }
 """
 
 
 # ---- loading ------------------------------------------------------------------------------------
 
 def test_load_reports_the_getters(lib, build_root):
-    assert lib.abi_version == 2 == flash_kernel.ABI_VERSION
+    assert lib.abi_version == 3 == flash_kernel.ABI_VERSION
     assert lib.target == "cpu" and lib.flash_path == "cpu"
     assert {64, 128} <= set(lib.head_dims)
     assert lib.path == str((build_root / "cpu" / "libflash_kernel.so").resolve())
@@ -88,9 +89,10 @@ def test_missing_library_says_how_to_build(tmp_path):
     assert isinstance(ei.value, flash_kernel.KernelError)
 
 
-@pytest.mark.parametrize("version", [1, 3])
+@pytest.mark.parametrize("version", [1, 2, 4])
 def test_abi_mismatch_is_refused(tmp_path, version):
-    """A library of ABI 1 (before the log-sum-exp) reads a shorter argument struct: refused."""
+    """A library of ABI 1 or 2 (before the log-sum-exp, before the precision) reads a shorter
+    argument struct, one of a later ABI perhaps a longer one: refused."""
     so = gcc_so(tmp_path, f"abi{version}", FAKE_ABI % version)
     with pytest.raises(flash_kernel.AbiMismatch) as ei:
         flash_kernel.load(so)
@@ -142,6 +144,18 @@ def test_last_flash_path_is_per_thread(lib):
     t.start()
     t.join()
     assert seen == [""] and lib.last_flash_path() == "cpu"
+
+
+def test_a_library_without_fk_workspace_bytes_has_no_fp8(tmp_path):
+    """fk_workspace_bytes is optional within ABI 3: a library without it loads, and its fp8 call
+    is refused (FK_ERR_PRECISION) before any argument reaches it."""
+    source = FAKE_ABI.replace("int32_t fk_workspace_bytes(const void *a, int64_t *n) { *n = 0; return 0; }\n", "")
+    assert "fk_workspace_bytes" not in source
+    fake = flash_kernel.load(gcc_so(tmp_path, "nows", source % B.ABI_VERSION))
+    q = torch.zeros(1, 1, 4, 64)
+    with pytest.raises(flash_kernel.KernelError) as exc:
+        fake.fp8_attention(q, q, q)
+    assert exc.value.status == B.FK_ERR_PRECISION and "no FP8 kernel" in str(exc.value)
 
 
 def test_a_library_without_fk_last_flash_path_cannot_say_which_path_ran(tmp_path):

@@ -192,8 +192,45 @@ def test_fp8_on_a_device_without_the_kernel_is_refused_never_run_exact():
         flash_kernel.attention(q, q, q, precision="fp8")
     assert isinstance(exc.value, fp8.Fp8Unavailable)
     assert "meta" in str(exc.value) and "sm_90" in str(exc.value) and "not in this build" in str(exc.value)
-    with pytest.raises(fp8.Fp8Unavailable, match=r"cuda:1.*sm_90"):
-        fp8.check_device("cuda:1")
+
+
+def test_fp8_on_cuda_needs_an_sm_90a_library_on_a_cc_9_0_device(monkeypatch):
+    """CUDA tensors go to the library's FP8 kernel only where it has one: an sm_90a library on a
+    cc 9.0 device; each other case is refused with its reason (torch.cuda stood in for)."""
+    class StandIn:
+        target = "sm_90"
+
+    lib = StandIn()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(fp8.Fp8Unavailable, match=r"cuda:1: CUDA is not available"):
+        fp8.check_device("cuda:1", lib)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cc = [(9, 0)]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc[0])
+    with pytest.raises(fp8.Fp8Unavailable, match=r"sm_90a libraries only \(this one is sm_90\)"):
+        fp8.check_device("cuda:0", lib)
+    lib.target = "sm_90a"
+    fp8.check_device("cuda:0", lib)  # the kernel's own case: no refusal
+    cc[0] = (8, 0)
+    with pytest.raises(fp8.Fp8Unavailable, match=r"needs a cc 9.0 device \(Hopper\), this one is cc 8.0"):
+        fp8.check_device("cuda:0", lib)
+
+
+def test_fp8_kernel_refusals_become_fp8_unavailable():
+    """The library's refusals of a call it has no FP8 kernel for (a head dim past 128, a build
+    without it) reach the caller as Fp8Unavailable, never as exact attention."""
+    from flash_kernel import _binding
+
+    class Refusing:
+        target = "sm_90a"
+
+        def fp8_attention(self, *args):
+            raise _binding.KernelError("fk_flash_forward failed: FK_ERR_HEAD_DIM: head_dim 256 has no fp8 kernel",
+                                       _binding.FK_ERR_HEAD_DIM)
+
+    q = torch.ones(1, 1, 8, 256)
+    with pytest.raises(fp8.Fp8Unavailable, match="head_dim 256 has no fp8 kernel"):
+        fp8._kernel(q, q, q, None, "bhnd", False, Refusing())
 
 
 def test_unknown_precision_and_bad_inputs_are_refused():

@@ -125,11 +125,30 @@ def test_lse_cost_is_the_ratio_of_the_two_public_calls(bench):
             {"method": "ours_lse", "shape": [1, 2, 3, 3, 64], "times_ms": [1.2, 1.2, 1.1, 1.3]},
             {"method": "sdpa_flash", "shape": [1, 2, 3, 3, 64], "times_ms": [5.0] * 4},
             {"method": "ours", "shape": [1, 1, 9, 9, 128], "times_ms": [2.0] * 4}]
-    (cost,) = mod.lse_costs(rows)
+    (cost,) = mod.pair_ratios(rows, "ours_lse", "ours")
     assert cost["shape"] == [1, 2, 3, 3, 64]
     assert cost["ratio"] == pytest.approx(1.2 / 1.0)
     lo, hi = cost["ci95"]
     assert lo <= cost["ratio"] <= hi
+
+
+def test_fp8_speedup_is_ours_over_ours_fp8(bench):
+    """--fp8: median(ours) / median(ours_fp8) per shape, the FP8 kernel's speedup over exact."""
+    mod, _ = bench
+    rows = [{"method": "ours", "shape": [1, 2, 3, 3, 64], "times_ms": [2.0, 2.2, 1.8, 2.0]},
+            {"method": "ours_fp8", "shape": [1, 2, 3, 3, 64], "times_ms": [1.0, 1.0, 1.1, 0.9]},
+            {"method": "ours_fp8", "shape": [1, 1, 9, 9, 128], "times_ms": [2.0] * 4}]
+    (speed,) = mod.pair_ratios(rows, "ours", "ours_fp8")
+    assert speed["shape"] == [1, 2, 3, 3, 64] and speed["ratio"] == pytest.approx(2.0)
+    lo, hi = speed["ci95"]
+    assert lo <= speed["ratio"] <= hi
+
+
+def test_fp8_needs_the_public_call(bench, capsys):
+    mod, _ = bench
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--fp8", "--no-public", "--shape", "1,1,8,64"])
+    assert exc.value.code == 2 and "--fp8" in capsys.readouterr().err
 
 
 def test_lse_needs_the_public_call(bench, capsys):

@@ -126,7 +126,7 @@ def test_lib_parity_passes_and_records_the_library(libs, tmp_path, capsys):
     assert code == 0, err
     data = json.loads(js.read_text())
     assert data["schema"] == "sovereign-audit.parity/1" and data["passed"]
-    assert data["selection"]["library"]["abi_version"] == 2
+    assert data["selection"]["library"]["abi_version"] == 3
     assert data["selection"]["library"]["head_dims"] == [64, 128]
     assert [s["shape"]["name"] for s in data["shapes"]] == ["tiny-64", "tiny-cross"]
     for s in data["shapes"]:

@@ -1,8 +1,9 @@
 """`--precision exact|fp8`: what numerics the measured kernel runs, and the gates FP8 is held to.
 
 exact is the kernel as it always ran. fp8 is opt-in quantized attention (flash_kernel.fp8: INT8
-Q K^T with K smoothed, FP8 P V); it runs where this build has it (the CPU reference today) and is
-refused elsewhere with one usage error, never measured as exact in its place. Every evidence JSON
+Q K^T with K smoothed, FP8 P V); it runs where there is an FP8 kernel (the CPU reference; on CUDA an
+sm_90a library on a cc 9.0 device) and is refused elsewhere with one usage error, never measured
+as exact in its place. Every evidence JSON
 records the precision it ran at, so no FP8 figure is read as an exact one.
 
 FP8 gates (docs/kernel.md, "FP8 attention", has the measurements they rest on). FP8 P V has an
@@ -52,20 +53,20 @@ def check(precision: str) -> str:
     return precision
 
 
-def refusal(device: str) -> str | None:
-    """Why `fp8` cannot run on `device`, or None where it can."""
+def refusal(device: str, library=None) -> str | None:
+    """Why `fp8` cannot run on `device` (with `library`: None, ours for the device), or None."""
     try:
-        fp8.check_device(device)
+        fp8.check_device(device, library)
     except fp8.Fp8Unavailable as exc:
         return str(exc)
     return None
 
 
-def require(precision: str, device: str) -> None:
+def require(precision: str, device: str, library=None) -> None:
     """A usage error (exit 2) for fp8 on a device without it."""
     check(precision)
     if precision == "fp8":
-        why = refusal(device)
+        why = refusal(device, library)
         if why:
             raise UsageError(f"--precision fp8: {why}")
 
@@ -79,7 +80,12 @@ def apply(sel, precision: str):
     """The selection measured at `precision`: for our library at fp8, its primary becomes the
     precision="fp8" call (the oracle stays the exact naive path); a --candidate keeps its own
     function (it brings its own numerics) and is only held to the fp8 gates."""
-    require(precision, sel.device)
+    lib = None
+    if precision == "fp8" and sel.kind != "candidate" and sel.library.get("path"):
+        import flash_kernel
+
+        lib = flash_kernel.load(sel.library["path"])  # the selected library, not the default one
+    require(precision, sel.device, lib)
     if precision == "exact":
         return sel
     from audit.evidence.selection import Backend
@@ -87,11 +93,11 @@ def apply(sel, precision: str):
     primary = sel.primary
     if sel.kind != "candidate":
         def fn(q, k, v, scale=None):
-            import flash_kernel
+            return fp8.attention(q, k, v, scale=scale, library=lib)
 
-            return flash_kernel.attention(q, k, v, scale=scale, precision="fp8")
-
+        numerics = ("CPU reference numerics" if sel.device == "cpu"
+                    else f"the FP8 kernel of the {sel.library.get('target')} library")
         primary = Backend(FP8_BACKEND, fn, sovereign=True,
-                          about=f"flash_kernel.attention(precision='fp8'), CPU reference numerics "
+                          about=f"flash_kernel.attention(precision='fp8'), {numerics} "
                                 f"({fp8.CHOSEN.describe()})")
     return dataclasses.replace(sel, primary=primary, precision=precision)

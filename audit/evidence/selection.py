@@ -161,20 +161,6 @@ def library_device(lib) -> str:
 # ---------------------------------------------------------------------------------------------
 # Calling the C ABI directly, into an output we allocate (and poison) ourselves.
 
-class _Args(ctypes.Structure):
-    _fields_ = [
-        ("abi_version", ctypes.c_int32), ("dtype", ctypes.c_int32),
-        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
-        ("o", ctypes.c_void_p),
-        ("batch", ctypes.c_int64), ("heads", ctypes.c_int64), ("nq", ctypes.c_int64),
-        ("nk", ctypes.c_int64), ("head_dim", ctypes.c_int64),
-        ("q_stride", ctypes.c_int64 * 3), ("k_stride", ctypes.c_int64 * 3),
-        ("v_stride", ctypes.c_int64 * 3), ("o_stride", ctypes.c_int64 * 3),
-        ("scale", ctypes.c_float), ("stream", ctypes.c_void_p),
-        ("lse", ctypes.c_void_p), ("lse_stride", ctypes.c_int64 * 3),  # ABI 2; NULL: not asked for
-    ]
-
-
 class RawAbi:
     """fk_flash_forward / fk_naive_forward through ctypes with a caller-owned output.
 
@@ -183,10 +169,13 @@ class RawAbi:
     """
 
     def __init__(self, path: str):
+        from flash_kernel._binding import AttentionArgs  # the one declaration of the header's struct
+
+        self._args = AttentionArgs
         self._dll = ctypes.CDLL(path)
         for name in ("fk_flash_forward", "fk_naive_forward"):
             fn = getattr(self._dll, name)
-            fn.argtypes = [ctypes.POINTER(_Args)]
+            fn.argtypes = [ctypes.POINTER(AttentionArgs)]
             fn.restype = ctypes.c_int32
         self._dll.fk_last_error.restype = ctypes.c_char_p
         self._dll.fk_last_error.argtypes = []
@@ -208,8 +197,10 @@ class RawAbi:
         else:
             b, nq, h, d = q.shape
             nk = k.shape[1]
-        a = _Args()
-        a.abi_version = 2
+        from flash_kernel._binding import ABI_VERSION
+
+        a = self._args()
+        a.abi_version = ABI_VERSION
         a.dtype = codes[q.dtype]
         a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         a.batch, a.heads, a.nq, a.nk, a.head_dim = b, h, nq, nk, d

@@ -30,8 +30,10 @@ extern "C" {
 #endif
 
 /* ABI 2 added the log-sum-exp output (fk_attention_args.lse, .lse_stride) at the end of the
- * argument struct; a library of ABI 1 refuses arguments of ABI 2 (FK_ERR_ABI) and the reverse. */
-#define FK_ABI_VERSION 2
+ * argument struct; ABI 3 the precision and its workspace (.precision, .workspace,
+ * .workspace_bytes) after them, and fk_workspace_bytes. A library refuses arguments of any other
+ * ABI (FK_ERR_ABI): the struct's size differs. */
+#define FK_ABI_VERSION 3
 
 typedef enum fk_dtype {
     FK_DTYPE_F32 = 0,
@@ -50,8 +52,21 @@ typedef enum fk_status {
     FK_ERR_SCALE = 7,          /* scale negative, NaN or infinite */
     FK_ERR_LAUNCH = 8,         /* the runtime refused the launch (message carries its text) */
     FK_ERR_NO_MEMORY = 9,      /* fk_naive_forward could not allocate its score workspace */
-    FK_ERR_ABI = 10            /* args->abi_version differs from FK_ABI_VERSION */
+    FK_ERR_ABI = 10,           /* args->abi_version differs from FK_ABI_VERSION */
+    FK_ERR_PRECISION = 11,     /* precision not one of fk_precision, or not available on this
+                                * target, device or head dim (the message says which) */
+    FK_ERR_WORKSPACE = 12      /* workspace NULL, smaller than fk_workspace_bytes, or not 16-byte aligned */
 } fk_status;
+
+/* ABI 3. FK_PRECISION_EXACT: the kernel as described above. FK_PRECISION_FP8: quantized attention
+ * (flash_kernel/fp8.py's scheme: INT8 Q K^T with K smoothed, e4m3 P V, per-block scales computed
+ * inside the call) where the target has FP8 tensor cores (sm_90a builds on a cc 9.0 device, head
+ * dims 32..128); inputs and output stay in `dtype`. It needs the workspace fk_workspace_bytes
+ * names, on the device, and is then CUDA-graph safe as the exact path is. */
+typedef enum fk_precision {
+    FK_PRECISION_EXACT = 0,
+    FK_PRECISION_FP8 = 1
+} fk_precision;
 
 typedef struct fk_attention_args {
     int32_t abi_version;       /* must be FK_ABI_VERSION */
@@ -78,6 +93,10 @@ typedef struct fk_attention_args {
      * partial outputs by. NULL: nothing is written, and the kernels skip it at no cost. */
     float *lse;
     int64_t lse_stride[3];
+    /* ABI 3. fk_precision; FK_PRECISION_EXACT needs no workspace (NULL, 0). */
+    int32_t precision;
+    void *workspace;           /* device memory of workspace_bytes >= fk_workspace_bytes(args) */
+    int64_t workspace_bytes;
 } fk_attention_args;
 
 /* FK_ABI_VERSION of the library: a caller refuses a library whose version differs. */
@@ -105,6 +124,12 @@ const char *fk_last_error(void);
  * Added within ABI 1: a caller that finds no such symbol treats the path as unknown. */
 const char *fk_last_flash_path(void);
 
+/* The workspace fk_flash_forward needs for these arguments (their sizes, head dim and precision),
+ * in bytes, into *bytes: 0 for FK_PRECISION_EXACT. Refuses what fk_flash_forward would refuse for
+ * its arguments alone (FK_ERR_PRECISION where this build has no such kernel); needs no device.
+ * Optional: a library that does not export it has no path that needs a workspace (no FP8). */
+int32_t fk_workspace_bytes(const fk_attention_args *args, int64_t *bytes);
+
 /* Flash forward: tiled online softmax, never materialising Nq x Nk. CUDA-graph safe (no
  * allocation, no synchronisation). Writes O, and the log-sum-exp where args->lse is non-NULL. */
 int32_t fk_flash_forward(const fk_attention_args *args);
@@ -112,7 +137,7 @@ int32_t fk_flash_forward(const fk_attention_args *args);
 /* Naive (pre-flash) forward: S = scale * Q K^T into an fp32 workspace it allocates per head
  * group, row softmax, then S V. The oracle the seed measured against. Not graph safe. Writes the
  * log-sum-exp too where args->lse is non-NULL. */
-int32_t fk_naive_forward(const fk_attention_args *args);
+int32_t fk_naive_forward(const fk_attention_args *args);  /* FK_PRECISION_EXACT only: the oracle */
 
 #ifdef __cplusplus
 }

@@ -103,6 +103,8 @@ inline int32_t validate(const fk_attention_args *a, int64_t vector_bytes, Valida
     if (a->abi_version != FK_ABI_VERSION)
         return fail(FK_ERR_ABI, "args.abi_version is %d; this library implements ABI %d",
                     (int)a->abi_version, FK_ABI_VERSION);
+    if (a->precision != FK_PRECISION_EXACT && a->precision != FK_PRECISION_FP8)
+        return fail(FK_ERR_PRECISION, "precision %d is not exact (0) or fp8 (1)", (int)a->precision);
     if (!a->q || !a->k || !a->v || !a->o) return fail(FK_ERR_NULL_POINTER, "q, k, v and o must be non-NULL");
     int64_t es = dtype_size(a->dtype);
     if (es == 0) return fail(FK_ERR_DTYPE, "dtype %d is not f32 (0), f16 (1) or bf16 (2)", (int)a->dtype);
@@ -155,6 +157,12 @@ inline int32_t validate(const fk_attention_args *a, int64_t vector_bytes, Valida
     v->scale = a->scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(a->head_dim)) : a->scale;
     v->elem_bytes = es;
     return FK_OK;
+}
+
+// The refusal of FK_PRECISION_FP8 where this build or path has no FP8 kernel.
+inline int32_t no_fp8(const char *where) {
+    return fail(FK_ERR_PRECISION, "precision fp8 is not available %s: the FP8 kernel needs FP8 tensor cores "
+                "(an sm_90a build on a cc 9.0 device, head dims 32..128)", where);
 }
 
 }  // namespace fk

@@ -371,6 +371,9 @@ int32_t forward(const fk_attention_args *args, bool naive) {
     fk::Validated v{};
     int32_t st = fk::validate(args, 0, &v);
     if (st != FK_OK) return st;
+    if (args->precision != FK_PRECISION_EXACT)
+        return naive ? fk::fail(FK_ERR_PRECISION, "the naive path is exact only: it is the oracle")
+                     : fk::no_fp8("on the cpu target (flash_kernel.fp8 holds the CPU reference numerics)");
     try {
         switch (args->dtype) {
             case FK_DTYPE_F32: return by_dim<F32>(*args, v.scale, naive);
@@ -408,5 +411,14 @@ int32_t fk_flash_forward(const fk_attention_args *args) {
 }
 
 int32_t fk_naive_forward(const fk_attention_args *args) { return forward(args, true); }
+
+int32_t fk_workspace_bytes(const fk_attention_args *args, int64_t *bytes) {
+    if (bytes == nullptr) return fk::fail(FK_ERR_NULL_POINTER, "bytes is NULL");
+    *bytes = 0;
+    fk::Validated v{};
+    if (int32_t st = fk::validate(args, 0, &v)) return st;
+    if (args->precision != FK_PRECISION_EXACT) return fk::no_fp8("on the cpu target");
+    return fk::ok();
+}
 
 }  // extern "C"

@@ -1,7 +1,8 @@
 // fk_gpu.hip: the C ABI of flash_kernel.h for GPU targets (HIP dialect; nvcc compiles it through
 // gpu/fk_hip_compat.h). One translation unit: host dispatch here, kernels in gpu/*.h.
 //
-// Paths: wgmma (sm_90a builds (-DFK_WGMMA) on a cc 9.0 device, fp16/bf16), mma_sync (NVIDIA
+// Paths: fp8 (precision FK_PRECISION_FP8: sm_90a builds on a cc 9.0 device, head dims up to 128,
+// gpu/fk_fp8.h), wgmma (sm_90a builds (-DFK_WGMMA) on a cc 9.0 device, fp16/bf16), mma_sync (NVIDIA
 // sm_80+, fp16/bf16), generic (fp32, and every case on AMD or under -DFK_FORCE_GENERIC), naive
 // (fk_naive_forward). Every path runs every head dim 32..256 in steps of 8, each on the kernel of
 // its head-dim bucket (fk_traits.h).
@@ -13,6 +14,7 @@
 #include "gpu/fk_naive.h"
 #include "gpu/fk_traits.h"
 #include "gpu/fk_wgmma.h"
+#include "gpu/fk_fp8.h"
 
 #include <atomic>
 #include <cstdio>
@@ -356,6 +358,101 @@ int32_t dispatch_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t d, int64
 }
 #endif
 
+#if defined(FK_HAVE_FP8)
+// The FP8 kernel's head-dim bucket, and its workspace for these arguments (false: sizes overflow).
+inline int fp8_bucket(int64_t d) { return d <= 64 ? 64 : 128; }
+inline bool fp8_layout(const fk_attention_args *a, fk::fp8::Layout *l) {
+    return fk::fp8::layout_for(a->batch, a->heads, a->nq, a->nk, fp8_bucket(a->head_dim), l);
+}
+
+// Refuses what the FP8 kernel cannot run, whatever the device: head dims past 128, sizes past int32.
+int32_t fp8_shape_ok(const fk_attention_args *a, fk::fp8::Layout *l) {
+    if (a->head_dim > fk::fp8::kMaxDim)
+        return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld has no fp8 kernel (precision fp8 takes head dims 32..%d)",
+                        (long long)a->head_dim, fk::fp8::kMaxDim);
+    if (a->nq > INT32_MAX - fk::fp8::BM || a->nk > INT32_MAX - fk::fp8::BN)
+        return fk::fail(FK_ERR_SIZE, "precision fp8 takes nq and nk below 2^31 - 128");
+    if (!fp8_layout(a, l)) return fk::fail(FK_ERR_SIZE, "the fp8 workspace for these sizes overflows a 64-bit size");
+    return FK_OK;
+}
+
+template <class E, int D>
+int32_t run_fp8(const fk_attention_args *a, const fk::Validated &v, const fk::fp8::Layout &lay, hipStream_t s, int dev) {
+    namespace f8 = fk::fp8;
+    using Tile = f8::Fp8Tile<D>;
+    f8::Fp8Params p{};
+    p.q = a->q;
+    p.k = a->k;
+    p.v = a->v;
+    p.o = a->o;
+    p.heads = a->heads;
+    p.nq = a->nq;
+    p.nk = a->nk;
+    for (int i = 0; i < 3; ++i) {
+        p.qs[i] = a->q_stride[i];
+        p.ks[i] = a->k_stride[i];
+        p.vs[i] = a->v_stride[i];
+        p.os[i] = a->o_stride[i];
+        p.ls[i] = a->lse_stride[i];
+    }
+    p.d = static_cast<int32_t>(a->head_dim);
+    p.scale = v.scale;
+    p.scale_log2 = v.scale * fk::kLog2e;
+    p.lse = a->lse;
+    p.qblocks = static_cast<int32_t>(lay.qblocks);
+    p.ntiles = static_cast<int32_t>(lay.ntiles);
+    p.chunks = static_cast<int32_t>(lay.chunks);
+    p.ws = static_cast<unsigned char *>(a->workspace);
+    p.lay = lay;
+    auto kernel = f8::attention_kernel<E, D>;
+    static std::atomic<uint64_t> opted;
+    if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted, "flash (fp8)")) return st;
+    const unsigned qtiles = static_cast<unsigned>((a->nq + f8::BM - 1) / f8::BM);
+    const int64_t bh_total = a->batch * a->heads;
+    for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
+        p.bh0 = bh0;
+        const unsigned n = static_cast<unsigned>(bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY);
+        f8::stats_kernel<E><<<dim3(static_cast<unsigned>(p.chunks), n), 256, 0, s>>>(p);
+        if (int32_t st = check_launch("fp8 statistics")) return st;
+        f8::stats_finish_kernel<<<n, f8::kMaxDim, 0, s>>>(p);
+        if (int32_t st = check_launch("fp8 statistics")) return st;
+        f8::quant_qk_kernel<E, false><<<dim3(static_cast<unsigned>(p.qblocks), n), 256, 0, s>>>(p);
+        if (int32_t st = check_launch("fp8 quantization of Q")) return st;
+        f8::quant_qk_kernel<E, true><<<dim3(static_cast<unsigned>(p.ntiles), n), 256, 0, s>>>(p);
+        if (int32_t st = check_launch("fp8 quantization of K")) return st;
+        f8::quant_v_kernel<E, D><<<dim3(static_cast<unsigned>(p.ntiles), n), 256, 0, s>>>(p);
+        if (int32_t st = check_launch("fp8 quantization of V")) return st;
+        kernel<<<dim3(qtiles, n), f8::kThreads, Tile::kSmemBytes, s>>>(p);
+        if (int32_t st = check_launch("flash (fp8)")) return forget_opt_in(st, dev, opted);
+    }
+    return fk::ran(FK_OK, "fp8");
+}
+#endif
+
+// precision fp8: the FP8 kernel where this build and device have it, else FK_ERR_PRECISION.
+int32_t dispatch_fp8(const fk_attention_args *a, const fk::Validated &v) {
+#if defined(FK_HAVE_FP8)
+    fk::fp8::Layout lay{};
+    if (int32_t st = fp8_shape_ok(a, &lay)) return st;
+    const int dev = current_device();
+    if (!wgmma_usable(dev)) return fk::no_fp8("on this device");
+    if (a->workspace == nullptr || a->workspace_bytes < lay.total || reinterpret_cast<uintptr_t>(a->workspace) % 16 != 0)
+        return fk::fail(FK_ERR_WORKSPACE, "precision fp8 needs a 16-byte aligned workspace of %lld bytes (fk_workspace_bytes); "
+                        "given %lld bytes at %p", (long long)lay.total, (long long)a->workspace_bytes, a->workspace);
+    hipStream_t s = static_cast<hipStream_t>(a->stream);
+    const bool d64 = fp8_bucket(a->head_dim) == 64;
+    switch (a->dtype) {
+        case FK_DTYPE_F16: return d64 ? run_fp8<fk::F16, 64>(a, v, lay, s, dev) : run_fp8<fk::F16, 128>(a, v, lay, s, dev);
+        case FK_DTYPE_BF16: return d64 ? run_fp8<fk::BF16, 64>(a, v, lay, s, dev) : run_fp8<fk::BF16, 128>(a, v, lay, s, dev);
+        default: return d64 ? run_fp8<fk::F32, 64>(a, v, lay, s, dev) : run_fp8<fk::F32, 128>(a, v, lay, s, dev);
+    }
+#else
+    (void)a;
+    (void)v;
+    return fk::no_fp8("in this build (no sm_90a kernels)");
+#endif
+}
+
 int32_t dispatch_flash(const fk::FlashParams &p, int32_t dtype, int64_t d, int64_t batch, hipStream_t s, int64_t bh) {
 #if defined(FK_HAVE_MMA)
     const int dev = current_device();
@@ -506,6 +603,10 @@ int32_t fk_flash_forward(const fk_attention_args *args) {
     fk::Validated v{};
     // Both flash paths load 16 bytes at a time: pointers and row strides must allow it.
     if (int32_t st = fk::validate(args, fk::kVectorBytes, &v)) return st;
+    if (args->precision == FK_PRECISION_FP8) {
+        if (int32_t st = dispatch_fp8(args, v)) return st;
+        return fk::ok();
+    }
     const fk::FlashParams p = flash_params(args, v);
     if (int32_t st = dispatch_flash(p, args->dtype, args->head_dim, args->batch, static_cast<hipStream_t>(args->stream),
                                     args->batch * args->heads))
@@ -513,9 +614,26 @@ int32_t fk_flash_forward(const fk_attention_args *args) {
     return fk::ok();
 }
 
+int32_t fk_workspace_bytes(const fk_attention_args *args, int64_t *bytes) {
+    if (bytes == nullptr) return fk::fail(FK_ERR_NULL_POINTER, "bytes is NULL");
+    *bytes = 0;
+    fk::Validated v{};
+    if (int32_t st = fk::validate(args, 0, &v)) return st;
+    if (args->precision == FK_PRECISION_EXACT) return fk::ok();
+#if defined(FK_HAVE_FP8)
+    fk::fp8::Layout lay{};
+    if (int32_t st = fp8_shape_ok(args, &lay)) return st;
+    *bytes = lay.total;
+    return fk::ok();
+#else
+    return fk::no_fp8("in this build");
+#endif
+}
+
 int32_t fk_naive_forward(const fk_attention_args *args) {
     fk::Validated v{};
     if (int32_t st = fk::validate(args, 0, &v)) return st;
+    if (args->precision != FK_PRECISION_EXACT) return fk::fail(FK_ERR_PRECISION, "the naive path is exact only: it is the oracle");
     hipStream_t s = static_cast<hipStream_t>(args->stream);
     int32_t st = FK_OK;
     switch (args->dtype) {

@@ -1,0 +1,591 @@
+// fk_fp8.h: FP8 attention on Hopper (sm_90a; precision FK_PRECISION_FP8; head dims 32..128).
+//
+// The numerics are flash_kernel/fp8.py's CHOSEN scheme, which the GPU tests use as the oracle:
+// K smoothed (its mean over the keys subtracted, per (batch, head) and channel), Q and K rounded to
+// INT8 with one scale per block (Q: 64 rows, one consumer warpgroup; K: one 128-key tile), Q K^T
+// exact in int32; P (against the running maximum) scaled by 448 and V by one scale per channel,
+// both e4m3; P V in the FP8 tensor core per tile, the tiles summed in fp32 (two-level).
+//
+// Two stages in one call, on the caller's stream, into the caller's workspace (fk_workspace_bytes):
+//  1. Quantization: stats (per-chunk partial sums of K and maxima of |V|, then their reduction to
+//     K's mean and V's scales), then Q, K and V written in the exact shared-memory image the
+//     attention kernel reads: 128-byte rows (Q and K rows zero-padded past the head dim), the
+//     128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)), V transposed (one row per channel,
+//     keys along it) with the keys of every 32 permuted to match P's register fragments (below).
+//     Every tile is contiguous, so the attention kernel loads it with one 1-D bulk copy: no tensor
+//     map, and the caller's strides and layout matter only here.
+//  2. Attention: warpgroup 0 produces (bulk copies into a ring of kStages K/V slots, mbarriers),
+//     warpgroups 1 and 2 consume 64 query rows each, taking turns to issue their GEMMs (ping-pong)
+//     so one's softmax overlaps the other's tensor-core work; each turn issues S(j) = Q K(j)^T
+//     (wgmma s8, k32) with P(j-1) V(j-1) (wgmma e4m3, P from registers).
+//
+// P from registers: the A fragment of a k32 wgmma holds, per thread, rows r and r + 8 and k columns
+// 4(lane%4)..+3 and 16 + 4(lane%4)..+3; the S accumulator holds keys 8t + 2(lane%4) + {0, 1} of
+// n8 tile t. A thread's four S values of rows r in n8 tiles 4g and 4g + 1 fill its k columns
+// 4(lane%4)..+3 of k32 group g, so the P V reduction runs over keys in the order
+//     k column c -> key (c / 16) * 16 + ((c % 4) / 2) * 8 + 2 ((c % 16) / 4) + (c % 2)
+// and V^T's bytes of each 32 keys are stored in that order by the quantization (kPermutedKey).
+#ifndef FK_FP8_H
+#define FK_FP8_H
+
+#include "gpu/fk_wgmma.h"
+
+#if defined(FK_HAVE_WGMMA)
+#define FK_HAVE_FP8 1
+
+namespace fk {
+namespace fp8 {
+
+constexpr int kQBlock = 64;       // query rows per Q scale: one consumer warpgroup (fp8.Q_BLOCK)
+constexpr int BM = 128;           // query rows per block: two consumers
+constexpr int BN = 128;           // keys per K/V tile and per K scale (fp8.kv_tile(D) for D <= 128)
+constexpr int kRowBytes = 128;    // one swizzled row: Q and K rows (int8, padded), V^T rows (BN keys)
+constexpr int kMaxDim = 128;      // head dims this kernel takes (bucket 64 up to 64, 128 above)
+constexpr int kStatKeys = 1024;   // keys per partial of the K mean / V maximum
+constexpr int kStages = 4;        // K/V slots in the ring
+constexpr int kThreads = 384;     // producer + two consumers
+constexpr int kQTileBytes = kQBlock * kRowBytes;  // one consumer's Q
+constexpr int kKTileBytes = BN * kRowBytes;
+constexpr float kE4m3Max = 448.0f, kInt8Max = 127.0f;
+constexpr float kPScale = kE4m3Max;  // P in [0, 1] times this before its e4m3 rounding
+
+template <int D> struct Fp8Tile {
+    static_assert(D == 64 || D == 128, "fp8 buckets: 64 and 128");
+    static constexpr int kVTileBytes = D * kRowBytes;  // V^T: D rows of BN keys
+    static constexpr int kQBytes = 2 * kQTileBytes;
+    static constexpr int kSmemBytes = 1024 + kQBytes + kStages * (kKTileBytes + kVTileBytes) + 8 * (2 + 3 * kStages);
+    static constexpr int kKSteps = D / 32;  // k32 steps of Q K^T over the columns that can hold data
+};
+
+// The workspace, carved from one caller buffer: every region starts on a 1 KiB boundary.
+struct Layout {
+    int64_t bh, nq, nk, qblocks, ntiles, chunks;
+    int64_t q_img, k_img, v_img, q_scale, k_scale, k_mean, v_scale, q_shift, k_part, v_part, total;
+};
+
+inline int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// The byte offsets of every region for these sizes; false where they overflow int64.
+inline bool layout_for(int64_t batch, int64_t heads, int64_t nq, int64_t nk, int dbucket, Layout *l) {
+    l->bh = batch * heads;
+    l->nq = nq;
+    l->nk = nk;
+    l->qblocks = (nq + kQBlock - 1) / kQBlock;
+    l->ntiles = (nk + BN - 1) / BN;
+    l->chunks = (nk + kStatKeys - 1) / kStatKeys;
+    const int64_t sizes[10] = {
+        l->qblocks * kQTileBytes, l->ntiles * kKTileBytes, l->ntiles * int64_t(dbucket) * kRowBytes,
+        l->qblocks * 4, l->ntiles * 4, int64_t(kMaxDim) * 4, int64_t(kMaxDim) * 4, nq * 4,
+        l->chunks * kMaxDim * 4, l->chunks * kMaxDim * 4};
+    int64_t *offsets[10] = {&l->q_img, &l->k_img, &l->v_img, &l->q_scale, &l->k_scale,
+                            &l->k_mean, &l->v_scale, &l->q_shift, &l->k_part, &l->v_part};
+    int64_t at = 0;
+    for (int i = 0; i < 10; ++i) {
+        // per (batch, head) sizes times bh, each region 1 KiB aligned
+        if (sizes[i] < 0 || (l->bh > 0 && sizes[i] > (INT64_MAX / 2) / l->bh)) return false;
+        const int64_t bytes = align_up(sizes[i] * l->bh, 1024);
+        *offsets[i] = at;
+        if (at > INT64_MAX / 2 - bytes) return false;
+        at += bytes;
+    }
+    l->total = at;
+    return true;
+}
+
+struct Fp8Params {
+    const void *q, *k, *v;
+    void *o;
+    int64_t heads, nq, nk;
+    int64_t qs[3], ks[3], vs[3], os[3];
+    int32_t d;           // the head dim (<= the bucket D)
+    float scale;         // softmax scale (natural)
+    float scale_log2;    // scale * log2(e)
+    float *lse;          // the log-sum-exp per row, or null
+    int64_t ls[3];
+    int64_t bh0;         // first (batch * heads + head) of this launch
+    int32_t qblocks, ntiles, chunks;
+    unsigned char *ws;   // the workspace; regions at Layout's offsets
+    Layout lay;
+};
+
+FK_DEVICE int64_t elem_offset(const int64_t (&st)[3], int64_t bh, int64_t heads, int64_t n, int64_t col) {
+    return (bh / heads) * st[0] + (bh % heads) * st[1] + n * st[2] + col;
+}
+
+template <class E> FK_DEVICE float load_elem(const void *base, int64_t off) {
+    return E::to_float(static_cast<const typename E::storage *>(base)[off]);
+}
+
+// Swizzled byte offset of 16-byte chunk `c` of row `r` in a 128-byte-row image.
+FK_DEVICE int swz(int r, int c) { return r * kRowBytes + ((c ^ (r % 8)) * 16); }
+
+// The key (0..31 within its group of 32) that P V's k column `c` multiplies (see the top).
+FK_DEVICE int permuted_key(int c) { return (c / 16) * 16 + ((c % 4) / 2) * 8 + 2 * ((c % 16) / 4) + (c % 2); }
+
+// Two floats as e4m3 (round to nearest even, saturated at +-448): `lo` in the low byte. (The
+// sm_80 pass of an sm_90a build has no such conversion; its fp8 kernels are never launched.)
+FK_DEVICE uint32_t e4m3x2(float lo, float hi) {
+#if defined(FK_WGMMA_DEVICE_OK)
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    (void)lo;
+    (void)hi;
+    __trap();
+    return 0;
+#endif
+}
+FK_DEVICE uint32_t e4m3x4(float a, float b, float c, float d) { return e4m3x2(a, b) | (e4m3x2(c, d) << 16); }
+
+// Four floats as INT8 (fp8.to_int8: x / scale rounded half to even, clamped to +-127): x[0] lowest.
+FK_DEVICE uint32_t int8x4(const float *x, float scale) {
+    uint32_t r = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        int q = __float2int_rn(x[i] / scale);
+        q = q > 127 ? 127 : (q < -127 ? -127 : q);
+        r |= (uint32_t(q) & 0xffu) << (8 * i);
+    }
+    return r;
+}
+
+// Block-wide maximum of non-negative floats (every thread gets it). `red`: 32 floats of shared memory.
+FK_DEVICE float block_max(float x, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, fk_shfl_xor(x, o));
+    const int w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads();  // red may still be read by a previous call
+    if (threadIdx.x % 32 == 0) red[w] = x;
+    __syncthreads();
+    float m = 0.0f;
+    for (int i = 0; i < nw; ++i) m = fmaxf(m, red[i]);
+    return m;
+}
+
+// ---------------- stage 1: quantization ----------------
+
+// Per (chunk of kStatKeys keys, (b, h)): the sum of K and the maximum of |V| per channel.
+template <class E>
+__global__ void __launch_bounds__(256) stats_kernel(Fp8Params p) {
+    __shared__ float part[2][2][kMaxDim];
+    const int64_t bh = p.bh0 + blockIdx.y;
+    const int col = threadIdx.x % kMaxDim, half = threadIdx.x / kMaxDim;
+    const int64_t n0 = int64_t(blockIdx.x) * kStatKeys, n1 = n0 + kStatKeys < p.nk ? n0 + kStatKeys : p.nk;
+    float sum = 0.0f, vmax = 0.0f;
+    if (col < p.d) {
+        for (int64_t n = n0 + half; n < n1; n += 2) {
+            sum += load_elem<E>(p.k, elem_offset(p.ks, bh, p.heads, n, col));
+            vmax = fmaxf(vmax, fabsf(load_elem<E>(p.v, elem_offset(p.vs, bh, p.heads, n, col))));
+        }
+    }
+    part[0][half][col] = sum;
+    part[1][half][col] = vmax;
+    __syncthreads();
+    if (half == 0) {
+        const int64_t at = (bh * p.chunks + blockIdx.x) * kMaxDim + col;
+        reinterpret_cast<float *>(p.ws + p.lay.k_part)[at] = part[0][0][col] + part[0][1][col];
+        reinterpret_cast<float *>(p.ws + p.lay.v_part)[at] = fmaxf(part[1][0][col], part[1][1][col]);
+    }
+}
+
+// Per (b, h): K's mean per channel and V's scale per channel (max |V| / 448; 1 for a zero channel).
+__global__ void __launch_bounds__(kMaxDim) stats_finish_kernel(Fp8Params p) {
+    const int64_t bh = p.bh0 + blockIdx.x;
+    const int col = threadIdx.x;
+    const float *kp = reinterpret_cast<const float *>(p.ws + p.lay.k_part) + bh * p.chunks * kMaxDim + col;
+    const float *vp = reinterpret_cast<const float *>(p.ws + p.lay.v_part) + bh * p.chunks * kMaxDim + col;
+    float sum = 0.0f, vmax = 0.0f;
+    for (int c = 0; c < p.chunks; ++c) {
+        sum += kp[int64_t(c) * kMaxDim];
+        vmax = fmaxf(vmax, vp[int64_t(c) * kMaxDim]);
+    }
+    const bool real = col < p.d;
+    reinterpret_cast<float *>(p.ws + p.lay.k_mean)[bh * kMaxDim + col] = real ? sum / float(p.nk) : 0.0f;
+    reinterpret_cast<float *>(p.ws + p.lay.v_scale)[bh * kMaxDim + col] = real && vmax > 0.0f ? vmax / kE4m3Max : 1.0f;
+}
+
+// Q (kQBlock rows per block, grid (qblocks, bh)) or smoothed K (BN rows per block, grid (ntiles,
+// bh)) as INT8 with one scale per block, in the attention kernel's swizzled image. Q also gets each
+// row's shift scale * q . mean(K) where the log-sum-exp is asked for (softmax does not see it).
+template <class E, bool kIsK>
+__global__ void __launch_bounds__(256) quant_qk_kernel(Fp8Params p) {
+    constexpr int kRows = kIsK ? BN : kQBlock;
+    constexpr int kChunks = kRows * 8 / 256;  // 16-byte chunks of the image per thread
+    __shared__ float red[32];
+    const int64_t bh = p.bh0 + blockIdx.y;
+    const int64_t r0 = int64_t(blockIdx.x) * kRows;
+    const int64_t rows = kIsK ? p.nk : p.nq;
+    const float *mean = reinterpret_cast<const float *>(p.ws + p.lay.k_mean) + bh * kMaxDim;
+    float x[kChunks][16];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+        const int j = threadIdx.x * kChunks + i, r = j / 8, c0 = (j % 8) * 16;
+        const int64_t n = r0 + r;
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            const int col = c0 + e;
+            float val = 0.0f;
+            if (n < rows && col < p.d) {
+                val = load_elem<E>(kIsK ? p.k : p.q, elem_offset(kIsK ? p.ks : p.qs, bh, p.heads, n, col));
+                if (kIsK) val -= mean[col];
+            }
+            x[i][e] = val;
+            amax = fmaxf(amax, fabsf(val));
+        }
+    }
+    amax = block_max(amax, red);
+    const float scale = amax > 0.0f ? amax / kInt8Max : 1.0f;  // fp8.scales_for
+    if (threadIdx.x == 0)
+        reinterpret_cast<float *>(p.ws + (kIsK ? p.lay.k_scale : p.lay.q_scale))[bh * (kIsK ? p.ntiles : p.qblocks) + blockIdx.x] = scale;
+    unsigned char *img = p.ws + (kIsK ? p.lay.k_img : p.lay.q_img) +
+                         (bh * (kIsK ? p.ntiles : p.qblocks) + blockIdx.x) * int64_t(kRows * kRowBytes);
+    float shift = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+        const int j = threadIdx.x * kChunks + i, r = j / 8, c = j % 8;
+        uint4 w;
+        w.x = int8x4(&x[i][0], scale);
+        w.y = int8x4(&x[i][4], scale);
+        w.z = int8x4(&x[i][8], scale);
+        w.w = int8x4(&x[i][12], scale);
+        *reinterpret_cast<uint4 *>(img + swz(r, c)) = w;
+        if (!kIsK && p.lse != nullptr) {
+#pragma unroll
+            for (int e = 0; e < 16; ++e) shift = fmaf(x[i][e], mean[c * 16 + e], shift);
+        }
+    }
+    if (!kIsK && p.lse != nullptr) {
+        // a row's 8 chunks are held by 8 / kChunks consecutive threads (kChunks 2: a quad)
+#pragma unroll
+        for (int o = 1; o < 8 / kChunks; o <<= 1) shift += fk_shfl_xor(shift, o);
+        const int r = threadIdx.x * kChunks / 8;
+        if (threadIdx.x % (8 / kChunks) == 0 && r0 + r < rows)
+            reinterpret_cast<float *>(p.ws + p.lay.q_shift)[bh * p.nq + r0 + r] = shift * p.scale;
+    }
+}
+
+// V as e4m3 (each channel over its scale), transposed: D rows (channels) of BN keys per tile, the
+// keys of every 32 in P V's order (permuted_key), swizzled. Grid (ntiles, bh); keys past nk and
+// channels past the head dim are 0.
+template <class E, int D>
+__global__ void __launch_bounds__(256) quant_v_kernel(Fp8Params p) {
+    constexpr int kChunks = D * 8 / 256;
+    const int64_t bh = p.bh0 + blockIdx.y;
+    const int64_t n0 = int64_t(blockIdx.x) * BN;
+    const float *vsc = reinterpret_cast<const float *>(p.ws + p.lay.v_scale) + bh * kMaxDim;
+    unsigned char *img = p.ws + p.lay.v_img + (bh * p.ntiles + blockIdx.x) * int64_t(D * kRowBytes);
+#pragma unroll
+    for (int i = 0; i < kChunks; ++i) {
+        const int j = i * 256 + threadIdx.x;  // consecutive threads: consecutive chunks of a row
+        const int ch = j / 8, c = j % 8;      // channel (row of V^T), chunk: byte columns 16c..16c+15
+        const float s = vsc[ch];
+        float x[16];
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+            const int col = c * 16 + e;  // k column of P V: key (col / 32) * 32 + permuted_key(col % 32)
+            const int64_t n = n0 + (col / 32) * 32 + permuted_key(col % 32);
+            x[e] = n < p.nk && ch < p.d ? load_elem<E>(p.v, elem_offset(p.vs, bh, p.heads, n, ch)) / s : 0.0f;
+        }
+        uint4 w;
+        w.x = e4m3x4(x[0], x[1], x[2], x[3]);
+        w.y = e4m3x4(x[4], x[5], x[6], x[7]);
+        w.z = e4m3x4(x[8], x[9], x[10], x[11]);
+        w.w = e4m3x4(x[12], x[13], x[14], x[15]);
+        *reinterpret_cast<uint4 *>(img + swz(ch, c)) = w;
+    }
+}
+
+// ---------------- stage 2: attention ----------------
+
+#if defined(FK_WGMMA_DEVICE_OK)
+using wgmma::mbar_arrive;
+using wgmma::mbar_expect_tx;
+using wgmma::mbar_init;
+using wgmma::mbar_wait;
+using wgmma::named_arrive;
+using wgmma::named_sync;
+using wgmma::smem_desc;
+using wgmma::smem_u32;
+using wgmma::wg_commit;
+using wgmma::wg_fence;
+using wgmma::wg_wait;
+
+// One contiguous tile of the workspace into shared memory, completing on `bar`.
+FK_DEVICE void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar) : "memory");
+}
+template <int R> FK_DEVICE void fence_u32(uint32_t (&r)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+#endif
+
+// Grid (query tiles of BM rows, (b, h) pairs from p.bh0); E: the output's element type.
+template <class E, int D>
+__global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
+#if defined(FK_WGMMA_DEVICE_OK)
+    using T = Fp8Tile<D>;
+    constexpr int S = kStages;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sk = sq + T::kQBytes;                 // slot s: sk + s * kKTileBytes
+    const uint32_t sv = sk + S * kKTileBytes;            // slot s: sv + s * kVTileBytes
+    const uint32_t q_full = sv + S * T::kVTileBytes;     // consumer c: + 8c
+    const uint32_t k_full = q_full + 16, v_full = k_full + 8 * S, empty = v_full + 8 * S;
+
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
+    const int64_t bh = p.bh0 + blockIdx.y;
+    const int ntiles = p.ntiles;
+    const unsigned char *ws = p.ws;
+
+    if (threadIdx.x == 0) {
+        mbar_init(q_full, 1);
+        mbar_init(q_full + 8, 1);
+        for (int s = 0; s < S; ++s) {
+            mbar_init(k_full + 8 * s, 1);
+            mbar_init(v_full + 8 * s, 1);
+            mbar_init(empty + 8 * s, 8);  // lane 0 of every consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ---------------- producer ----------------
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (warp == 0 && lane == 0) {
+            for (int c = 0; c < 2; ++c) {
+                const int64_t qb = int64_t(blockIdx.x) * 2 + c;
+                if (qb >= p.qblocks) {  // a half past nq: computed on stale data, never stored
+                    mbar_arrive(q_full + 8 * c);
+                    continue;
+                }
+                mbar_expect_tx(q_full + 8 * c, kQTileBytes);
+                bulk_load(sq + c * kQTileBytes, ws + p.lay.q_img + (bh * p.qblocks + qb) * kQTileBytes, kQTileBytes,
+                          q_full + 8 * c);
+            }
+            for (int j = 0; j < ntiles; ++j) {
+                const int st = j % S;
+                if (j >= S) mbar_wait(empty + 8 * st, ((j / S) - 1) & 1);
+                const int64_t t = bh * ntiles + j;
+                mbar_expect_tx(k_full + 8 * st, kKTileBytes);
+                bulk_load(sk + st * kKTileBytes, ws + p.lay.k_img + t * kKTileBytes, kKTileBytes, k_full + 8 * st);
+                mbar_expect_tx(v_full + 8 * st, T::kVTileBytes);
+                bulk_load(sv + st * T::kVTileBytes, ws + p.lay.v_img + t * T::kVTileBytes, T::kVTileBytes, v_full + 8 * st);
+            }
+        }
+        return;
+    }
+
+    // ---------------- consumers ----------------
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int c = wg - 1;
+    const int my_bar = 1 + c, other_bar = 2 - c;
+    constexpr int kPair = 256;
+    const uint32_t sq_wg = sq + c * kQTileBytes;
+    const int64_t qb = int64_t(blockIdx.x) * 2 + c;
+    const float qscale = qb < p.qblocks ? reinterpret_cast<const float *>(ws + p.lay.q_scale)[bh * p.qblocks + qb] : 0.0f;
+    const float *kscale = reinterpret_cast<const float *>(ws + p.lay.k_scale) + bh * ntiles;
+    const float f0 = qscale * p.scale_log2;  // times a tile's K scale: int32 score -> base-2 scaled score
+
+    // S accumulators: n8 tile t holds rows r, r+8 x keys 8t + 2(lane%4) + {0,1}; int32 from the
+    // wgmma, then (in place, as float bits) the scores and P: one register set, as the next S's
+    // wgmma names them as inputs
+    uint32_t si[BN / 2];
+    float o[D / 2];          // O summed over the tiles so far (fp32), the accumulator layout over channels
+    float ot[D / 2];         // one tile's P V (the FP8 tensor core's accumulator)
+    uint32_t pf[BN / 32][4]; // P as e4m3 A fragments, one per k32 group of keys
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, pa0 = 0.0f, pa1 = 0.0f;
+
+    auto my_turn = [&] { named_sync(my_bar, kPair); };
+    auto their_turn = [&] { named_arrive(other_bar, kPair); };
+    auto issue_s = [&](int st) {
+        const uint32_t kb = sk + st * kKTileBytes;
+#pragma unroll
+        for (int ks = 0; ks < T::kKSteps; ++ks)
+            wgmma::OpsFp8::ss_s8_n128(si, smem_desc(sq_wg + ks * 32, 16, 1024), smem_desc(kb + ks * 32, 16, 1024), ks > 0);
+    };
+    auto issue_pv = [&](int st) {
+        const uint32_t vb = sv + st * T::kVTileBytes;
+#pragma unroll
+        for (int kk = 0; kk < BN / 32; ++kk) {
+            const uint64_t db = smem_desc(vb + kk * 32, 16, 1024);
+            if constexpr (D == 128) wgmma::OpsFp8::rs_e4m3_n128(ot, pf[kk], db, kk > 0);
+            else wgmma::OpsFp8::rs_e4m3_n64(ot, pf[kk], db, kk > 0);
+        }
+    };
+    // S(j) to probabilities (fp32, in s) against the new running maxima; a0, a1: the rescale factors
+    auto probs = [&](int j, float &a0, float &a1) {
+        const float f = f0 * kscale[j];
+        float s[BN / 2];  // the same registers as si (each read once, then written)
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) s[i] = float(int32_t(si[i])) * f;
+        const int n0 = j * BN;
+        if (n0 + BN > p.nk) {  // ragged last tile: keys past nk get no weight
+            const int t2 = 2 * (lane % 4);
+#pragma unroll
+            for (int t = 0; t < BN / 8; ++t) {
+                const int col = n0 + t * 8 + t2;
+                if (col >= p.nk) s[4 * t] = s[4 * t + 2] = -INFINITY;
+                if (col + 1 >= p.nk) s[4 * t + 1] = s[4 * t + 3] = -INFINITY;
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * t], s[4 * t + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * t + 2], s[4 * t + 3]));
+        }
+        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 1));
+        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 2));
+        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 1));
+        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: >= 1 valid key per tile
+        a0 = mma::ex2(m0 - mn0);
+        a1 = mma::ex2(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+            s[4 * t] = mma::ex2(s[4 * t] - mn0);
+            s[4 * t + 1] = mma::ex2(s[4 * t + 1] - mn0);
+            s[4 * t + 2] = mma::ex2(s[4 * t + 2] - mn1);
+            s[4 * t + 3] = mma::ex2(s[4 * t + 3] - mn1);
+            sum0 += s[4 * t] + s[4 * t + 1];
+            sum1 += s[4 * t + 2] + s[4 * t + 3];
+        }
+        l0 = l0 * a0 + sum0;  // the unrounded P, as fp8.reference sums it
+        l1 = l1 * a1 + sum1;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) si[i] = __float_as_uint(s[i]);
+    };
+    // P times 448 as e4m3 A fragments (the order of the top comment)
+    auto pack_p = [&] {
+#pragma unroll
+        for (int g = 0; g < BN / 32; ++g) {
+            float x[16];
+#pragma unroll
+            for (int i = 0; i < 16; ++i) x[i] = __uint_as_float(si[16 * g + i]) * kPScale;
+            pf[g][0] = e4m3x4(x[0], x[1], x[4], x[5]);
+            pf[g][1] = e4m3x4(x[2], x[3], x[6], x[7]);
+            pf[g][2] = e4m3x4(x[8], x[9], x[12], x[13]);
+            pf[g][3] = e4m3x4(x[10], x[11], x[14], x[15]);
+        }
+    };
+    // O = O * (the factors that came with this P) + the tile's P V
+    auto add_tile = [&] {
+#pragma unroll
+        for (int t = 0; t < D / 8; ++t) {
+            o[4 * t] = fmaf(o[4 * t], pa0, ot[4 * t]);
+            o[4 * t + 1] = fmaf(o[4 * t + 1], pa0, ot[4 * t + 1]);
+            o[4 * t + 2] = fmaf(o[4 * t + 2], pa1, ot[4 * t + 2]);
+            o[4 * t + 3] = fmaf(o[4 * t + 3], pa1, ot[4 * t + 3]);
+        }
+    };
+    auto release = [&](int st) {  // both the K and the V of slot st are read
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8 * st);
+    };
+
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    if (c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
+    mbar_wait(q_full + 8 * c, 0);
+    {  // S(0) alone
+        mbar_wait(k_full, 0);
+        my_turn();
+        fence_u32(si);
+        wg_fence();
+        issue_s(0);
+        wg_commit();
+        their_turn();
+        wg_wait<0>();
+        fence_u32(si);
+        probs(0, pa0, pa1);  // pa: O is all zeros, so the first factors are never used
+        pack_p();
+    }
+    for (int j = 1; j < ntiles; ++j) {
+        const int st = j % S, pst = (j - 1) % S;
+        mbar_wait(k_full + 8 * st, (j / S) & 1);
+        mbar_wait(v_full + 8 * pst, ((j - 1) / S) & 1);
+        my_turn();
+        fence_u32(si);
+        wgmma::fence_regs(ot);
+        wg_fence();
+        issue_s(st);
+        wg_commit();
+        issue_pv(pst);
+        wg_commit();
+        their_turn();
+        wg_wait<1>();
+        fence_u32(si);
+        float a0, a1;
+        probs(j, a0, a1);
+        wg_wait<0>();
+        wgmma::fence_regs(ot);
+        release(pst);
+        add_tile();
+        pa0 = a0;
+        pa1 = a1;
+        pack_p();
+    }
+    {  // the last P V alone
+        const int pst = (ntiles - 1) % S;
+        mbar_wait(v_full + 8 * pst, ((ntiles - 1) / S) & 1);
+        my_turn();
+        wgmma::fence_regs(ot);
+        wg_fence();
+        issue_pv(pst);
+        wg_commit();
+        their_turn();
+        wg_wait<0>();
+        wgmma::fence_regs(ot);
+        release(pst);
+        add_tile();
+    }
+    if (c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
+
+    // O / (l * 448) * V's channel scale, stored in the output's dtype; rows past nq are not stored
+    l0 += fk_shfl_xor(l0, 1);
+    l0 += fk_shfl_xor(l0, 2);
+    l1 += fk_shfl_xor(l1, 1);
+    l1 += fk_shfl_xor(l1, 2);
+    const float i0 = 1.0f / (l0 * kPScale), i1 = 1.0f / (l1 * kPScale);
+    const int64_t r0 = int64_t(blockIdx.x) * BM + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
+    const float *vsc = reinterpret_cast<const float *>(ws + p.lay.v_scale) + bh * kMaxDim;
+    using Out = typename E::storage;
+    Out *out = static_cast<Out *>(p.o) + (bh / p.heads) * p.os[0] + (bh % p.heads) * p.os[1];
+    const int col = 2 * (lane % 4);
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+        const int cc = t * 8 + col;
+        if (cc >= p.d) break;  // columns past the head dim (8 | d: a pair is whole)
+        const float s0 = vsc[cc], s1 = vsc[cc + 1];
+        if (r0 < p.nq) {
+            out[r0 * p.os[2] + cc] = E::from_float(o[4 * t] * i0 * s0);
+            out[r0 * p.os[2] + cc + 1] = E::from_float(o[4 * t + 1] * i0 * s1);
+        }
+        if (r1 < p.nq) {
+            out[r1 * p.os[2] + cc] = E::from_float(o[4 * t + 2] * i1 * s0);
+            out[r1 * p.os[2] + cc + 1] = E::from_float(o[4 * t + 3] * i1 * s1);
+        }
+    }
+    if (p.lse != nullptr && lane % 4 == 0) {
+        float *lse = p.lse + (bh / p.heads) * p.ls[0] + (bh % p.heads) * p.ls[1];
+        const float *shift = reinterpret_cast<const float *>(ws + p.lay.q_shift) + bh * p.nq;
+        if (r0 < p.nq) lse[r0 * p.ls[2]] = row_lse(m0, l0) + shift[r0];
+        if (r1 < p.nq) lse[r1 * p.ls[2]] = row_lse(m1, l1) + shift[r1];
+    }
+#else
+    __trap();  // the sm_80 pass of an sm_90a build: never launched (the host checks the device)
+#endif
+}
+
+}  // namespace fp8
+}  // namespace fk
+
+#endif  // FK_HAVE_WGMMA
+#endif  // FK_FP8_H

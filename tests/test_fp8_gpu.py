@@ -1,0 +1,200 @@
+"""The FP8 kernel (precision="fp8", sm_90a on a cc 9.0 device) against its oracle and float64.
+
+Two bars, both on fresh random inputs every run, outputs poisoned with NaN first:
+* the numerics: flash_kernel.fp8.reference (the chosen scheme, computed on the CPU from the same
+  inputs) is what the kernel reproduces; the kernel must sit much closer to it than the reference
+  sits to exact attention (half that distance), or the kernel is not running the scheme;
+* the accuracy gates (audit.evidence.precision) against float64: random inputs and DiT-shaped ones.
+
+Marker `gpu`: skipped where torch sees no CUDA device (CI) or the device is not cc 9.0.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the device machine)"),
+]
+
+import flash_kernel  # noqa: E402
+from flash_kernel import _binding, fp8  # noqa: E402
+from audit.evidence.precision import FP8_DIT_GATES, FP8_GATES  # noqa: E402
+from test_kernel_gpu import _assert_built_from_this_tree, _build  # noqa: E402
+
+FP8_DIMS = list(range(32, 129, 8))  # the FP8 kernel's head dims
+SHAPES = [  # (B, H, Nq, Nk): ragged query and key tiles, Nq != Nk, one key, one query
+    (2, 3, 77, 1000),
+    (1, 2, 1000, 77),
+    (1, 2, 4097, 4097),
+    (2, 2, 1, 129),
+    (1, 3, 200, 1),
+]
+
+
+@pytest.fixture(scope="module")
+def lib(fixture_root):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FP8 kernel runs on a cc 9.0 device only (H100/H200)")
+    so = flash_kernel.build_dir() / "sm_90a" / "libflash_kernel.so"
+    if so.is_file():
+        _assert_built_from_this_tree(so)
+    else:
+        so = _build("sm_90a", fixture_root)
+    return flash_kernel.load(so)
+
+
+def _fresh() -> torch.Generator:
+    """A CPU generator with a fresh seed every run (the inputs are drawn on the CPU, where the
+    reference computes, and copied over)."""
+    gen = torch.Generator()
+    gen.seed()
+    return gen
+
+
+def _inputs(b, h, nq, nk, d, dtype, gen, dit=False):
+    if dit:
+        return tuple(t.cuda() for t in fp8.dit_shaped_inputs(b, h, nq, nk, d, gen, dtype))
+    return tuple(torch.randn(b, h, n, d, generator=gen).to(dtype).cuda() for n in (nq, nk, nk))
+
+
+def _fp8_into(lib, q, k, v, layout="bhnd", lse=False, scale=None):
+    """The FP8 call into NaN-poisoned outputs (the binding's own call allocates fresh ones)."""
+    o = torch.full_like(q, float("nan"))
+    out_lse = None
+    args = _binding.fill_args(q, k, v, o, layout, _binding.resolve_scale(scale, q.shape[-1]), None)
+    if lse:
+        out_lse = torch.full(q.shape[:3] if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1]),
+                             float("nan"), device=q.device)
+        args.lse = out_lse.data_ptr()
+        args.lse_stride[:] = out_lse.stride() if layout == "bhnd" else (out_lse.stride(0), out_lse.stride(2),
+                                                                        out_lse.stride(1))
+    args.precision = _binding.FK_PRECISION_FP8
+    need = ctypes.c_int64(0)
+    assert lib._workspace_bytes(ctypes.byref(args), ctypes.byref(need)) == 0, lib.last_error()
+    ws = torch.empty(int(need.value), dtype=torch.uint8, device=q.device)
+    args.workspace, args.workspace_bytes = ws.data_ptr(), int(need.value)
+    lib._invoke(args, q.device, False)
+    torch.cuda.synchronize()
+    assert lib.last_flash_path() == "fp8"
+    if lse and layout == "bnhd":
+        out_lse = out_lse.transpose(1, 2)
+    return (o, out_lse) if lse else o
+
+
+def _f64(q, k, v, scale=None):
+    q, k, v = (t.double().cpu() for t in (q, k, v))
+    s = (q @ k.transpose(-1, -2)) * (scale or 1 / math.sqrt(q.shape[-1]))
+    return torch.softmax(s, dim=-1) @ v, torch.logsumexp(s, dim=-1)
+
+
+def _rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
+
+
+def _cos(a, b):
+    a, b = a.double().cpu().flatten(), b.double().cpu().flatten()
+    return (a @ b / (a.norm() * b.norm())).item()
+
+
+def _check(out, q, k, v, gates, scale=None):
+    assert torch.isfinite(out).all(), "NaN/Inf in the output: an element was not written?"
+    ref = fp8.reference(q.cpu(), k.cpu(), v.cpu(), scale)
+    exact, _ = _f64(q, k, v, scale)
+    to_ref, ref_err = _rel(out, ref), _rel(ref, exact)
+    assert to_ref <= 0.5 * ref_err + 1e-3, f"kernel vs the fp8 reference {to_ref:.3e}, reference vs float64 {ref_err:.3e}"
+    assert _rel(out, exact) <= gates.rel_l2 and _cos(out, exact) >= gates.cosine
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_fp8_matches_its_reference_and_the_gates(lib, shape, d, dtype):
+    gen = _fresh()
+    q, k, v = _inputs(*shape, d, dtype, gen)
+    _check(_fp8_into(lib, q, k, v), q, k, v, FP8_GATES)
+
+
+@pytest.mark.parametrize("d", FP8_DIMS)
+def test_every_fp8_head_dim(lib, d):
+    gen = _fresh()
+    q, k, v = _inputs(2, 2, 300, 700, d, torch.bfloat16, gen)
+    _check(_fp8_into(lib, q, k, v), q, k, v, FP8_GATES)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_dit_shaped_inputs(lib, d):
+    """A constant offset per K channel and 10x query rows: K smoothing is what keeps these in gate."""
+    gen = _fresh()
+    q, k, v = _inputs(1, 2, 1000, 2000, d, torch.bfloat16, gen, dit=True)
+    _check(_fp8_into(lib, q, k, v), q, k, v, FP8_DIT_GATES)
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
+def test_layout_lse_and_scale(lib, layout):
+    """(B, N, H, D) memory, an explicit scale and the log-sum-exp (with the K-mean shift added back)."""
+    gen = _fresh()
+    q, k, v = _inputs(2, 3, 333, 555, 128, torch.bfloat16, gen, dit=True)
+    scale = 0.07
+    if layout == "bnhd":
+        qm, km, vm = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        out, lse = _fp8_into(lib, qm, km, vm, layout, lse=True, scale=scale)
+        out = out.transpose(1, 2)
+    else:
+        out, lse = _fp8_into(lib, q, k, v, layout, lse=True, scale=scale)
+    _check(out, q, k, v, FP8_DIT_GATES, scale)
+    _, ref_lse = fp8.reference(q.cpu(), k.cpu(), v.cpu(), scale, return_lse=True)
+    _, exact_lse = _f64(q, k, v, scale)
+    assert torch.isfinite(lse).all()
+    assert (lse.double().cpu() - ref_lse.double()).abs().max().item() < 1e-2
+    assert (lse.double().cpu() - exact_lse).abs().max().item() < 5e-2
+
+
+def test_long_keys(lib):
+    """Nk 32768: 256 K/V tiles through the 4-slot ring, two-level accumulation across them."""
+    gen = _fresh()
+    q, k, v = _inputs(1, 2, 300, 32768, 128, torch.bfloat16, gen)
+    _check(_fp8_into(lib, q, k, v), q, k, v, FP8_GATES)
+
+
+def test_more_than_65535_heads(lib):
+    """B * H past the grid's 65535: every launch sliced, each slice its own (b, h) range."""
+    gen = _fresh()
+    q, k, v = _inputs(1, 65535 + 7, 3, 5, 64, torch.bfloat16, gen)
+    out = _fp8_into(lib, q, k, v)
+    assert torch.isfinite(out).all()
+    ref = fp8.reference(q.cpu(), k.cpu(), v.cpu())
+    assert _rel(out, ref) < 2e-2
+
+
+def test_public_call_and_its_refusals(lib, monkeypatch):
+    """flash_kernel.attention(precision="fp8") on CUDA runs the FP8 kernel; a head dim past 128 is
+    Fp8Unavailable (never exact attention); a short, NULL or misaligned workspace FK_ERR_WORKSPACE."""
+    gen = _fresh()
+    q, k, v = _inputs(1, 2, 100, 300, 96, torch.float16, gen)
+    out = fp8.attention(q, k, v, library=lib)
+    assert out.dtype == torch.float16 and lib.last_flash_path() == "fp8"
+    _check(out, q, k, v, FP8_GATES)
+    wide = _inputs(1, 1, 8, 8, 136, torch.bfloat16, gen)
+    with pytest.raises(fp8.Fp8Unavailable, match="head_dim 136 has no fp8 kernel"):
+        fp8.attention(*wide, library=lib)
+    o = torch.full_like(q, float("nan"))
+    args = _binding.fill_args(q, k, v, o, "bhnd", 0.0, None)
+    args.precision = _binding.FK_PRECISION_FP8
+    need = ctypes.c_int64(0)
+    assert lib._workspace_bytes(ctypes.byref(args), ctypes.byref(need)) == 0 and need.value > 0
+    ws = torch.empty(int(need.value) + 64, dtype=torch.uint8, device="cuda")
+    for ptr, size in ((ws.data_ptr(), need.value - 16), (None, need.value), (ws.data_ptr() + 8, need.value)):
+        args.workspace, args.workspace_bytes = ptr, int(size)
+        with pytest.raises(_binding.KernelError) as exc:
+            lib._invoke(args, q.device, False)
+        assert exc.value.status == _binding.FK_ERR_WORKSPACE
+    torch.cuda.synchronize()
+    assert torch.isnan(o).all()
