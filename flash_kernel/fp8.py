@@ -1,7 +1,8 @@
 """FP8 attention: the quantization numerics, as a CPU reference the GPU kernel must reproduce.
 
 `attention(q, k, v, precision="fp8")` on CPU tensors runs `reference()` with the chosen scheme
-(`CHOSEN`); GPU tests use the same function as their oracle. The reference walks the keys in the
+(`CHOSEN`); on CUDA tensors it runs the FP8 kernel (src/gpu/fk_fp8.h, sm_90a on cc 9.0), whose GPU
+tests use `reference()` as their oracle. The reference walks the keys in the
 Hopper kernel's K/V tiles with the online softmax, so each rounding happens where the kernel's
 would: Q and K quantized per block once per call, S dequantized per (Q block, K tile), P rounded
 to e4m3 after it is exponentiated against the running row maximum, P V accumulated per tile.
@@ -223,8 +224,9 @@ def check_device(device, library=None) -> None:
         why = _gpu_refusal(device, library)
         if why is None:
             return
-        raise Fp8Unavailable(f"precision='fp8' is not available on {device}: {why} "
-                             f"(use precision='exact' on this device)")
+        raise Fp8Unavailable(f"precision='fp8' is not available on {device}: {why}; the FP8 kernel needs "
+                             f"an sm_90a library on an NVIDIA cc 9.0 device (use precision='exact' on "
+                             f"this device)")
     raise Fp8Unavailable(
         f"precision='fp8' is not available on {device}: the FP8 kernel needs FP8 tensor cores "
         f"(an sm_90a library on an NVIDIA cc 9.0 device) and is not in this build; only the CPU "
@@ -234,13 +236,13 @@ def check_device(device, library=None) -> None:
 def _gpu_refusal(device, library) -> str | None:
     """Why the FP8 kernel cannot run on CUDA `device` with `library` (None: ours for the device)."""
     torch = _torch()
-    import flash_kernel
+    from flash_kernel import _binding  # the package's lookup, handed to the binding at import
 
     if not torch.cuda.is_available():
         return "CUDA is not available to torch here"
     try:
-        lib = library if library is not None else flash_kernel.library_for(torch.device(device))
-    except flash_kernel.KernelError as exc:
+        lib = library if library is not None else _binding.library_lookup(torch.device(device))
+    except _binding.KernelError as exc:
         return str(exc)
     if lib.target != "sm_90a":
         return f"the FP8 kernel is in sm_90a libraries only (this one is {lib.target})"
@@ -299,10 +301,9 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
 def _kernel(q, k, v, scale, layout, return_lse, library):
     """The library's FP8 kernel on (B, H, N, D) views of the caller's tensors; its refusals
     (a head dim or build without the kernel) are Fp8Unavailable."""
-    import flash_kernel
     from flash_kernel import _binding
 
-    lib = library if library is not None else flash_kernel.library_for(q.device)
+    lib = library if library is not None else _binding.library_lookup(q.device)
     if layout == "bnhd":  # the checks above took (B, H, N, D) views; the kernel takes the caller's
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     try:

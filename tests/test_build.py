@@ -133,7 +133,7 @@ def test_cpu_library_reports_its_target(cpu_build):
             "d.fk_flash_path.restype=ctypes.c_char_p; print(d.fk_abi_version(), d.fk_target().decode(),"
             " d.fk_flash_path().decode())")
     out = subprocess.run([sys.executable, "-c", code, cpu_build.library], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["2", "cpu", "cpu"]
+    assert out.stdout.split() == ["3", "cpu", "cpu"]
 
 
 # ---- the builder's mechanics on a small source tree of our own ----------------------------------
@@ -399,7 +399,7 @@ def test_sm90a_build_has_an_sm90a_and_an_sm80_cubin(gpu_builds):
     code = ("import ctypes,sys; d=ctypes.CDLL(sys.argv[1]); d.fk_target.restype=ctypes.c_char_p;"
             "print(d.fk_abi_version(), d.fk_target().decode())")
     out = subprocess.run([sys.executable, "-c", code, tb.library], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["2", "sm_90a"]
+    assert out.stdout.split() == ["3", "sm_90a"]
 
 
 @pytest.mark.slow

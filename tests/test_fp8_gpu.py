@@ -198,3 +198,87 @@ def test_public_call_and_its_refusals(lib, monkeypatch):
         assert exc.value.status == _binding.FK_ERR_WORKSPACE
     torch.cuda.synchronize()
     assert torch.isnan(o).all()
+
+
+# ---- the quantization's tile images, read back from the workspace --------------------------------
+# The attention kernel cannot be right where these are wrong; reading them pins a failure to its
+# stage. The layout is fk_fp8.h's (Layout, swz, permuted_key), written out here.
+REGIONS = ("q_img", "k_img", "v_img", "q_scale", "k_scale", "k_mean", "v_scale", "q_shift", "k_part", "v_part")
+
+
+def _layout(bh, nq, nk, dbucket):
+    qblocks, ntiles, chunks = -(-nq // 64), -(-nk // 128), -(-nk // 1024)
+    per_bh = (qblocks * 8192, ntiles * 16384, ntiles * dbucket * 128, qblocks * 4, ntiles * 4, 512, 512,
+              nq * 4, chunks * 512, chunks * 512)
+    out, at = {}, 0
+    for name, size in zip(REGIONS, per_bh):
+        out[name] = at
+        at += -(-(size * bh) // 1024) * 1024
+    return out, at, qblocks, ntiles
+
+
+def _unswizzle(img, rows):
+    """(tiles, rows * 128) bytes -> (tiles, rows, 128) in logical column order."""
+    r = torch.arange(rows).view(rows, 1)
+    c = torch.arange(128).view(1, 128)
+    where = r * 128 + ((c // 16) ^ (r % 8)) * 16 + c % 16
+    return img.view(-1, rows * 128)[:, where]
+
+
+def _permuted_key(c):
+    return (c // 16) * 16 + ((c % 4) // 2) * 8 + 2 * ((c % 16) // 4) + (c % 2)
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_workspace_images_decode_to_the_reference_quantization(lib, d):
+    gen = _fresh()
+    b, h, nq, nk = 2, 3, 150, 300
+    q, k, v = _inputs(b, h, nq, nk, d, torch.bfloat16, gen, dit=True)
+    o = torch.full_like(q, float("nan"))
+    args = _binding.fill_args(q, k, v, o, "bhnd", 0.0, None)
+    args.precision = _binding.FK_PRECISION_FP8
+    need = ctypes.c_int64(0)
+    assert lib._workspace_bytes(ctypes.byref(args), ctypes.byref(need)) == 0
+    dbucket = 64 if d <= 64 else 128
+    off, total, qblocks, ntiles = _layout(b * h, nq, nk, dbucket)
+    assert need.value == total
+    ws = torch.zeros(total, dtype=torch.uint8, device="cuda")
+    args.workspace, args.workspace_bytes = ws.data_ptr(), total
+    lib._invoke(args, q.device, False)
+    torch.cuda.synchronize()
+    ws = ws.cpu()
+    qf, kf, vf = (t.float().cpu() for t in (q, k, v))
+
+    def region(name, count, dtype=torch.uint8):
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        return ws[off[name]:off[name] + nbytes].view(dtype)
+
+    # Q: INT8, one scale per 64 rows, zero past nq and past the head dim
+    want_q, want_qs = fp8.quantize_blocks(qf, 64, "int8")
+    got_qs = region("q_scale", b * h * qblocks, torch.float32).view(b, h, qblocks)
+    assert torch.allclose(got_qs, want_qs, rtol=1e-6, atol=0)
+    got_q = _unswizzle(region("q_img", b * h * qblocks * 8192).view(torch.int8), 64).view(b, h, qblocks * 64, 128)
+    assert not got_q[:, :, nq:].any() and not got_q[..., d:].any()
+    assert (got_q[:, :, :nq, :d].int() - want_q.int()).abs().max() <= 1  # a tie may round the other way
+    # K: its mean subtracted, INT8, one scale per 128-key tile
+    mean = region("k_mean", b * h * 128, torch.float32).view(b, h, 128)
+    assert torch.allclose(mean[..., :d], kf.mean(dim=-2), rtol=1e-4, atol=1e-4) and not mean[..., d:].any()
+    want_k, want_ks = fp8.quantize_blocks(kf - kf.mean(dim=-2, keepdim=True), 128, "int8")
+    got_ks = region("k_scale", b * h * ntiles, torch.float32).view(b, h, ntiles)
+    assert torch.allclose(got_ks, want_ks, rtol=1e-4, atol=0)
+    got_k = _unswizzle(region("k_img", b * h * ntiles * 16384).view(torch.int8), 128).view(b, h, ntiles * 128, 128)
+    assert not got_k[:, :, nk:].any() and not got_k[..., d:].any()
+    assert (got_k[:, :, :nk, :d].int() - want_k.int()).abs().max() <= 1
+    # V: e4m3 over its channel scale, transposed, each 32 keys in permuted_key's order
+    want_vs = fp8.scales_for(vf.abs().amax(dim=-2), fp8.E4M3_MAX)
+    got_vs = region("v_scale", b * h * 128, torch.float32).view(b, h, 128)
+    assert torch.equal(got_vs[..., :d], want_vs) and (got_vs[..., d:] == 1).all()
+    img = _unswizzle(region("v_img", b * h * ntiles * dbucket * 128), dbucket).view(b, h, ntiles, dbucket, 128)
+    col = torch.arange(128)
+    key = (col // 32) * 32 + _permuted_key(col % 32)
+    vt = torch.zeros(b, h, ntiles, dbucket, 128, dtype=torch.uint8)
+    vt[..., key] = img  # back to key order
+    got_v = vt.permute(0, 1, 2, 4, 3).reshape(b, h, ntiles * 128, dbucket)
+    want_v = fp8.to_e4m3(vf / want_vs.unsqueeze(-2)).view(torch.uint8)
+    assert not got_v[:, :, nk:].any() and not got_v[..., d:].any()
+    assert torch.equal(got_v[:, :, :nk, :d], want_v)

@@ -28,6 +28,7 @@ from typing import Callable
 from audit.errors import UsageError
 from audit.evidence import fa4
 from audit.evidence import metrics as M
+from audit.evidence.backend_names import BACKEND_NAMES, DEFAULT_BACKENDS, SDPA_BACKENDS
 from audit.evidence.environment import capture
 from audit.evidence.parity import is_oom
 from audit.evidence.presets import Shape
@@ -35,10 +36,6 @@ from audit.evidence.selection import Backend, Selection, oracle_supports, torch_
 from audit.evidence.stats import RatioCI, Summary, bootstrap_ratio_ci, summarize
 
 SCHEMA = "sovereign-audit.bench/1"
-SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
-                 "sdpa-efficient": "EFFICIENT_ATTENTION"}
-DEFAULT_BACKENDS = ("primary", "naive", "eager", *SDPA_BACKENDS)
-BACKEND_NAMES = (*DEFAULT_BACKENDS, fa4.NAME)  # fa4: only when asked for (an optional install)
 ROTATION_BYTES = 256 << 20  # input bytes rotated through: beyond any L2 (H200: 60 MB) / LLC
 MAX_SETS = 64  # small shapes: many small sets, so that together they still exceed a cache
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from audit.errors import GateFailed, InputError, UsageError, printable
+from audit.evidence.backend_names import BACKEND_NAMES
 from audit.files import write_json_atomic
 
 GPU_DEFAULT_PRESETS = ["wan2.1-1.3b-480p", "cogvideox-5b"]
@@ -231,8 +232,7 @@ def _print_parity(report) -> None:
 @click.option("--sets", type=int, default=None,
               help="Input sets rotated through [default: enough to exceed 256 MiB, 2..64].")
 @click.option("--backend", "backend_names", multiple=True,
-              type=click.Choice(["primary", "naive", "eager", "sdpa-flash", "sdpa-cudnn",
-                                 "sdpa-efficient", "fa4"]),
+              type=click.Choice(list(BACKEND_NAMES)),
               help="Time only these (repeatable) [default: all but fa4]. fa4: FlashAttention-4 "
               "(pip install flash-attn-4; CUDA, fp16/bf16), an A/B skipped with its reason where "
               "it does not import.")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-NAME = "fa4"
+from audit.evidence.backend_names import FA4 as NAME
+
 DTYPES = ("fp16", "bf16")
 
 
