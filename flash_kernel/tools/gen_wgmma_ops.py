@@ -13,7 +13,9 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "gpu" / "fk_wgmma_ops.h"
 TYPES = {"bf16": "BF16", "f16": "F16"}
-SS_N = (64, 80, 96, 112, 128)   # S = Q K^T: n = keys per tile (BN; 80 at bucket 256, 112 at 192)
+# S = Q K^T: n = keys per tile (BN; 80 at bucket 256, 112 at 192; 176 and 192 for the wider tiles
+# -DFK_WGMMA_BN may ask for at buckets 64 and 128)
+SS_N = (64, 80, 96, 112, 128, 176, 192)
 # O += P V: n = the head-dim bucket, or the column blocks of O that hold data (bucket 256 at head
 # dims of 3 blocks: n192), or the first columns of bucket 64's column block (head dims 32 and 40..48:
 # n32, n48). One wide instruction per k16 step sends P's registers once; the accumulator of an nN

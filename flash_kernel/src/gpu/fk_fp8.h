@@ -138,16 +138,15 @@ FK_DEVICE uint32_t e4m3x2(float lo, float hi) {
 }
 FK_DEVICE uint32_t e4m3x4(float a, float b, float c, float d) { return e4m3x2(a, b) | (e4m3x2(c, d) << 16); }
 
-// Four floats as INT8 (fp8.to_int8: x / scale rounded half to even, clamped to +-127): x[0] lowest.
-FK_DEVICE uint32_t int8x4(const float *x, float scale) {
-    uint32_t r = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        int q = __float2int_rn(x[i] / scale);
-        q = q > 127 ? 127 : (q < -127 ? -127 : q);
-        r |= (uint32_t(q) & 0xffu) << (8 * i);
-    }
-    return r;
+// A float as INT8 (fp8.to_int8: x / scale rounded half to even, clamped to +-127), in bits 0-7.
+FK_DEVICE uint32_t int8_of(float x, float scale) {
+    int q = __float2int_rn(x / scale);
+    q = q > 127 ? 127 : (q < -127 ? -127 : q);
+    return uint32_t(q) & 0xffu;
+}
+// Four floats as INT8, `a` in the lowest byte.
+FK_DEVICE uint32_t int8x4(float a, float b, float c, float d, float scale) {
+    return int8_of(a, scale) | (int8_of(b, scale) << 8) | (int8_of(c, scale) << 16) | (int8_of(d, scale) << 24);
 }
 
 // Block-wide maximum of non-negative floats (every thread gets it). `red`: 32 floats of shared memory.
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(kMaxDim) stats_finish_kernel(Fp8Params p) {
 // bh)) as INT8 with one scale per block, in the attention kernel's swizzled image. Q also gets each
 // row's shift scale * q . mean(K) where the log-sum-exp is asked for (softmax does not see it).
 template <class E, bool kIsK>
-__global__ void __launch_bounds__(256) quant_qk_kernel(Fp8Params p) {
+__global__ void __launch_bounds__(256, 2) quant_qk_kernel(Fp8Params p) {
     constexpr int kRows = kIsK ? BN : kQBlock;
     constexpr int kChunks = kRows * 8 / 256;  // 16-byte chunks of the image per thread
     __shared__ float red[32];
@@ -246,10 +245,10 @@ __global__ void __launch_bounds__(256) quant_qk_kernel(Fp8Params p) {
     for (int i = 0; i < kChunks; ++i) {
         const int j = threadIdx.x * kChunks + i, r = j / 8, c = j % 8;
         uint4 w;
-        w.x = int8x4(&x[i][0], scale);
-        w.y = int8x4(&x[i][4], scale);
-        w.z = int8x4(&x[i][8], scale);
-        w.w = int8x4(&x[i][12], scale);
+        w.x = int8x4(x[i][0], x[i][1], x[i][2], x[i][3], scale);
+        w.y = int8x4(x[i][4], x[i][5], x[i][6], x[i][7], scale);
+        w.z = int8x4(x[i][8], x[i][9], x[i][10], x[i][11], scale);
+        w.w = int8x4(x[i][12], x[i][13], x[i][14], x[i][15], scale);
         *reinterpret_cast<uint4 *>(img + swz(r, c)) = w;
         if (!kIsK && p.lse != nullptr) {
 #pragma unroll
@@ -270,7 +269,7 @@ __global__ void __launch_bounds__(256) quant_qk_kernel(Fp8Params p) {
 // keys of every 32 in P V's order (permuted_key), swizzled. Grid (ntiles, bh); keys past nk and
 // channels past the head dim are 0.
 template <class E, int D>
-__global__ void __launch_bounds__(256) quant_v_kernel(Fp8Params p) {
+__global__ void __launch_bounds__(256, 2) quant_v_kernel(Fp8Params p) {
     constexpr int kChunks = D * 8 / 256;
     const int64_t bh = p.bh0 + blockIdx.y;
     const int64_t n0 = int64_t(blockIdx.x) * BN;

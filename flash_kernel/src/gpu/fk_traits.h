@@ -689,7 +689,8 @@ struct WgmmaTile {
     // clusters: the multicast producer spills at 24 (ptxas, CUDA 13.0); 40*128 + 232*256 = 168*384
     static constexpr int kClusterProducerRegs = 40, kClusterConsumerRegs = 232;
     static_assert(D == 64 || D == 128 || D == 192 || D == 256, "wgmma path: buckets 64, 128, 192 and 256");
-    static_assert(BN % 16 == 0 && BN >= 64 && BN <= 128, "wgmma path: S tiles of n64, n80, n96, n112 or n128");
+    static_assert(BN % 16 == 0 && BN >= 64 && (BN <= 128 || (!kWide && (BN == 176 || BN == 192))),
+                  "wgmma path: S tiles of n64, n80, n96, n112 or n128 (buckets 64 and 128 also n176, n192)");
     static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");
     static_assert((kNarrowKD == D || (D == 64 && kNarrowKD == 32)) && (kNarrowKD2 == D || (D == 64 && kNarrowKD2 == 48)),
                   "wgmma path: narrow kernels are bucket 64's n32 and n48");

@@ -325,6 +325,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
             const uint64_t da = smem_desc(sq_wg + (ks / 4) * BM * kRowBytes + off, 16, 1024);
             const uint64_t db = smem_desc(kb + (ks / 4) * BN * kRowBytes + off, 16, 1024);
             if constexpr (kQRegs) Ops<E>::rsk_n128(s, qf[ks], db, ks > 0);
+            else if constexpr (BN == 192) Ops<E>::ss_n192(s, da, db, ks > 0);
+            else if constexpr (BN == 176) Ops<E>::ss_n176(s, da, db, ks > 0);
             else if constexpr (BN == 128) Ops<E>::ss_n128(s, da, db, ks > 0);
             else if constexpr (BN == 112) Ops<E>::ss_n112(s, da, db, ks > 0);
             else if constexpr (BN == 96) Ops<E>::ss_n96(s, da, db, ks > 0);
