@@ -16,6 +16,14 @@ from audit.elf.parse import (PT_DYNAMIC, PT_INTERP, PT_NOTE, SHT_DYNAMIC, SHT_GN
                              SHT_GNU_VERNEED, SHT_NOTE, ElfImage, Malformed, decode)
 
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 5, 10, 14, 15, 29
+# Loads DT_NEEDED does not list. Filter libraries (ld --filter, --auxiliary): glibc's ld.so loads
+# the named library with the object, runs its constructors and binds the object's symbols to it, a
+# DT_FILTER's always (its absence is a load error), a DT_AUXILIARY's where it is found. Audit
+# libraries (ld --audit, --depaudit; ':'-separated lists): ld.so loads them, constructors and all,
+# for the main program alone (glibc 2.32 and later), so they count where the object has PT_INTERP.
+DT_AUXILIARY, DT_FILTER, DT_DEPAUDIT, DT_AUDIT = 0x7FFFFFFD, 0x7FFFFFFF, 0x6FFFFEFB, 0x6FFFFEFC
+FILTER_TAGS = {DT_AUXILIARY: "DT_AUXILIARY", DT_FILTER: "DT_FILTER"}
+AUDIT_TAGS = {DT_AUDIT: "DT_AUDIT", DT_DEPAUDIT: "DT_DEPAUDIT"}
 NT_GNU_BUILD_ID = 3
 
 
@@ -25,6 +33,8 @@ class DynamicInfo:
     needed: list[str] = field(default_factory=list)
     rpath: list[str] = field(default_factory=list)
     runpath: list[str] = field(default_factory=list)
+    filters: list[tuple[str, str]] = field(default_factory=list)  # (DT_FILTER | DT_AUXILIARY, library)
+    audit: list[tuple[str, str]] = field(default_factory=list)  # (DT_AUDIT | DT_DEPAUDIT, library)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -70,7 +80,8 @@ def read_dynamic(img: ElfImage) -> DynamicInfo:
                 if link.offset + link.size <= img.size:
                     str_off, str_size = link.offset, link.size
             break
-    wanted = [(t, v) for t, v in entries if t in (DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH)]
+    wanted = [(t, v) for t, v in entries
+              if t in (DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH) or t in FILTER_TAGS or t in AUDIT_TAGS]
     if wanted and str_off is None:
         raise Malformed("dynamic string table (DT_STRTAB) not found in the file")
 
@@ -89,6 +100,10 @@ def read_dynamic(img: ElfImage) -> DynamicInfo:
             info.rpath.extend(p for p in name(val).split(":") if p)
         elif tag == DT_RUNPATH:
             info.runpath.extend(p for p in name(val).split(":") if p)
+        elif tag in FILTER_TAGS:
+            info.filters.append((FILTER_TAGS[tag], name(val)))
+        elif tag in AUDIT_TAGS:
+            info.audit.extend((AUDIT_TAGS[tag], n) for n in name(val).split(":") if n)
     return info
 
 

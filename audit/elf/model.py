@@ -130,6 +130,9 @@ class ElfInfo:
     needed: list[str] = field(default_factory=list)
     rpath: list[str] = field(default_factory=list)  # DT_RPATH split on ':'
     runpath: list[str] = field(default_factory=list)  # DT_RUNPATH split on ':'
+    # libraries ld.so loads with the object that DT_NEEDED does not list, as (tag, name): filter
+    # libraries (DT_FILTER, DT_AUXILIARY) and, in a program, audit libraries (DT_AUDIT, DT_DEPAUDIT)
+    extra_loads: list[tuple[str, str]] = field(default_factory=list)
     interpreter: str | None = None
     version_needs: list[VersionNeed] = field(default_factory=list)
     # Only symbols worth reporting are kept as Symbol objects (the reader filters in bulk):

@@ -396,11 +396,13 @@ def _parse(path: str, mm, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
     device += _device_file(img)
     warnings += lib_warn
     notes = read_notes(img)
+    interpreter = read_interpreter(img)  # a program: ld.so honours its audit libraries
 
     return ElfInfo(
         path=path, sha256="", size=img.size, build_id=read_build_id(img), elf_class=img.bits,
         machine=img.machine_name, endian=img.endian, elf_type=img.type_name, soname=dyn.soname,
-        needed=dyn.needed, rpath=dyn.rpath, runpath=dyn.runpath, interpreter=read_interpreter(img),
+        needed=dyn.needed, rpath=dyn.rpath, runpath=dyn.runpath, interpreter=interpreter,
+        extra_loads=dyn.filters + (dyn.audit if interpreter else []),
         version_needs=needs, symbols=symbols, symbol_counts=counts,
         code_loading_imports=code_loading, forwarders=forwarders, library_strings=strings,
         api_strings=api, marker_strings=marked,

@@ -293,6 +293,8 @@ def render_file(info: ElfInfo, vendor: re.Pattern[bytes] | None) -> str:
     row("soname", esc(info.soname))
     row("interpreter", esc(info.interpreter))
     row("needed", _join(info.needed))
+    if getattr(info, "extra_loads", None):  # ELF filter and audit libraries: loads DT_NEEDED omits
+        row("also loads", "; ".join(f"{esc(n)} ({tag})" for tag, n in info.extra_loads))
     row("rpath", _join(info.rpath))
     row("runpath", _join(info.runpath))
     row("verneed", "; ".join(f"{esc(v.file)} ({_join(v.versions)})" for v in info.version_needs) or "-")

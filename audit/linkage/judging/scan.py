@@ -103,7 +103,7 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
     def add(rule, kind, subject, where, **kw):
         findings.append(Finding.from_rule(rule, policy, kind, subject, where, chain, in_file=in_file, **kw))
 
-    needed = set(info.needed)
+    needed = set(info.needed) | {n for _, n in getattr(info, "extra_loads", ())}  # ELF: filtees load too
     for vn in info.version_needs:
         rule = policy.deny_rule_for_soname(vn.file)
         if rule:
@@ -558,7 +558,8 @@ def rpath_findings(node: DepNode, resolver: Resolver, policy: Policy, chain: lis
     if not loaders:
         return []
     # a name it needs or holds as a string is reported as that, wherever it resolves
-    named = frozenset(list(info.needed) + [os.path.basename(h.text) for h in info.library_strings])
+    named = frozenset(list(info.needed) + [n for _, n in getattr(info, "extra_loads", ())]
+                      + [os.path.basename(h.text) for h in info.library_strings])
     out: list[Finding] = []
     got = resolver.paths.probe(node.realpath or node.path or "")
     for tag, entry, d in resolver.own_dirs(node):

@@ -395,8 +395,12 @@ class Resolver:
         count = 0
         while queue:
             node, chain = queue.popleft()
-            edges = [(n, "needed") for n in node.info.needed] + [(n, "dlopen") for n in dlopen_names(node.info)]
-            for needed, edge in edges:
+            # (name, edge, how it is asked for: None for DT_NEEDED); filter and audit libraries load
+            # as a NEEDED does (audit/elf/dynamic.py)
+            edges = ([(n, "needed", None) for n in node.info.needed]
+                     + [(n, "needed", tag) for tag, n in node.info.extra_loads]
+                     + [(n, "dlopen", None) for n in dlopen_names(node.info)])
+            for needed, edge, request in edges:
                 count += edge == "needed"  # a dlopen string counts once it names a file (below)
                 if count > self.options.max_nodes:
                     raise TreeTooLarge(f"dependency tree has more than {self.options.max_nodes} edges")
@@ -415,6 +419,7 @@ class Resolver:
                     count += 1
                 else:
                     child = self._resolve(needed, node, chain, ident, warnings, members)
+                    child.request = request
                 attach(node, child, needed, edge, loaded, by_real, chain, queue, by_soname=True)
         return rootnode, warnings
 
