@@ -47,8 +47,9 @@ SYM = {
 CHDR = {64: [("ch_type", 0, 4), ("ch_size", 8, 8), ("ch_addralign", 16, 8)],
         32: [("ch_type", 0, 4), ("ch_size", 4, 4), ("ch_addralign", 8, 4)]}
 # dynamic tags a resolver follows: NEEDED, STRTAB, STRSZ, SONAME, RPATH, RUNPATH, SYMTAB, HASH,
-# GNU_HASH, VERNEED, VERNEEDNUM, VERSYM, NULL
-DT_TAGS = [1, 5, 10, 14, 15, 29, 6, 4, 0x6FFFFEF5, 0x6FFFFFFE, 0x6FFFFFFF, 0x6FFFFFF0, 0, 0x7FFFFFFF]
+# GNU_HASH, VERNEED, VERNEEDNUM, VERSYM, NULL, FILTER, AUXILIARY, AUDIT, DEPAUDIT
+DT_TAGS = [1, 5, 10, 14, 15, 29, 6, 4, 0x6FFFFEF5, 0x6FFFFFFE, 0x6FFFFFFF, 0x6FFFFFF0, 0, 0x7FFFFFFF, 0x7FFFFFFD,
+           0x6FFFFEFC, 0x6FFFFEFB]
 
 # strings a binary may carry that an output must neither execute nor let through raw
 HOSTILE = [

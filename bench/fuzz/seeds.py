@@ -2,7 +2,7 @@
 
 The C sources and device sources are the test fixtures' own (tests/elf_fixtures.py,
 tests/fixtures/device/), so what a seed holds is written there: NEEDED, RUNPATH, a dlopen'd vendor
-name, vendor-named static symbols, HIP offload bundles (plain and CCOB-compressed), NVIDIA fatbins
+name, a vendor filter library (DT_FILTER), vendor-named static symbols, HIP offload bundles (plain and CCOB-compressed), NVIDIA fatbins
 (plain and LZ4). A missing compiler drops its seeds and says so in the notes.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 DEVICE_SRC = TESTS / "fixtures" / "device"
-STAMP = "seeds-v2.json"
+STAMP = "seeds-v3.json"
 
 DEP_C = "int fk_dep_value(void) { return 42; }\n"
 STATIC_CUBLAS_C = "int cublasSgemm_v2(void){return 0;}\nint cublasCreate_v2(void){return 0;}\n"
@@ -142,6 +142,9 @@ def build(cache: Path, log=print) -> dict:
         ("object", "fkmain.o", ["-c", "-fPIC", "-O1", "-o", "fkmain.o", "main.c"]),
         ("static_cublas", "libstatic_cublas.so", ["-shared", "-fPIC", "-o", "libstatic_cublas.so", "static.c"]),
         ("dlopen_cudnn", "libdlopen_cudnn.so", ["-shared", "-fPIC", "-o", "libdlopen_cudnn.so", "dlopen.c", "-ldl"]),
+        # cuDNN loaded as a filter library (DT_FILTER): no DT_NEEDED names it
+        ("filter_cudnn", "libfilter_cudnn.so", ["-shared", "-fPIC", "-o", "libfilter_cudnn.so", "dep.c",
+                                                "-Wl,--filter=libcudnn.so.9"]),
         ("openblas", "libuses_openblas.so", ["-shared", "-fPIC", "-o", "libuses_openblas.so", "blas.c",
                                              "-Wl,--no-as-needed", "-lopenblas"]),
         # SHF_COMPRESSED .debug_* sections

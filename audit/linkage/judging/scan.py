@@ -104,6 +104,12 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
         findings.append(Finding.from_rule(rule, policy, kind, subject, where, chain, in_file=in_file, **kw))
 
     needed = set(info.needed) | {n for _, n in getattr(info, "extra_loads", ())}  # ELF: filtees load too
+    interp = getattr(info, "interpreter", None)  # ELF: the kernel maps the program interpreter and runs it first
+    if interp:
+        rule = policy.deny_rule_for_soname(os.path.basename(interp))
+        if rule:
+            add(rule, "needed", os.path.basename(interp), "PT_INTERP",
+                detail=f"the program interpreter is {interp}: the kernel maps it and runs it before the program")
     for vn in info.version_needs:
         rule = policy.deny_rule_for_soname(vn.file)
         if rule:

@@ -1,7 +1,8 @@
-"""Filter libraries (DT_FILTER, DT_AUXILIARY: GNU ld's --filter and --auxiliary) are loads: ld.so
-maps the named library with the object, runs its constructors and binds the object's symbols to
-it, though DT_NEEDED never names it. `check` judges each as a NEEDED, names the tag, and walks
-the filtee it finds. Fixtures come from gcc and GNU ld."""
+"""Loads an ELF file makes that DT_NEEDED does not list. Filter libraries (DT_FILTER, DT_AUXILIARY:
+GNU ld's --filter and --auxiliary): ld.so maps the named library with the object, runs its
+constructors and binds the object's symbols to it. A program's audit libraries (DT_AUDIT,
+DT_DEPAUDIT) and its interpreter (PT_INTERP). `check` judges each as a NEEDED, names the tag, and
+walks the filtee it finds. Fixtures come from gcc and GNU ld."""
 
 from __future__ import annotations
 
@@ -135,3 +136,20 @@ def test_glibc_loads_a_program_s_audit_library(tmp_path):
 def test_inspect_shows_what_else_loads(libs, capsys):
     rc, out, err = cli(capsys, "inspect", str(libs["filter_cudnn"]))
     assert rc == 0 and "also loads" in out and "libcudnn.so.9 (DT_FILTER)" in out
+
+
+def test_a_vendor_library_as_the_program_interpreter_fails(tmp_path):
+    """PT_INTERP naming cuBLAS (ld --dynamic-linker): the kernel maps that file and runs it before
+    the program. Before: PASS."""
+    require_tool("gcc")
+    main = tmp_path / "main.c"
+    main.write_text("int main(void) { return 0; }\n")
+    prog = tmp_path / "prog"
+    run("gcc", "-o", prog, main, "-Wl,--dynamic-linker=/opt/cuda/lib64/libcublas.so.12")
+    res = one(prog)
+    assert [(f.rule, f.kind, f.subject, f.where) for f in res.failing] == [
+        ("nvidia.cublas", "needed", "libcublas.so.12", "PT_INTERP")]
+    assert "/opt/cuda/lib64/libcublas.so.12" in res.failing[0].detail
+    ordinary = tmp_path / "ordinary"
+    run("gcc", "-o", ordinary, main)
+    assert one(ordinary).verdict == "pass"  # the system's ld.so, as every program has
