@@ -28,6 +28,8 @@
 #ifndef FK_FP8_H
 #define FK_FP8_H
 
+#include <climits>
+
 #include "gpu/fk_wgmma.h"
 
 #if defined(FK_HAVE_WGMMA)
@@ -47,7 +49,9 @@ constexpr int kThreads = 384;     // producer + two consumers
 constexpr int kQTileBytes = kQBlock * kRowBytes;  // one consumer's Q
 constexpr int kKTileBytes = BN * kRowBytes;
 constexpr float kE4m3Max = 448.0f, kInt8Max = 127.0f;
-constexpr float kPScale = kE4m3Max;  // P in [0, 1] times this before its e4m3 rounding
+// P in [0, 1] is scaled by 448 (fp8.P_SCALE) before its e4m3 rounding: the kernel exponentiates
+// straight to 448 P, adding log2(448) to the exponent
+constexpr float kLog2PScale = 8.807354922057604f;
 
 template <int D> struct Fp8Tile {
     static_assert(D == 64 || D == 128, "fp8 buckets: 64 and 128");
@@ -415,59 +419,65 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
             else wgmma::OpsFp8::rs_e4m3_n64(ot, pf[kk], db, kk > 0);
         }
     };
-    // S(j) to probabilities (fp32, in s) against the new running maxima; a0, a1: the rescale factors
+    // S(j) to 448 P (fp32 bits, in si) against the new running maxima; a0, a1: the rescale factors.
+    // The row maxima are taken on the int32 sums (the dequantizing factor f is positive, so the
+    // largest sum is the largest score), and each 448 P = 2^(f * sum - m + log2 448) is one
+    // convert, one fma and one exp2. l sums 448 P unrounded (fp8.reference sums P, unrounded).
     auto probs = [&](int j, float &a0, float &a1) {
         const float f = f0 * kscale[j];
-        float s[BN / 2];  // the same registers as si (each read once, then written)
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) s[i] = float(int32_t(si[i])) * f;
         const int n0 = j * BN;
-        if (n0 + BN > p.nk) {  // ragged last tile: keys past nk get no weight
-            const int t2 = 2 * (lane % 4);
+        const bool ragged = n0 + BN > p.nk;
+        const int t2 = 2 * (lane % 4);
+        if (ragged) {  // keys past nk: the smallest sum, so no maximum (>= 1 valid key per tile)
 #pragma unroll
             for (int t = 0; t < BN / 8; ++t) {
                 const int col = n0 + t * 8 + t2;
-                if (col >= p.nk) s[4 * t] = s[4 * t + 2] = -INFINITY;
-                if (col + 1 >= p.nk) s[4 * t + 1] = s[4 * t + 3] = -INFINITY;
+                if (col >= p.nk) si[4 * t] = si[4 * t + 2] = 0x80000000u;
+                if (col + 1 >= p.nk) si[4 * t + 1] = si[4 * t + 3] = 0x80000000u;
             }
         }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        int mx0 = INT_MIN, mx1 = INT_MIN;
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * t], s[4 * t + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * t + 2], s[4 * t + 3]));
+            mx0 = max(mx0, max(int32_t(si[4 * t]), int32_t(si[4 * t + 1])));
+            mx1 = max(mx1, max(int32_t(si[4 * t + 2]), int32_t(si[4 * t + 3])));
         }
-        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 1));
-        mx0 = fmaxf(mx0, fk_shfl_xor(mx0, 2));
-        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 1));
-        mx1 = fmaxf(mx1, fk_shfl_xor(mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: >= 1 valid key per tile
+        mx0 = max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, float(mx0) * f), mn1 = fmaxf(m1, float(mx1) * f);
         a0 = mma::ex2(m0 - mn0);
         a1 = mma::ex2(m1 - mn1);
         m0 = mn0;
         m1 = mn1;
+        const float b0 = kLog2PScale - mn0, b1 = kLog2PScale - mn1;
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t) {
-            s[4 * t] = mma::ex2(s[4 * t] - mn0);
-            s[4 * t + 1] = mma::ex2(s[4 * t + 1] - mn0);
-            s[4 * t + 2] = mma::ex2(s[4 * t + 2] - mn1);
-            s[4 * t + 3] = mma::ex2(s[4 * t + 3] - mn1);
-            sum0 += s[4 * t] + s[4 * t + 1];
-            sum1 += s[4 * t + 2] + s[4 * t + 3];
-        }
-        l0 = l0 * a0 + sum0;  // the unrounded P, as fp8.reference sums it
-        l1 = l1 * a1 + sum1;
+            float e[4];
 #pragma unroll
-        for (int i = 0; i < BN / 2; ++i) si[i] = __float_as_uint(s[i]);
+            for (int i = 0; i < 4; ++i) e[i] = mma::ex2(fmaf(float(int32_t(si[4 * t + i])), f, i < 2 ? b0 : b1));
+            if (ragged) {  // exactly 0 (f * INT_MIN need not be far below the maximum)
+                const int col = n0 + t * 8 + t2;
+                if (col >= p.nk) e[0] = e[2] = 0.0f;
+                if (col + 1 >= p.nk) e[1] = e[3] = 0.0f;
+            }
+            sum0 += e[0] + e[1];
+            sum1 += e[2] + e[3];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) si[4 * t + i] = __float_as_uint(e[i]);
+        }
+        l0 = l0 * a0 + sum0;
+        l1 = l1 * a1 + sum1;
     };
-    // P times 448 as e4m3 A fragments (the order of the top comment)
+    // 448 P as e4m3 A fragments (the order of the top comment)
     auto pack_p = [&] {
 #pragma unroll
         for (int g = 0; g < BN / 32; ++g) {
             float x[16];
 #pragma unroll
-            for (int i = 0; i < 16; ++i) x[i] = __uint_as_float(si[16 * g + i]) * kPScale;
+            for (int i = 0; i < 16; ++i) x[i] = __uint_as_float(si[16 * g + i]);
             pf[g][0] = e4m3x4(x[0], x[1], x[4], x[5]);
             pf[g][1] = e4m3x4(x[2], x[3], x[6], x[7]);
             pf[g][2] = e4m3x4(x[8], x[9], x[12], x[13]);
@@ -547,12 +557,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     }
     if (c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
 
-    // O / (l * 448) * V's channel scale, stored in the output's dtype; rows past nq are not stored
+    // O / l * V's channel scale (O and l both carry the 448), stored in the output's dtype; rows
+    // past nq are not stored
     l0 += fk_shfl_xor(l0, 1);
     l0 += fk_shfl_xor(l0, 2);
     l1 += fk_shfl_xor(l1, 1);
     l1 += fk_shfl_xor(l1, 2);
-    const float i0 = 1.0f / (l0 * kPScale), i1 = 1.0f / (l1 * kPScale);
+    const float i0 = 1.0f / l0, i1 = 1.0f / l1;
     const int64_t r0 = int64_t(blockIdx.x) * BM + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
     const float *vsc = reinterpret_cast<const float *>(ws + p.lay.v_scale) + bh * kMaxDim;
     using Out = typename E::storage;
@@ -575,8 +586,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     if (p.lse != nullptr && lane % 4 == 0) {
         float *lse = p.lse + (bh / p.heads) * p.ls[0] + (bh % p.heads) * p.ls[1];
         const float *shift = reinterpret_cast<const float *>(ws + p.lay.q_shift) + bh * p.nq;
-        if (r0 < p.nq) lse[r0 * p.ls[2]] = row_lse(m0, l0) + shift[r0];
-        if (r1 < p.nq) lse[r1 * p.ls[2]] = row_lse(m1, l1) + shift[r1];
+        // l = 448 sum(P): log2 l - log2 448 is the row's own
+        if (r0 < p.nq) lse[r0 * p.ls[2]] = row_lse(m0 - kLog2PScale, l0) + shift[r0];
+        if (r1 < p.nq) lse[r1 * p.ls[2]] = row_lse(m1 - kLog2PScale, l1) + shift[r1];
     }
 #else
     __trap();  // the sm_80 pass of an sm_90a build: never launched (the host checks the device)
