@@ -271,32 +271,42 @@ __global__ void __launch_bounds__(256, 2) quant_qk_kernel(Fp8Params p) {
 
 // V as e4m3 (each channel over its scale), transposed: D rows (channels) of BN keys per tile, the
 // keys of every 32 in P V's order (permuted_key), swizzled. Grid (ntiles, bh); keys past nk and
-// channels past the head dim are 0.
+// channels past the head dim are 0. V is read row by row (a warp: 32 channels of one key), the
+// e4m3 pairs of consecutive keys go through shared memory transposed, and each 16-byte chunk of
+// the image is gathered from there: permuted_key keeps keys 2t, 2t+1 (and 8+2t, 9+2t) adjacent.
 template <class E, int D>
 __global__ void __launch_bounds__(256, 2) quant_v_kernel(Fp8Params p) {
-    constexpr int kChunks = D * 8 / 256;
+    __shared__ uint16_t vt[D][BN / 2 + 1];  // [channel][key pair]: e4m3 of keys 2i (low), 2i+1 (high); +1: banks
     const int64_t bh = p.bh0 + blockIdx.y;
     const int64_t n0 = int64_t(blockIdx.x) * BN;
     const float *vsc = reinterpret_cast<const float *>(p.ws + p.lay.v_scale) + bh * kMaxDim;
     unsigned char *img = p.ws + p.lay.v_img + (bh * p.ntiles + blockIdx.x) * int64_t(D * kRowBytes);
+    constexpr int kLanes = 256 / D;  // threads per channel: 2 (D 128) or 4 (D 64)
+    const int ch = threadIdx.x % D;
+    const float s = vsc[ch];
+    for (int pair = threadIdx.x / D; pair < BN / 2; pair += kLanes) {
+        const int64_t n = n0 + 2 * pair;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (ch < p.d) {
+            if (n < p.nk) x0 = load_elem<E>(p.v, elem_offset(p.vs, bh, p.heads, n, ch)) / s;
+            if (n + 1 < p.nk) x1 = load_elem<E>(p.v, elem_offset(p.vs, bh, p.heads, n + 1, ch)) / s;
+        }
+        vt[ch][pair] = static_cast<uint16_t>(e4m3x2(x0, x1));
+    }
+    __syncthreads();
+    constexpr int kChunks = D * 8 / 256;
 #pragma unroll
     for (int i = 0; i < kChunks; ++i) {
-        const int j = i * 256 + threadIdx.x;  // consecutive threads: consecutive chunks of a row
-        const int ch = j / 8, c = j % 8;      // channel (row of V^T), chunk: byte columns 16c..16c+15
-        const float s = vsc[ch];
-        float x[16];
+        const int j = i * 256 + threadIdx.x;
+        const int row = j / 8, c = j % 8;  // channel, chunk: k columns 16c..16c+15
+        uint32_t w[4];
 #pragma unroll
-        for (int e = 0; e < 16; ++e) {
-            const int col = c * 16 + e;  // k column of P V: key (col / 32) * 32 + permuted_key(col % 32)
-            const int64_t n = n0 + (col / 32) * 32 + permuted_key(col % 32);
-            x[e] = n < p.nk && ch < p.d ? load_elem<E>(p.v, elem_offset(p.vs, bh, p.heads, n, ch)) / s : 0.0f;
+        for (int q = 0; q < 4; ++q) {  // k columns 16c + 4q .. +3: keys 2t, 2t+1, 8+2t, 9+2t of their 16
+            const int col = c * 16 + 4 * q;
+            const int key = (col / 32) * 32 + permuted_key(col % 32);  // even: 2t of its 16
+            w[q] = uint32_t(vt[row][key / 2]) | (uint32_t(vt[row][(key + 8) / 2]) << 16);
         }
-        uint4 w;
-        w.x = e4m3x4(x[0], x[1], x[2], x[3]);
-        w.y = e4m3x4(x[4], x[5], x[6], x[7]);
-        w.z = e4m3x4(x[8], x[9], x[10], x[11]);
-        w.w = e4m3x4(x[12], x[13], x[14], x[15]);
-        *reinterpret_cast<uint4 *>(img + swz(ch, c)) = w;
+        *reinterpret_cast<uint4 *>(img + swz(row, c)) = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
 
