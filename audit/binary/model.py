@@ -26,7 +26,8 @@ REEXPORT = "reexport"  # Mach-O LC_REEXPORT_DYLIB: loaded, and its symbols offer
 LAZY = "lazy"  # Mach-O LC_LAZY_LOAD_DYLIB
 UPWARD = "upward"  # Mach-O LC_LOAD_UPWARD_DYLIB
 DEFAULTLIB = "defaultlib"  # a COFF object's .drectve /DEFAULTLIB:NAME: a library the linker links in
-IMPORT_KINDS = (IMPORT, DELAY_LOAD, BOUND, EXPORT_FORWARD, WEAK, REEXPORT, LAZY, UPWARD, DEFAULTLIB)
+PINVOKE = "pinvoke"  # a managed assembly's P/Invoke (CLI ModuleRef): loaded by the runtime on first call
+IMPORT_KINDS = (IMPORT, DELAY_LOAD, BOUND, EXPORT_FORWARD, WEAK, REEXPORT, LAZY, UPWARD, DEFAULTLIB, PINVOKE)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 Design. The file is mmap'ed and read with struct at the offsets its headers name: the DOS and
 COFF headers, the section table, then only the data directories that say what gets loaded
-(import, delay-load import, bound import, export, debug) and the COFF symbol table where one
-is left in (MinGW keeps it). Data sections are searched for ".dll" names (ASCII and UTF-16LE:
+(import, delay-load import, bound import, export, debug, and a managed assembly's CLI metadata:
+its P/Invoke libraries, audit/pe/clr.py) and the COFF symbol table where one is left in (MinGW
+keeps it). Data sections are searched for ".dll" names (ASCII and UTF-16LE:
 what LoadLibraryA/W is given) and, where the file imports GetProcAddress, API names; device
 code sections (`.nv_fatb[in]`, `.hip_fat[bin]`) are read by the ELF package's fatbin and offload
 bundle readers, in place. A 670 MB cuBLASLt DLL is thus a few directory reads plus its fatbin
@@ -30,7 +31,8 @@ from audit.elf.parse import Malformed, decode
 from audit.errors import InputError
 from audit.binary import common
 from audit.binary.common import Region
-from audit.binary.model import BOUND, DEFAULTLIB, DELAY_LOAD, EXPORT_FORWARD, IMPORT, BinaryInfo, Import
+from audit.binary.model import BOUND, DEFAULTLIB, DELAY_LOAD, EXPORT_FORWARD, IMPORT, PINVOKE, BinaryInfo, Import
+from audit.pe.clr import pinvoke_imports
 from audit.pe.stubs import loader_stubs
 
 MACHINES = {0x14C: "IMAGE_FILE_MACHINE_I386", 0x8664: "IMAGE_FILE_MACHINE_AMD64",
@@ -318,6 +320,10 @@ class _Pe:
         self._imports(info, syms)
         self._delay_imports(info, syms)
         self._bound_imports(info)
+        for module, entry_points in pinvoke_imports(self):  # a managed assembly's native libraries
+            info.imports.append(Import(module, PINVOKE, "CLI ImplMap", len(entry_points)))
+            for name in entry_points:
+                syms.add(name, False, "P/Invoke", "FUNC", "GLOBAL", module)
         self._exports(info, syms)
         if self.code_exports and self.getproc_slots:  # a dispatcher's exports: loader stubs, not copies
             info.forwarders.extend(loader_stubs(self, self.code_exports, self.getproc_slots))

@@ -104,7 +104,7 @@ class Builder:
         self.seeds = seeds
         self.elfmut = elfmut
         self.canary = canary  # absolute path of the folder no run may open
-        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "baseline")]
+        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "clr", "baseline")]
 
     # -- pieces
     def elf(self, case: Case, mutate: float = 0.5) -> bytes:
@@ -116,8 +116,9 @@ class Builder:
             case.primary = data
         return data
 
-    def damaged(self, case: Case, data: bytes) -> bytes:
-        """A non-ELF seed as it is, cut short, or with a few of its header and table bytes changed."""
+    def damaged(self, case: Case, data: bytes, span: int = 512) -> bytes:
+        """A non-ELF seed as it is, cut short, or with a few of its first `span` bytes changed
+        (its headers and tables)."""
         r = self.rng.randrange(3)
         if r == 0:
             return data
@@ -127,7 +128,7 @@ class Builder:
             return data[:cut]
         out = bytearray(data)
         for _ in range(self.rng.randint(1, 8)):
-            at = self.rng.randrange(min(len(out), 512))
+            at = self.rng.randrange(min(len(out), span))
             out[at] = self.rng.choice([0, 0xFF, 0x7F, 0x80, self.rng.randrange(256)])
         case.notes.append("non-ELF seed with header bytes changed")
         return bytes(out)
@@ -257,6 +258,9 @@ class Builder:
                 case.notes.append("PE DLL beside the ELF")
                 if "coff" in self.seeds:  # a COFF object, read as an archive member is
                     case.files.append(("file", "d/fk.obj", self.damaged(case, self.seeds["coff"])))
+                if "clr" in self.seeds:  # a managed assembly: its CLI metadata lies past the headers
+                    clr = self.seeds["clr"]
+                    case.files.append(("file", "d/managed.dll", self.damaged(case, clr, len(clr))))
             elif r == 1:
                 case.files.append(("fifo", "d/libfifo.so"))
                 case.notes.append("FIFO in the folder")

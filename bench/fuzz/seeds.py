@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 DEVICE_SRC = TESTS / "fixtures" / "device"
-STAMP = "seeds-v3.json"
+STAMP = "seeds-v4.json"
 
 DEP_C = "int fk_dep_value(void) { return 42; }\n"
 STATIC_CUBLAS_C = "int cublasSgemm_v2(void){return 0;}\nint cublasCreate_v2(void){return 0;}\n"
@@ -202,6 +202,17 @@ def build(cache: Path, log=print) -> dict:
         (d / "obj.c").write_text("int cublasCreate_v2(void **);\nint fk_obj(void){void *h; return cublasCreate_v2(&h);}\n")
         if _run(["x86_64-w64-mingw32-gcc", "-c", "-o", "fk.obj", "obj.c"], d) is None:
             seeds["coff"] = "elf/fk.obj"
+    if shutil.which("mcs"):  # a managed assembly whose P/Invoke loads cuBLAS (CLI metadata)
+        (d / "managed.cs").write_text('using System; using System.Runtime.InteropServices;\n'
+                                      'public static class N { [DllImport("cublas64_12.dll")]\n'
+                                      'public static extern int cublasCreate_v2(out IntPtr h); }\n')
+        err = _run(["mcs", "-target:library", "-out:managed.dll", "managed.cs"], d)
+        if err is None:
+            seeds["clr"] = "elf/managed.dll"
+        else:
+            notes.append(f"mcs seed not built: {' '.join(err.split())[:160]}")
+    else:
+        notes.append("mcs not found: no managed-assembly seed")
     if "pe" not in seeds:
         (d / "fk.dll").write_bytes(_minimal_pe())
         seeds["pe"] = "elf/fk.dll"

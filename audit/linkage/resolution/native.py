@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 from collections import deque
 
-from audit.binary.model import DEFAULTLIB, BinaryInfo
+from audit.binary.model import DEFAULTLIB, PINVOKE, BinaryInfo
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.linkage.resolution.fs import HOST, FileSystem
 from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, attach, loaded_again
@@ -48,11 +48,25 @@ KNOWN_DLLS = frozenset((
     "setupapi.dll", "imm32.dll", "psapi.dll", "normaliz.dll", "wldap32.dll", "crypt32.dll",
     "bcrypt.dll", "version.dll", "winmm.dll", "iphlpapi.dll", "secur32.dll", "userenv.dll",
     "cfgmgr32.dll", "dbghelp.dll", "powrprof.dll", "msctf.dll", "clbcatq.dll", "difxapi.dll",
-    "imagehlp.dll", "nsi.dll", "wintrust.dll"))
+    "imagehlp.dll", "nsi.dll", "wintrust.dll",
+    "mscoree.dll"))  # not a KnownDLL, but the system's: the .NET runtime's loader every managed assembly imports
 _MAC_SYSTEM = ("/usr/lib/", "/System/Library/")
 _PE_ASKED = {"import": "import", "delay-load": "delay-load import", "bound": "bound import",
-             "export-forward": "export forward", "defaultlib": "/DEFAULTLIB directive (.drectve)"}
+             "export-forward": "export forward", "defaultlib": "/DEFAULTLIB directive (.drectve)",
+             "pinvoke": "P/Invoke (CLI ModuleRef)"}
 _LOADS_BY_NAME = ("LoadLibrary", "LoadPackagedLibrary", "LdrLoadDll", "dlopen", "dlmopen", "NSAddImage")
+
+
+def pinvoke_probes(base: str) -> list[str]:
+    """The file names .NET's P/Invoke probing tries for a DllImport name (with and without the
+    platform's prefix and suffix): "cublas" -> cublas.dll, libcublas.so, cublas.so, libcublas.dylib,
+    cublas.dylib, libcublas."""
+    stem = base
+    for suffix in (".dll", ".so", ".dylib"):
+        if stem.casefold().endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    return [base, f"{stem}.dll", f"lib{stem}.so", f"{stem}.so", f"lib{stem}.dylib", f"{stem}.dylib", f"lib{stem}"]
 
 
 def _magic_kind(path: str) -> Kind | None:
@@ -246,10 +260,14 @@ class WindowsResolver(_NativeResolver):
     def resolve(self, name: str, kind: str, requester: DepNode, chain, members: MemberSet | None,
                 warnings: list[str], dlopen: bool) -> DepNode | None:
         base = name.replace("\\", "/").rsplit("/", 1)[-1]
-        folded = base.casefold()
         if kind == _PE_ASKED[DEFAULTLIB]:
             return self._directive(name, base, kind)
         rule = None if dlopen else self.policy.deny_rule_for_soname(base)
+        if kind == _PE_ASKED[PINVOKE]:  # the runtime probes the name in each platform's spellings
+            rule = rule or next(filter(None, map(self.policy.deny_rule_for_soname, pinvoke_probes(base))), None)
+            if "." not in base:
+                base += ".dll"  # the file Windows' probing finds
+        folded = base.casefold()
         edge = "dlopen" if dlopen else "needed"
         how_asked = "LoadLibrary string" if dlopen else kind
         if rule is None and (folded.startswith(("api-ms-win-", "ext-ms-")) or folded in KNOWN_DLLS):
