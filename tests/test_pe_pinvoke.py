@@ -134,3 +134,42 @@ def test_mono_s_own_framework_assemblies_are_read_and_pass():
     assert {"libc", "System.Native", "kernel32.dll"} <= pinvoked
     res = one(lib)
     assert res.verdict == "pass" and not res.failing
+
+
+def test_a_literal_given_to_a_pinvoked_loader_is_a_dlopen_string(tmp_path):
+    """LoadLibrary (kernel32) and dlopen (libdl) reached by P/Invoke, given string literals: the
+    #US heap's library names are load-by-name strings, as a native file's are (before: PASS)."""
+    dll = assembly(tmp_path, "dyn", '    [DllImport("kernel32", CharSet = CharSet.Unicode)]\n'
+                                    '    static extern IntPtr LoadLibrary(string name);\n'
+                                    '    [DllImport("libdl.so.2")]\n'
+                                    '    static extern IntPtr dlopen(string name, int flags);\n'
+                                    '    public static IntPtr Go() { IntPtr h = LoadLibrary("cublas64_12.dll");\n'
+                                    '        return h != IntPtr.Zero ? h : dlopen("libcublas.so.12", 2); }\n')
+    res = one(dll)
+    (f,) = [f for f in res.failing if f.kind == "dlopen-string"]
+    assert f.rule == "nvidia.cublas" and f.where.startswith("#US @0x") and f.count == 2
+    assert "LoadLibrary" in f.detail and "dlopen" in f.detail
+
+
+def test_a_literal_given_to_native_library_load_is_a_dlopen_string(tmp_path):
+    """.NET's own loader (System.Runtime.InteropServices.NativeLibrary.Load, .NET Core 3+): a
+    MemberRef of the assembly. Mono's mcs has no such type, so a stand-in assembly declares it;
+    the caller's metadata is then what a .NET Core compiler writes (a TypeRef, a MemberRef)."""
+    mcs = require_tool("mcs")
+    stand_in = tmp_path / "NativeLibrary.cs"
+    stand_in.write_text("namespace System.Runtime.InteropServices { public static class NativeLibrary {\n"
+                        "  public static System.IntPtr Load(string name) { return System.IntPtr.Zero; } } }\n")
+    ref = tmp_path / "StandIn.dll"
+    subprocess.run([mcs, "-target:library", f"-out:{ref}", str(stand_in)], check=True, capture_output=True, timeout=120)
+    caller = tmp_path / "Caller.cs"
+    caller.write_text("using System.Runtime.InteropServices;\npublic static class Caller {\n"
+                      '  public static System.IntPtr Go() { return NativeLibrary.Load("cudnn64_9.dll"); } }\n')
+    dll = tmp_path / "Caller.dll"
+    subprocess.run([mcs, "-target:library", f"-r:{ref}", f"-out:{dll}", str(caller)], check=True, capture_output=True,
+                   timeout=120)
+    res = one(dll)
+    (f,) = [f for f in res.failing if f.kind == "dlopen-string"]
+    assert (f.rule, f.subject) == ("nvidia.cudnn", "cudnn64_9.dll") and "NativeLibrary.Load" in f.detail
+    # the same literal in an assembly that loads nothing by name is no load
+    quiet = assembly(tmp_path, "quiet", '    public static string Name() { return "cudnn64_9.dll"; }\n')
+    assert not [f for f in one(quiet).findings if f.kind == "dlopen-string" and f.severity != "warn"]

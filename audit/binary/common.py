@@ -35,7 +35,8 @@ _WIDE_DLL = re.compile(rb"\.\0[dD]\0[lL]\0[lL]\0")  # ".dll" in UTF-16LE, any ca
 # older image loaders.
 CODE_LOADING_RE = re.compile(
     r"^(?:dlopen|dlmopen|dlsym|dlvsym|hipModuleLoad\w*|cuModuleLoad\w*|cuLibraryLoad\w*"
-    r"|hiprtc\w*|nvrtc\w*|LoadLibrary(?:Ex)?[AW]|LoadPackagedLibrary|GetProcAddress"
+    r"|hiprtc\w*|nvrtc\w*|LoadLibrary(?:Ex)?[AW]?|LoadPackagedLibrary|GetProcAddress"
+    r"|NativeLibrary\.(?:Try)?Load"  # P/Invoke spells LoadLibrary bare; .NET's own loader
     r"|LdrLoadDll|LdrGetProcedureAddress\w*|NSAddImage|NSCreateObjectFileImageFrom\w+)$")
 SYMBOL_LOOKUP = frozenset({"dlsym", "dlvsym", "GetProcAddress", "LdrGetProcedureAddress",
                            "LdrGetProcedureAddressEx", "LdrGetProcedureAddressForCaller"})

@@ -15,14 +15,34 @@ stream, a name past the heap raise ValueError (the file's verdict becomes an err
 
 from __future__ import annotations
 
+import re
 import struct
+from dataclasses import dataclass, field
+
+from audit.elf.model import StringHit
 
 DIR_CLR = 14
 BSJB = 0x424A5342
 MAX_STREAMS = 16
 MAX_ROWS = 1 << 24  # rows of one table (a 3-byte row index is the format's own bound)
+MAX_USER_STRINGS = 1 << 20  # entries of the #US heap read
+MAX_LIBRARY_HITS = 100_000
+# a library file name in a string literal: any platform's (a managed assembly runs anywhere)
+LIBRARY_NAME = re.compile(r"[A-Za-z0-9_.+\-]*[A-Za-z0-9_+\-]\.(?:dll|so(?:\.[0-9]+)*|dylib)(?![A-Za-z0-9_+\-])", re.IGNORECASE)
 LAST_TABLE = 0x2C  # GenericParamConstraint: the highest table number ECMA-335 defines
-MODULE_REF, IMPL_MAP = 0x1A, 0x1C
+TYPE_REF, MEMBER_REF, MODULE_REF, IMPL_MAP = 0x01, 0x0A, 0x1A, 0x1C
+# the runtime's own load-by-name calls (.NET Core 3 and later), as (type, method): a string the
+# assembly holds can then be a library it loads, as a dlopen string is
+NATIVE_LOADERS = {("NativeLibrary", "Load"), ("NativeLibrary", "TryLoad")}
+
+
+@dataclass
+class ClrInfo:
+    """What a managed assembly's metadata says it loads."""
+
+    pinvoke: list[tuple[str, list[str]]] = field(default_factory=list)  # (library, entry points)
+    loaders: list[str] = field(default_factory=list)  # "NativeLibrary.Load", ...: calls it makes
+    user_strings: tuple[int, int] | None = None  # the #US heap (UTF-16 literals): file offset, size
 
 # coded indexes (II.24.2.6): the tables they can name (None: an unused tag) and their tag bits
 TYPE_DEF_OR_REF = ((0x02, 0x01, 0x1B), 2)
@@ -77,13 +97,14 @@ def _u(buf, at: int, n: int) -> int:
     return int.from_bytes(buf[at:at + n], "little")
 
 
-def pinvoke_imports(pe) -> list[tuple[str, list[str]]]:
-    """(library as the assembly names it, [entry points]) for every ModuleRef of a managed PE
-    file (`pe`: audit/pe/reader.py's reader); [] for a native one. A ModuleRef no ImplMap row
-    uses is listed too, with no entry points (the runtime can still be asked to load it)."""
+def read_clr(pe) -> ClrInfo | None:
+    """The P/Invoke libraries of a managed PE file (`pe`: audit/pe/reader.py's reader), as
+    (library as the assembly names it, [entry points]) for every ModuleRef (one no ImplMap row
+    uses is listed too, with no entry points: the runtime can still be asked to load it), its
+    NativeLibrary load calls and its #US heap; None for a native file."""
     rva, size = pe.dir(DIR_CLR)
     if not rva:
-        return []
+        return None
     buf = pe.buf
     hdr = pe.off(rva, 16, "CLI header")
     md_rva, md_size = struct.unpack_from("<II", buf, hdr + 8)
@@ -116,10 +137,12 @@ def pinvoke_imports(pe) -> list[tuple[str, list[str]]]:
     if tables is None:
         raise ValueError("CLI metadata has no table stream (#~)")
     heap = streams.get("#Strings", (0, 0))
-    return _read_tables(buf, tables, heap)
+    info = _read_tables(buf, tables, heap)
+    info.user_strings = streams.get("#US")
+    return info
 
 
-def _read_tables(buf, tables: tuple[int, int], heap: tuple[int, int]) -> list[tuple[str, list[str]]]:
+def _read_tables(buf, tables: tuple[int, int], heap: tuple[int, int]) -> ClrInfo:
     t, tsize = tables
     if tsize < 24:
         raise ValueError("CLI table stream too short")
@@ -180,4 +203,52 @@ def _read_tables(buf, tables: tuple[int, int], heap: tuple[int, int]) -> list[tu
         if not 1 <= scope <= len(modules):
             raise ValueError(f"P/Invoke {name!r} names ModuleRef {scope} of {len(modules)}")
         entries[scope - 1].append(name)
-    return list(zip(modules, entries))
+    info = ClrInfo(pinvoke=list(zip(modules, entries)))
+
+    # MemberRefs whose parent is a TypeRef (MemberRefParent tag 1) named as a runtime loader
+    tr_cols, mr_cols = layout[TYPE_REF], layout[MEMBER_REF]
+    type_names = {}
+    for r in range(rows[TYPE_REF]):
+        base = start[TYPE_REF] + r * sum(tr_cols)
+        type_names[r + 1] = string(_u(buf, base + tr_cols[0], tr_cols[1]))
+    wanted_types = {t for t, _ in NATIVE_LOADERS}
+    for r in range(rows[MEMBER_REF]):
+        base = start[MEMBER_REF] + r * sum(mr_cols)
+        parent = _u(buf, base, mr_cols[0])
+        if parent & 7 != 1 or type_names.get(parent >> 3) not in wanted_types:
+            continue
+        member = (type_names[parent >> 3], string(_u(buf, base + mr_cols[0], mr_cols[1])))
+        if member in NATIVE_LOADERS and ".".join(member) not in info.loaders:
+            info.loaders.append(".".join(member))
+    return info
+
+
+def user_string_libraries(buf, heap: tuple[int, int]) -> list[StringHit]:
+    """Library file names in the #US heap's string literals (what NativeLibrary.Load or a
+    P/Invoke'd LoadLibrary/dlopen is given). The heap is a run of length-prefixed UTF-16 strings
+    (ECMA-335 II.24.2.4: a compressed length, the characters, one final byte)."""
+    base, size = heap
+    end = base + size
+    at = base + 1  # the first entry is the empty string
+    hits: list[StringHit] = []
+    for _ in range(MAX_USER_STRINGS):
+        if at >= end:
+            return hits
+        b0 = buf[at]
+        if b0 & 0x80 == 0:
+            n, head = b0, 1
+        elif b0 & 0xC0 == 0x80 and at + 2 <= end:
+            n, head = ((b0 & 0x3F) << 8) | buf[at + 1], 2
+        elif b0 & 0xE0 == 0xC0 and at + 4 <= end:
+            n, head = ((b0 & 0x1F) << 24) | (buf[at + 1] << 16) | (buf[at + 2] << 8) | buf[at + 3], 4
+        else:
+            raise ValueError(f"#US heap entry at {at:#x} has no valid length")
+        if at + head + n > end:
+            raise ValueError(f"#US heap entry at {at:#x} runs past the heap")
+        text = bytes(buf[at + head:at + head + n - (n % 2)]).decode("utf-16-le", errors="replace")
+        for m in LIBRARY_NAME.finditer(text):
+            if len(hits) >= MAX_LIBRARY_HITS:
+                raise ValueError(f"more than {MAX_LIBRARY_HITS} library names in the #US heap")
+            hits.append(StringHit(section="#US", offset=at + head + 2 * m.start(), text=m.group(0)))
+        at += head + n
+    raise ValueError(f"#US heap holds more than {MAX_USER_STRINGS} strings")

@@ -32,7 +32,7 @@ from audit.errors import InputError
 from audit.binary import common
 from audit.binary.common import Region
 from audit.binary.model import BOUND, DEFAULTLIB, DELAY_LOAD, EXPORT_FORWARD, IMPORT, PINVOKE, BinaryInfo, Import
-from audit.pe.clr import pinvoke_imports
+from audit.pe.clr import read_clr, user_string_libraries
 from audit.pe.stubs import loader_stubs
 
 MACHINES = {0x14C: "IMAGE_FILE_MACHINE_I386", 0x8664: "IMAGE_FILE_MACHINE_AMD64",
@@ -52,7 +52,8 @@ HIP_SECTIONS = (".hip_fat",)
 _IMPORT_SCAFFOLD = re.compile(r"^(?:__imp_|_head_|__(?:DELAY_)?IMPORT_DESCRIPTOR_|__NULL_IMPORT_DESCRIPTOR$|\x7f)"
                               r"|_iname$|_NULL_THUNK_DATA$")
 _DLL_SUFFIX = common.suffix_re(b".dll", ignore_case=True)
-_LOADERS = ("LoadLibrary", "LoadPackagedLibrary", "LdrLoadDll")
+_LOADERS = ("LoadLibrary", "LoadPackagedLibrary", "LdrLoadDll",
+            "dlopen", "NativeLibrary.")  # the last two: a managed assembly's P/Invoke, its runtime's call
 _MALFORMED = (Malformed, struct.error, ValueError, IndexError, OverflowError, zlib.error, UnicodeError)
 
 
@@ -320,10 +321,13 @@ class _Pe:
         self._imports(info, syms)
         self._delay_imports(info, syms)
         self._bound_imports(info)
-        for module, entry_points in pinvoke_imports(self):  # a managed assembly's native libraries
+        clr = read_clr(self)  # a managed assembly: the native libraries and loaders it calls
+        for module, entry_points in clr.pinvoke if clr else ():
             info.imports.append(Import(module, PINVOKE, "CLI ImplMap", len(entry_points)))
             for name in entry_points:
                 syms.add(name, False, "P/Invoke", "FUNC", "GLOBAL", module)
+        for name in clr.loaders if clr else ():
+            syms.add(name, False, "CLI MemberRef", "FUNC", "GLOBAL", None)
         self._exports(info, syms)
         if self.code_exports and self.getproc_slots:  # a dispatcher's exports: loader stubs, not copies
             info.forwarders.extend(loader_stubs(self, self.code_exports, self.getproc_slots))
@@ -345,6 +349,8 @@ class _Pe:
         # a DLL name in data is a load by name only in a file that imports the loader
         if any(n.startswith(_LOADERS) for n in info.code_loading_imports):
             info.library_strings = common.library_strings(self.buf, data, _DLL_SUFFIX, True, self.named, info.warnings)
+            if clr and clr.user_strings:  # a managed assembly's string literals (UTF-16, in .text)
+                info.library_strings += user_string_libraries(self.buf, clr.user_strings)
         if common.looks_up_symbols(info.code_loading_imports):
             info.api_strings = [h for h in common.api_strings(self.buf, self.size, data, api_prefixes, info.warnings)
                                 if h.offset not in self.named]

@@ -54,7 +54,8 @@ _MAC_SYSTEM = ("/usr/lib/", "/System/Library/")
 _PE_ASKED = {"import": "import", "delay-load": "delay-load import", "bound": "bound import",
              "export-forward": "export forward", "defaultlib": "/DEFAULTLIB directive (.drectve)",
              "pinvoke": "P/Invoke (CLI ModuleRef)"}
-_LOADS_BY_NAME = ("LoadLibrary", "LoadPackagedLibrary", "LdrLoadDll", "dlopen", "dlmopen", "NSAddImage")
+_LOADS_BY_NAME = ("LoadLibrary", "LoadPackagedLibrary", "LdrLoadDll", "dlopen", "dlmopen", "NSAddImage",
+                  "NativeLibrary.")
 
 
 def pinvoke_probes(base: str) -> list[str]:
