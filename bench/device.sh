@@ -41,6 +41,10 @@
 #                   (diffusers, cryptography, ...) travel as wheels in .whl/ and are installed
 #                   into /tmp/site, put ahead of the checkout on PYTHONPATH; without them, the
 #                   checkout alone (pip's output into LOG)
+#   begin_run DIR SECONDS [CMD...]   OUT (default DIR) and BUDGET_S (default SECONDS), then
+#                   device_common, use_carried_wheels and record_env $OUT/env.txt [CMD...]
+#   build_unless_prebuilt TARGET...   `sovereign-audit build` of the targets into build/,
+#                   skipped under PREBUILT=1 (the carried build/)
 device_common() {
     START=$(date +%s)
     SUMMARY=${SUMMARY:-$OUT/summary.txt}
@@ -92,6 +96,23 @@ use_carried_wheels() {
     fi
 }
 
+begin_run() {
+    OUT=${OUT:-$1}
+    BUDGET_S=${BUDGET_S:-$2}
+    shift 2
+    mkdir -p "$OUT"
+    export PYTHONUNBUFFERED=1
+    device_common
+    use_carried_wheels "$OUT/pip.log"
+    record_env "$OUT/env.txt" "$@"
+}
+build_unless_prebuilt() {
+    if [ -z "${PREBUILT:-}" ]; then
+        python3 -m audit build $(printf -- '--target %s ' "$@") --out build >"$OUT/build.log" 2>&1
+        note "build rc=$? ($(el) s)"
+    fi
+}
+
 RUN_NAMES=()
 declare -A RUN_DESC=()
 register() { RUN_NAMES+=("$1"); RUN_DESC[$1]=$2; }
@@ -118,14 +139,7 @@ register() { RUN_NAMES+=("$1"); RUN_DESC[$1]=$2; }
 #   OUT=/tmp/uv bash bench/device.sh user-view      # BUDGET_S (default 285) bounds the whole run
 register user-view 'the default libraries as users call them: GPU tests, `bench --preset dit`, fp16, host cost, mma.sync with MMA_SYNC=1, sanitizers with SANITIZE=1, then the research object'
 run_user_view() {
-OUT=${OUT:-/tmp/user_view_out}
-BUDGET_S=${BUDGET_S:-285}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-device_common
-
-use_carried_wheels "$OUT/pip.log"
-record_env "$OUT/env.txt" python3 -c 'import diffusers; print("diffusers", diffusers.__version__)'
+begin_run /tmp/user_view_out 285 python3 -c 'import diffusers; print("diffusers", diffusers.__version__)'
 
 # 1. One build of the default libraries.
 #    (PREBUILT=1: use the libraries already in build/, e.g. built with the same nvcc on another machine
@@ -1311,17 +1325,8 @@ cat "$OUT/top.txt"
 #   OUT=/tmp/lse bash bench/device.sh lse       # BUDGET_S (default 540); PREBUILT=1 uses build/
 register lse 'the log-sum-exp on one GPU: its GPU tests on every CUDA build, then its cost over the plain public call (kernel_bench --lse)'
 run_lse() {
-OUT=${OUT:-/tmp/lse_out}
-BUDGET_S=${BUDGET_S:-540}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-device_common
-use_carried_wheels "$OUT/pip.log"
-record_env "$OUT/env.txt"
-if [ -z "${PREBUILT:-}" ]; then
-    python3 -m audit build --target sm_90a --target sm_90 --target sm_90-generic --out build >"$OUT/build.log" 2>&1
-    note "build rc=$? ($(el) s)"
-fi
+begin_run /tmp/lse_out 540
+build_unless_prebuilt sm_90a sm_90 sm_90-generic
 if [ -n "${ALL_TESTS:-}" ]; then
     timeout -k 5 $(( $(left) / 2 )) python3 -m pytest -q -p no:cacheprovider -rs -m gpu -n 8 tests/test_kernel_gpu.py \
         tests/test_binding.py tests/test_cuda_placement.py >"$OUT/tests.log" 2>&1
@@ -1361,17 +1366,8 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 #   OUT=/tmp/fp8 PREBUILT=1 bash bench/device.sh fp8     # BUDGET_S (default 570)
 register fp8 'the FP8 kernel on one cc 9.0 GPU: a smoke call, its GPU tests, memcheck and racecheck, then its speed beside ours exact and SDPA-cuDNN (kernel_bench --fp8)'
 run_fp8() {
-OUT=${OUT:-/tmp/fp8_out}
-BUDGET_S=${BUDGET_S:-570}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-device_common
-use_carried_wheels "$OUT/pip.log"
-record_env "$OUT/env.txt"
-if [ -z "${PREBUILT:-}" ]; then
-    python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log" 2>&1
-    note "build rc=$? ($(el) s)"
-fi
+begin_run /tmp/fp8_out 570
+build_unless_prebuilt sm_90a cpu
 timeout -k 5 60 python3 - >"$OUT/smoke.txt" 2>&1 <<'PY'
 import torch, flash_kernel
 from flash_kernel import fp8
@@ -1461,18 +1457,9 @@ sed -n '/^ours = /,$p' "$OUT/bench-fa4.txt" | tee -a "$SUMMARY"
 #   OUT=/tmp/cp bash bench/device.sh context-parallel
 register context-parallel 'Wan2.1-14B 720p DiT forward on 2 GPUs: Ulysses 2 and ring 2, ours vs SDPA-cuDNN, against one GPU; the cuda:1 test; pipeline --ulysses 2'
 run_context_parallel() {
-OUT=${OUT:-/tmp/context_parallel_out}
-BUDGET_S=${BUDGET_S:-570}
 GPUS=${GPUS:-2}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-device_common
-use_carried_wheels "$OUT/pip.log"
-record_env "$OUT/env.txt" python3 -c 'import diffusers; print("diffusers", diffusers.__version__)'
-if [ -z "${PREBUILT:-}" ]; then
-    python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log" 2>&1
-    note "build rc=$? ($(el) s)"
-fi
+begin_run /tmp/context_parallel_out 570 python3 -c 'import diffusers; print("diffusers", diffusers.__version__)'
+build_unless_prebuilt sm_90a cpu
 # one forward of the 14B model at 75600 tokens: ~12 s on one H200 (~9 s of it attention); each
 # (split, attention) runs 1 + REPEATS + 1 (profiled) forwards: ~4-5 minutes at REPEATS=2
 timeout -k 10 $(( $(left) - 180 )) torchrun --nproc-per-node "$GPUS" bench/context_parallel.py \
@@ -1511,7 +1498,12 @@ dry_run() {  # NAME: what the run would do, from its source; nothing is run
     echo "from: $ROOT"
     echo "settings given: ${GIVEN[*]:-none}"
     echo "settings it reads (value now; unset: the run's default):"
-    for var in $(grep -oE '\$\{[A-Z_][A-Z0-9_]*(:?[-+=]|\})' <<< "$src" | sed -E 's/^\$\{//; s/[:}+=-]+$//' | sort -u); do
+    # the settings the shared helpers it calls read count as its own
+    local helpers="" h
+    for h in begin_run build_unless_prebuilt; do
+        grep -qE "^$h( |\$)" <<< "$src" && helpers+=$(declare -f "$h")$'\n'
+    done
+    for var in $(grep -oE '\$\{[A-Z_][A-Z0-9_]*(:?[-+=]|\})' <<< "$src$helpers" | sed -E 's/^\$\{//; s/[:}+=-]+$//' | sort -u); do
         case $var in PIDS|LIBS|VARS|ARGS|SHAPE_ARGS|VARIANT_LIBS|VARIANT_NVCC|LIBARGS|FAILED|ARTIFACTS|TARGETS|KT|WG_CHECK|MMA_CHECK|L|PIPESTATUS) continue ;; esac
         if [ -n "${!var+x}" ]; then echo "  $var=${!var}"; else echo "  $var (unset)"; fi
     done

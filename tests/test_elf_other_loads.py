@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from linkage_fixtures import cc_shared, run
@@ -26,6 +27,16 @@ VENDOR = ('#include <stdio.h>\n__attribute__((constructor)) static void hello(vo
 def child(res, name):
     (node,) = [c for c in res.tree.children if c.name == name]
     return node
+
+
+def program(tmp_path, name: str, *flags, returns: int = 0) -> Path:
+    """gcc's main() returning `returns`, linked with `flags` (ld options)."""
+    require_tool("gcc")
+    main = tmp_path / f"{name}.c"
+    main.write_text(f"int main(void) {{ return {returns}; }}\n")
+    exe = tmp_path / name
+    run("gcc", "-o", exe, main, *flags)
+    return exe
 
 
 def one(path, options=None):
@@ -105,12 +116,7 @@ def test_a_program_s_audit_libraries_are_loads_a_library_s_are_not(tmp_path):
     """DT_AUDIT / DT_DEPAUDIT (ld --audit, --depaudit; ':'-separated lists): glibc loads them for the
     main program only, so a program naming cuBLAS there fails, and a shared library carrying the
     tag (which ld.so ignores) passes."""
-    require_tool("gcc")
-    main = tmp_path / "main.c"
-    main.write_text("int main(void) { return 0; }\n")
-    prog = tmp_path / "prog"
-    run("gcc", "-o", prog, main, "-Wl,--audit=libtrace_ok.so.1:libcublas.so.12")
-    res = one(prog)
+    res = one(program(tmp_path, "prog", "-Wl,--audit=libtrace_ok.so.1:libcublas.so.12"))
     assert [(f.rule, f.kind, f.subject, f.where) for f in res.failing] == [
         ("nvidia.cublas", "needed", "libcublas.so.12", "DT_AUDIT")]
     assert ("unresolved", "libtrace_ok.so.1", "DT_AUDIT") in {(f.kind, f.subject, f.where) for f in res.findings}
@@ -124,10 +130,7 @@ def test_glibc_loads_a_program_s_audit_library(tmp_path):
     cc_shared(tmp_path / "libaud.so.1", '#include <unistd.h>\n__attribute__((constructor)) static void c(void) '
               '{ write(1, "audit ran\\n", 10); }\nunsigned la_version(unsigned v) { return v; }\n',
               "-Wl,-soname,libaud.so.1")
-    main = tmp_path / "main.c"
-    main.write_text("int main(void) { return 7; }\n")
-    exe = tmp_path / "prog"
-    run("gcc", "-o", exe, main, "-Wl,--audit=libaud.so.1")
+    exe = program(tmp_path, "prog", "-Wl,--audit=libaud.so.1", returns=7)
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30,
                           env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path)})
     assert (proc.returncode, proc.stdout) == (7, "audit ran\n")
@@ -141,15 +144,8 @@ def test_inspect_shows_what_else_loads(libs, capsys):
 def test_a_vendor_library_as_the_program_interpreter_fails(tmp_path):
     """PT_INTERP naming cuBLAS (ld --dynamic-linker): the kernel maps that file and runs it before
     the program. Before: PASS."""
-    require_tool("gcc")
-    main = tmp_path / "main.c"
-    main.write_text("int main(void) { return 0; }\n")
-    prog = tmp_path / "prog"
-    run("gcc", "-o", prog, main, "-Wl,--dynamic-linker=/opt/cuda/lib64/libcublas.so.12")
-    res = one(prog)
+    res = one(program(tmp_path, "prog", "-Wl,--dynamic-linker=/opt/cuda/lib64/libcublas.so.12"))
     assert [(f.rule, f.kind, f.subject, f.where) for f in res.failing] == [
         ("nvidia.cublas", "needed", "libcublas.so.12", "PT_INTERP")]
     assert "/opt/cuda/lib64/libcublas.so.12" in res.failing[0].detail
-    ordinary = tmp_path / "ordinary"
-    run("gcc", "-o", ordinary, main)
-    assert one(ordinary).verdict == "pass"  # the system's ld.so, as every program has
+    assert one(program(tmp_path, "ordinary")).verdict == "pass"  # the system's ld.so, as every program has
