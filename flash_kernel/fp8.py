@@ -281,8 +281,10 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
             or k.shape[2] != v.shape[2] or k.shape[2] == 0 or nq == 0:
         raise ValueError(f"shapes do not match: q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)} (as (B, H, N, D))")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite number, not {scale!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and not isinstance(scale, bool)
+                                  and math.isfinite(scale) and scale > 0):
+        # as the exact call: None means 1/sqrt(D), anything else a positive finite number
+        raise ValueError(f"scale must be positive and finite, not {scale!r} (None means 1/sqrt(D))")
     if q.device.type == "cuda":
         if scheme != CHOSEN:
             raise ValueError(f"the FP8 kernel runs {CHOSEN.name} only, not {scheme.name}")

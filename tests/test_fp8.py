@@ -245,3 +245,6 @@ def test_unknown_precision_and_bad_inputs_are_refused():
         flash_kernel.attention(q, torch.ones(1, 1, 8, 32), q, precision="fp8")
     with pytest.raises(ValueError, match="layout"):
         flash_kernel.attention(q, q, q, layout="nhd", precision="fp8")
+    for bad in (0, -0.5, float("nan"), True, "0.1"):  # the exact call refuses them too
+        with pytest.raises(ValueError, match="scale must be positive and finite"):
+            flash_kernel.attention(q, q, q, scale=bad, precision="fp8")
