@@ -364,6 +364,27 @@ def attach(node: DepNode, child: DepNode, key: str, edge: str, loaded: dict, by_
         queue.append((child, chain + (child,)))
 
 
+MAX_PRELOADS = 1024
+PRELOAD_FILE = "/etc/ld.so.preload"
+
+
+def _dynamic(info: ElfInfo) -> bool:
+    """Loaded through ld.so (a static program is not, and gets no preload)."""
+    return bool(info.interpreter or info.needed or info.soname or info.elf_type == "ET_DYN")
+
+
+def read_ld_preload(paths: Paths) -> list[str]:
+    """The libraries /etc/ld.so.preload of the audited system names: glibc's ld.so loads each into
+    every dynamically linked program before its own dependencies (entries split at ':', spaces,
+    tabs and newlines, as rtld does). Past MAX_PRELOADS the list is cut there, and the tree of every
+    file that would load them is an error (tree())."""
+    real = paths.real(paths.host(PRELOAD_FILE))  # symlinks resolved inside the audited system
+    text = paths.fs.read_text(real, 1 << 20) if real else None
+    if not text:
+        return []
+    return list(dict.fromkeys(e for e in text.replace(":", " ").split() if e))
+
+
 class Resolver:
     """Builds dependency trees for audited objects; one per check run (caches ld.so.conf)."""
 
@@ -373,6 +394,9 @@ class Resolver:
         self.read = read  # path -> ElfInfo (cached by the caller); raises on unparseable input
         self.paths = Paths(options.root, fs)
         self.conf_dirs, self.warnings = read_ldso_conf(self.paths, options.ldso_conf)
+        # the audited system's /etc/ld.so.preload (an image's, or --root's), never this machine's:
+        # a process of that system loads them with every object
+        self.preload = read_ld_preload(self.paths) if (options.root or fs is not HOST) else []
         self.env_dirs = [d for d in (options.ld_library_path or "").split(":") if d] if options.use_env else []
         self._system: dict[tuple[int, int], set[str]] = {}
         self.memo: dict = {}  # what the checker derives once per run from objects read (scan.py)
@@ -393,11 +417,15 @@ class Resolver:
         by_real: dict[str, DepNode] = {rootnode.realpath: rootnode}
         queue: deque[tuple[DepNode, tuple[DepNode, ...]]] = deque([(rootnode, (rootnode,))])
         count = 0
+        if len(self.preload) > MAX_PRELOADS and _dynamic(info):
+            raise TreeTooLarge(f"{PRELOAD_FILE} names more than {MAX_PRELOADS} libraries")
         while queue:
             node, chain = queue.popleft()
             # (name, edge, how it is asked for: None for DT_NEEDED); filter and audit libraries load
             # as a NEEDED does (audit/elf/dynamic.py)
-            edges = ([(n, "needed", None) for n in node.info.needed]
+            edges = ([(n, "needed", PRELOAD_FILE) for n in self.preload
+                      if node is rootnode and _dynamic(node.info)]
+                     + [(n, "needed", None) for n in node.info.needed]
                      + [(n, "needed", tag) for tag, n in node.info.extra_loads]
                      + [(n, "dlopen", None) for n in dlopen_names(node.info)])
             for needed, edge, request in edges:

@@ -1,0 +1,105 @@
+"""/etc/ld.so.preload of the audited system (a container image's, or --root's): glibc's ld.so
+loads every library it names into every dynamically linked program, before the program's own
+dependencies. A vendor library there is in every process of the image, though no file names it.
+This machine's own /etc/ld.so.preload is never read: it is the runner's, not the artifact's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from conftest import require_tool
+from image_fixtures import docker_archive, layer_tar
+from linkage_fixtures import cc_shared, run
+
+from audit.errors import EXIT_OK, EXIT_VIOLATION
+from audit.linkage.check import check_paths
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
+from cli_runner import cli
+
+
+def libs(tmp_path) -> dict[str, bytes]:
+    require_tool("gcc")
+    cudnn = cc_shared(tmp_path / "libcudnn.so.9", "int cudnnCreate(void){return 0;}\n", "-Wl,-soname,libcudnn.so.9")
+    app = cc_shared(tmp_path / "libapp.so", "int app(void){return 1;}\n", "-Wl,-soname,libapp.so")
+    return {"cudnn": cudnn.read_bytes(), "app": app.read_bytes()}
+
+
+def image(tmp_path, preload: bytes | None, cudnn: bool = True) -> Path:
+    b = libs(tmp_path)
+    entries = [("file", "opt/app/libapp.so", b["app"])]
+    if cudnn:
+        entries.append(("file", "opt/nv/libcudnn.so.9", b["cudnn"]))
+    if preload is not None:
+        entries.append(("file", "etc/ld.so.preload", preload))
+    return docker_archive(tmp_path / "img.tar", [layer_tar(entries)])
+
+
+def test_an_image_preloading_cudnn_fails_every_program_it_would_run(tmp_path, capsys):
+    """Before: PASS (libapp.so needs nothing but libc)."""
+    img = image(tmp_path, b"# preloaded into every process\n/opt/nv/libcudnn.so.9\n")
+    rc, out, err = cli(capsys, "check", str(img))
+    assert rc == EXIT_VIOLATION, out + err
+    assert "needed: /opt/nv/libcudnn.so.9  (/etc/ld.so.preload)" in out
+    assert f"{img}!/opt/app/libapp.so" in out
+
+
+def test_an_image_without_a_preload_or_with_a_clean_one_passes(tmp_path, capsys):
+    for preload in (None, b"/opt/app/libapp.so\n"):
+        rc, out, err = cli(capsys, "check", str(image(tmp_path, preload, cudnn=False)))
+        assert rc == EXIT_OK, out + err
+
+
+def test_a_sysroot_s_preload_counts_and_a_symlink_out_of_it_is_not_followed(tmp_path):
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "lib").mkdir()
+    b = libs(tmp_path)
+    (root / "lib/libapp.so").write_bytes(b["app"])
+    (root / "lib/libcudnn.so.9").write_bytes(b["cudnn"])
+    (root / "etc/ld.so.preload").write_text("libcudnn.so.9: /lib/libcudnn.so.9\n")
+    opts = ResolveOptions.from_cli(root=str(root))
+    res = check_paths([str(root / "lib/libapp.so")], load_policy(None), opts).files[0]
+    assert ("nvidia.cudnn", "needed", "/etc/ld.so.preload") in {(f.rule, f.kind, f.where) for f in res.failing}
+    # an absolute symlink is resolved inside the sysroot: a host file it names is never read
+    outside = tmp_path / "host_secret"
+    outside.write_text("libcudnn.so.9\n")
+    (root / "etc/ld.so.preload").unlink()
+    (root / "etc/ld.so.preload").symlink_to(outside)
+    res = check_paths([str(root / "lib/libapp.so")], load_policy(None), opts).files[0]
+    assert not [f for f in res.findings if f.where == "/etc/ld.so.preload"]
+
+
+def test_this_machine_s_preload_is_not_the_artifact_s():
+    """Without an image or --root nothing is read from /etc/ld.so.preload (the runner's file)."""
+    from audit.linkage.resolution.ldso import Resolver
+
+    r = Resolver(ResolveOptions(), load_policy(None), read=lambda p: None)
+    assert r.preload == []
+
+
+def test_glibc_preloads_what_the_file_names(tmp_path):
+    """The mechanism, through LD_PRELOAD (the same list as the file, which needs root to write):
+    the preloaded library's constructor runs in a program that names it nowhere."""
+    require_tool("gcc")
+    lib = cc_shared(tmp_path / "libpre.so", '#include <unistd.h>\n__attribute__((constructor)) static void c(void)'
+                    ' { write(1, "preloaded\\n", 10); }\n')
+    main = tmp_path / "main.c"
+    main.write_text("int main(void) { return 3; }\n")
+    exe = tmp_path / "prog"
+    run("gcc", "-o", exe, main)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "LD_PRELOAD": str(lib)})
+    assert (proc.returncode, proc.stdout) == (3, "preloaded\n")
+
+
+def test_a_preload_list_past_the_bound_is_an_error_not_a_pass(tmp_path):
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "lib/libapp.so").write_bytes(libs(tmp_path)["app"])
+    (root / "etc/ld.so.preload").write_text("\n".join(f"/lib/libx{i}.so" for i in range(1025)))
+    res = check_paths([str(root / "lib/libapp.so")], load_policy(None), ResolveOptions.from_cli(root=str(root))).files[0]
+    assert res.verdict == "error" and "ld.so.preload names more than 1024" in (res.error or "")
