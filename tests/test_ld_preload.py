@@ -1,7 +1,8 @@
-"""/etc/ld.so.preload of the audited system (a container image's, or --root's): glibc's ld.so
-loads every library it names into every dynamically linked program, before the program's own
-dependencies. A vendor library there is in every process of the image, though no file names it.
-This machine's own /etc/ld.so.preload is never read: it is the runner's, not the artifact's."""
+"""/etc/ld.so.preload of the audited system (a container image's, or --root's) and LD_PRELOAD (an
+image's Env, or this shell's under --use-env): glibc's ld.so loads every library they name into
+every dynamically linked program, before the program's own dependencies. A vendor library there
+is in every process of the image, though no file names it. This machine's own /etc/ld.so.preload
+is never read: it is the runner's, not the artifact's."""
 
 from __future__ import annotations
 
@@ -103,3 +104,22 @@ def test_a_preload_list_past_the_bound_is_an_error_not_a_pass(tmp_path):
     (root / "etc/ld.so.preload").write_text("\n".join(f"/lib/libx{i}.so" for i in range(1025)))
     res = check_paths([str(root / "lib/libapp.so")], load_policy(None), ResolveOptions.from_cli(root=str(root))).files[0]
     assert res.verdict == "error" and "ld.so.preload names more than 1024" in (res.error or "")
+
+
+def test_an_image_whose_env_preloads_cudnn_fails(tmp_path, capsys):
+    """LD_PRELOAD in the image config's Env: every process of the image loads it."""
+    b = libs(tmp_path)
+    layer = layer_tar([("file", "opt/app/libapp.so", b["app"]), ("file", "opt/nv/libcudnn.so.9", b["cudnn"])])
+    img = docker_archive(tmp_path / "env.tar", [layer], env=["LD_PRELOAD=/opt/nv/libcudnn.so.9", "PATH=/usr/bin"])
+    rc, out, err = cli(capsys, "check", str(img))
+    assert rc == EXIT_VIOLATION and "needed: /opt/nv/libcudnn.so.9  (LD_PRELOAD)" in out, out + err
+
+
+def test_use_env_takes_this_shell_s_ld_preload_as_it_takes_ld_library_path(tmp_path, monkeypatch):
+    libs(tmp_path)
+    app = tmp_path / "libapp.so"
+    monkeypatch.setenv("LD_PRELOAD", f"{tmp_path / 'libcudnn.so.9'}")
+    res = check_paths([str(app)], load_policy(None), ResolveOptions.from_cli(use_env=True)).files[0]
+    assert ("nvidia.cudnn", "needed", "LD_PRELOAD") in {(f.rule, f.kind, f.where) for f in res.failing}
+    plain = check_paths([str(app)], load_policy(None), ResolveOptions.from_cli()).files[0]
+    assert plain.verdict == "pass"  # without --use-env the shell is not the artifact

@@ -27,7 +27,8 @@ HASHED_FORMATS = frozenset({"json", "sarif", "junit", "cyclonedx", "spdx"})
                    "instead of stdout. Repeatable.")
 @click.option("--root", metavar="DIR", help="Sysroot: resolve libraries inside DIR (hermetic audit).")
 @click.option("--ldpath", multiple=True, metavar="DIR", help="Extra library directory (like LD_LIBRARY_PATH). Repeatable.")
-@click.option("--use-env", is_flag=True, help="Also search $LD_LIBRARY_PATH (ignored by default).")
+@click.option("--use-env", is_flag=True,
+              help="Also search $LD_LIBRARY_PATH, and judge what $LD_PRELOAD loads (both ignored by default).")
 @click.option("--conda-prefix", metavar="DIR",
               help="Conda environment that conda packages are installed into: their libraries also resolve in DIR/lib.")
 @click.option("--baseline", "baseline_path", metavar="FILE",

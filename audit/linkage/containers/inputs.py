@@ -72,11 +72,13 @@ class Scope:
     fs: FileSystem = HOST
     own_system: bool = False  # an image: --root, --ldpath and --use-env describe this machine, not it
     env_path: str | None = None  # LD_LIBRARY_PATH of the image's config
+    env_preload: str | None = None  # LD_PRELOAD of the image's config: loaded into every process
     fallback: list[tuple[str, str]] = field(default_factory=list)
 
     def options(self, base: ResolveOptions) -> ResolveOptions:
         if self.own_system:
-            return replace(ResolveOptions(), use_env=self.env_path is not None, ld_library_path=self.env_path,
+            return replace(ResolveOptions(), use_env=self.env_path is not None or self.env_preload is not None,
+                           ld_library_path=self.env_path, ld_preload=self.env_preload,
                            fallback=list(self.fallback), max_nodes=base.max_nodes)
         return replace(base, fallback=base.fallback + self.fallback)
 
@@ -280,7 +282,8 @@ class Inputs:
         except OSError as exc:
             yield Input(arg, None, True, f"cannot read image: {exc.strerror or exc}")
             return
-        scope = Scope(tree, own_system=True, env_path=image.env.get("LD_LIBRARY_PATH"))
+        scope = Scope(tree, own_system=True, env_path=image.env.get("LD_LIBRARY_PATH"),
+                      env_preload=image.env.get("LD_PRELOAD"))
         owners = dpkg_owners(tree) if self.identify else {}
         elf = tree.elf_files()
         # as for a wheel: a NEEDED ld.so would not find in the container falls back to the image's

@@ -66,6 +66,7 @@ class ResolveOptions:
     ldpath: list[str] = field(default_factory=list)  # extra directories, searched like LD_LIBRARY_PATH
     use_env: bool = False
     ld_library_path: str | None = None  # captured from the environment when use_env
+    ld_preload: str | None = None  # LD_PRELOAD: the environment's when use_env, an image's Env
     ldso_conf: str = "/etc/ld.so.conf"  # inside root when root is set
     fallback: list[tuple[str, str]] = field(default_factory=list)  # (how, dir): searched last, after members
     conda_prefix: str | None = None  # the environment conda packages resolve against (its lib/)
@@ -80,11 +81,12 @@ class ResolveOptions:
             ldpath=[os.path.abspath(p) for p in ldpath],
             use_env=use_env,
             ld_library_path=os.environ.get("LD_LIBRARY_PATH") if use_env else None,
+            ld_preload=os.environ.get("LD_PRELOAD") if use_env else None,
         )
 
     def to_dict(self) -> dict:
         return {"root": self.root, "ldpath": list(self.ldpath), "use_env": self.use_env,
-                "ld_library_path": self.ld_library_path, "ldso_conf": self.ldso_conf,
+                "ld_library_path": self.ld_library_path, "ld_preload": self.ld_preload, "ldso_conf": self.ldso_conf,
                 **({"fallback": [list(f) for f in self.fallback]} if self.fallback else {}),
                 **({"conda_prefix": self.conda_prefix} if self.conda_prefix else {})}
 
@@ -396,7 +398,11 @@ class Resolver:
         self.conf_dirs, self.warnings = read_ldso_conf(self.paths, options.ldso_conf)
         # the audited system's /etc/ld.so.preload (an image's, or --root's), never this machine's:
         # a process of that system loads them with every object
-        self.preload = read_ld_preload(self.paths) if (options.root or fs is not HOST) else []
+        # (name, how it is asked for): the environment's LD_PRELOAD first, as ld.so loads them
+        env = options.ld_preload if options.use_env else None
+        self.preload = [(n, "LD_PRELOAD") for n in dict.fromkeys((env or "").replace(":", " ").split())]
+        self.preload += [(n, PRELOAD_FILE) for n in (read_ld_preload(self.paths) if (options.root or fs is not HOST)
+                                                     else [])]
         self.env_dirs = [d for d in (options.ld_library_path or "").split(":") if d] if options.use_env else []
         self._system: dict[tuple[int, int], set[str]] = {}
         self.memo: dict = {}  # what the checker derives once per run from objects read (scan.py)
@@ -423,8 +429,7 @@ class Resolver:
             node, chain = queue.popleft()
             # (name, edge, how it is asked for: None for DT_NEEDED); filter and audit libraries load
             # as a NEEDED does (audit/elf/dynamic.py)
-            edges = ([(n, "needed", PRELOAD_FILE) for n in self.preload
-                      if node is rootnode and _dynamic(node.info)]
+            edges = ([(n, "needed", how) for n, how in self.preload if node is rootnode and _dynamic(node.info)]
                      + [(n, "needed", None) for n in node.info.needed]
                      + [(n, "needed", tag) for tag, n in node.info.extra_loads]
                      + [(n, "dlopen", None) for n in dlopen_names(node.info)])
