@@ -123,3 +123,20 @@ def test_use_env_takes_this_shell_s_ld_preload_as_it_takes_ld_library_path(tmp_p
     assert ("nvidia.cudnn", "needed", "LD_PRELOAD") in {(f.rule, f.kind, f.where) for f in res.failing}
     plain = check_paths([str(app)], load_policy(None), ResolveOptions.from_cli()).files[0]
     assert plain.verdict == "pass"  # without --use-env the shell is not the artifact
+
+
+def test_a_sysroot_s_ld_so_conf_symlinked_out_of_it_is_not_followed(tmp_path):
+    """ld.so.conf is read as the preload list is: a link out of the sysroot resolves inside it,
+    so a host file never becomes the audited system's search directories."""
+    from audit.linkage.resolution.ldso import Paths, read_ldso_conf
+
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    host = tmp_path / "host.conf"
+    host.write_text("/host/only/dir\n")
+    (root / "etc/ld.so.conf").symlink_to(host)
+    dirs, warnings = read_ldso_conf(Paths(str(root)), "/etc/ld.so.conf")
+    assert "/host/only/dir" not in dirs
+    (root / "etc/ld.so.conf").unlink()
+    (root / "etc/ld.so.conf").write_text("/opt/lib\n")
+    assert read_ldso_conf(Paths(str(root)), "/etc/ld.so.conf")[0][:1] == ["/opt/lib"]

@@ -295,7 +295,8 @@ def read_ldso_conf(paths: Paths, conf: str) -> tuple[list[str], list[str]]:
             warnings.append(f"ld.so.conf include loop or depth at {path}")
             return
         seen.add(path)
-        text = paths.fs.read_text(paths.host(path), 1 << 20)
+        real = paths.real(paths.host(path))  # symlinks resolved inside the audited system
+        text = paths.fs.read_text(real, 1 << 20) if real else None
         if text is None:
             if depth == 0:
                 warnings.append(f"cannot read {path}; using only the default directories")
