@@ -397,9 +397,9 @@ class Resolver:
         self.read = read  # path -> ElfInfo (cached by the caller); raises on unparseable input
         self.paths = Paths(options.root, fs)
         self.conf_dirs, self.warnings = read_ldso_conf(self.paths, options.ldso_conf)
-        # the audited system's /etc/ld.so.preload (an image's, or --root's), never this machine's:
-        # a process of that system loads them with every object
-        # (name, how it is asked for): the environment's LD_PRELOAD first, as ld.so loads them
+        # what a process of the audited system loads with every object, as (name, how it is asked
+        # for), in ld.so's order: LD_PRELOAD (an image's Env, or this shell's under --use-env), then
+        # /etc/ld.so.preload (an image's or --root's; never this machine's, which is the runner's)
         env = options.ld_preload if options.use_env else None
         self.preload = [(n, "LD_PRELOAD") for n in dict.fromkeys((env or "").replace(":", " ").split())]
         self.preload += [(n, PRELOAD_FILE) for n in (read_ld_preload(self.paths) if (options.root or fs is not HOST)
