@@ -433,8 +433,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     // The row maxima are taken on the int32 sums (the dequantizing factor f is positive, so the
     // largest sum is the largest score), and each 448 P = 2^(f * sum - m + log2 448) is one
     // convert, one fma and one exp2. l sums 448 P unrounded (fp8.reference sums P, unrounded).
-    auto probs = [&](int j, float &a0, float &a1) {
-        const float f = f0 * kscale[j];
+    auto probs = [&](int j, float kscale_j, float &a0, float &a1) {
+        const float f = f0 * kscale_j;
         const int n0 = j * BN;
         const bool ragged = n0 + BN > p.nk;
         const int t2 = 2 * (lane % 4);
@@ -513,6 +513,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
     if (c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
     mbar_wait(q_full + 8 * c, 0);
+    // each tile's K scale is loaded before its S is waited for (a global load: its latency hides
+    // behind the wgmma, not in front of the softmax)
+    float ks_next = kscale[0];
     {  // S(0) alone
         mbar_wait(k_full, 0);
         my_turn();
@@ -523,11 +526,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
         their_turn();
         wg_wait<0>();
         fence_u32(si);
-        probs(0, pa0, pa1);  // pa: O is all zeros, so the first factors are never used
+        probs(0, ks_next, pa0, pa1);  // pa: O is all zeros, so the first factors are never used
         pack_p();
     }
     for (int j = 1; j < ntiles; ++j) {
         const int st = j % S, pst = (j - 1) % S;
+        ks_next = kscale[j];
         mbar_wait(k_full + 8 * st, (j / S) & 1);
         mbar_wait(v_full + 8 * pst, ((j - 1) / S) & 1);
         my_turn();
@@ -542,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
         wg_wait<1>();
         fence_u32(si);
         float a0, a1;
-        probs(j, a0, a1);
+        probs(j, ks_next, a0, a1);
         wg_wait<0>();
         wgmma::fence_regs(ot);
         release(pst);
