@@ -169,9 +169,10 @@ class RawAbi:
     """
 
     def __init__(self, path: str):
-        from flash_kernel._binding import AttentionArgs  # the one declaration of the header's struct
+        # the binding's declaration of the header's struct, and its filler
+        from flash_kernel._binding import AttentionArgs, fill_args
 
-        self._args = AttentionArgs
+        self._fill = fill_args
         self._dll = ctypes.CDLL(path)
         for name in ("fk_flash_forward", "fk_naive_forward"):
             fn = getattr(self._dll, name)
@@ -183,31 +184,10 @@ class RawAbi:
     def __call__(self, which: str, q, k, v, out, scale: float | None, layout: str = "bhnd") -> None:
         import torch
 
-        codes = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-        # bhnd: dims (B,H,N,D); bnhd: dims (B,N,H,D) -> strides reordered to (B,H,N).
-        def strides(t):
-            s = t.stride()
-            if s[3] != 1:
-                raise UsageError("the D dimension must be contiguous")
-            return (s[0], s[1], s[2]) if layout == "bhnd" else (s[0], s[2], s[1])
-
-        if layout == "bhnd":
-            b, h, nq, d = q.shape
-            nk = k.shape[2]
-        else:
-            b, nq, h, d = q.shape
-            nk = k.shape[1]
-        from flash_kernel._binding import ABI_VERSION
-
-        a = self._args()
-        a.abi_version = ABI_VERSION
-        a.dtype = codes[q.dtype]
-        a.q, a.k, a.v, a.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
-        a.batch, a.heads, a.nq, a.nk, a.head_dim = b, h, nq, nk, d
-        a.q_stride[:], a.k_stride[:] = strides(q), strides(k)
-        a.v_stride[:], a.o_stride[:] = strides(v), strides(out)
-        a.scale = 0.0 if scale is None else float(scale)
-        a.stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
+        if any(t.stride(3) != 1 for t in (q, k, v, out)):
+            raise UsageError("the D dimension must be contiguous")
+        stream = torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else None
+        a = self._fill(q, k, v, out, layout, 0.0 if scale is None else float(scale), stream)
         fn = self._dll.fk_flash_forward if which == "flash" else self._dll.fk_naive_forward
         status = fn(ctypes.byref(a))
         if status != 0:
