@@ -29,10 +29,11 @@ FP8_SS_N = (128,)
 FP8_RS_N = (64, 128)
 
 
-def _acc(n: int) -> tuple[str, str]:
+def _acc(n: int, constraint: str = "f") -> tuple[str, str]:
+    """The accumulator operands of an m64nN wgmma: n/2 registers, "f" (fp32) or "r" (s32)."""
     regs = n // 2
     placeholders = ", ".join(f"%{i}" for i in range(regs))
-    operands = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    operands = ", ".join(f'"+{constraint}"(d[{i}])' for i in range(regs))
     return "{" + placeholders + "}", operands
 
 
@@ -82,8 +83,7 @@ def rsk(ptx: str, n: int) -> str:
 
 def ss_s8(n: int) -> str:
     regs = n // 2
-    placeholders = "{" + ", ".join(f"%{i}" for i in range(regs)) + "}"
-    operands = ", ".join(f'"+r"(d[{i}])' for i in range(regs))
+    placeholders, operands = _acc(n, "r")
     return f"""    // D[64 x {n}] (+)= A[64 x 32] * B[32 x {n}] in int8, exact int32 sums; A and B from shared
     // memory, K-major with the 128-byte swizzle (integer wgmma has no transpose).
     static FK_DEVICE void ss_s8_n{n}(uint32_t (&d)[{regs}], uint64_t da, uint64_t db, int accumulate) {{
