@@ -212,18 +212,18 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
     return out
 
 
-def check_device(device, library=None) -> None:
+def check_device(device, library=None):
     """Refuse precision="fp8" where there is no FP8 kernel: no silent fallback to exact attention.
     CPU runs the reference numerics; CUDA runs the library's FP8 kernel where it has one (an sm_90a
     library on a cc 9.0 device; the library refuses what else it cannot run, such as head dims past
-    128); every other device is refused."""
+    128); every other device is refused. Returns the library that runs it on CUDA (None on CPU)."""
     kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
     if kind == "cpu":
-        return
+        return None
     if kind == "cuda":
-        why = _gpu_refusal(device, library)
+        why, lib = _gpu_refusal(device, library)
         if why is None:
-            return
+            return lib
         raise Fp8Unavailable(f"precision='fp8' is not available on {device}: {why}; the FP8 kernel needs "
                              f"an sm_90a library on an NVIDIA cc 9.0 device (use precision='exact' on "
                              f"this device)")
@@ -233,23 +233,24 @@ def check_device(device, library=None) -> None:
         f"reference runs fp8 elsewhere (use precision='exact' on this device)")
 
 
-def _gpu_refusal(device, library) -> str | None:
-    """Why the FP8 kernel cannot run on CUDA `device` with `library` (None: ours for the device)."""
+def _gpu_refusal(device, library) -> tuple[str | None, object]:
+    """(why the FP8 kernel cannot run on CUDA `device` with `library` (None: ours for the device),
+    or None; the library looked up)."""
     torch = _torch()
     from flash_kernel import _binding  # the package's lookup, handed to the binding at import
 
     if not torch.cuda.is_available():
-        return "CUDA is not available to torch here"
+        return "CUDA is not available to torch here", None
     try:
         lib = library if library is not None else _binding.library_lookup(torch.device(device))
     except _binding.KernelError as exc:
-        return str(exc)
+        return str(exc), None
     if lib.target != "sm_90a":
-        return f"the FP8 kernel is in sm_90a libraries only (this one is {lib.target})"
+        return f"the FP8 kernel is in sm_90a libraries only (this one is {lib.target})", lib
     cc = torch.cuda.get_device_capability(torch.device(device))
     if tuple(cc) != (9, 0):
-        return f"the FP8 kernel needs a cc 9.0 device (Hopper), this one is cc {cc[0]}.{cc[1]}"
-    return None
+        return f"the FP8 kernel needs a cc 9.0 device (Hopper), this one is cc {cc[0]}.{cc[1]}", lib
+    return None, lib
 
 
 def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False,
@@ -262,7 +263,7 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
-    check_device(q.device, library)
+    lib = check_device(q.device, library)  # CUDA: the library whose kernel runs it
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
@@ -288,7 +289,7 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
     if q.device.type == "cuda":
         if scheme != CHOSEN:
             raise ValueError(f"the FP8 kernel runs {CHOSEN.name} only, not {scheme.name}")
-        return _kernel(q, k, v, scale, layout, return_lse, library)
+        return _kernel(q, k, v, scale, layout, return_lse, lib)
     with torch.no_grad():
         res = reference(q, k, v, scale, scheme, return_lse)
     out, lse = res if return_lse else (res, None)
@@ -300,12 +301,11 @@ def attention(q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = Fals
     return (out, lse) if return_lse else out
 
 
-def _kernel(q, k, v, scale, layout, return_lse, library):
-    """The library's FP8 kernel on (B, H, N, D) views of the caller's tensors; its refusals
-    (a head dim or build without the kernel) are Fp8Unavailable."""
+def _kernel(q, k, v, scale, layout, return_lse, lib):
+    """`lib`'s FP8 kernel on (B, H, N, D) views of the caller's tensors; its refusals (a head dim
+    or build without the kernel) are Fp8Unavailable."""
     from flash_kernel import _binding
 
-    lib = library if library is not None else _binding.library_lookup(q.device)
     if layout == "bnhd":  # the checks above took (B, H, N, D) views; the kernel takes the caller's
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
     try:
