@@ -13,10 +13,7 @@ from pathlib import Path
 import pytest
 from linkage_fixtures import cc_shared, run
 
-from audit.linkage.check import check_paths
-from audit.linkage.judging.policy import load_policy
-from audit.linkage.resolution.ldso import ResolveOptions
-from cli_runner import cli
+from cli_runner import audit, cli
 from conftest import require_tool
 
 SOURCE = "int f(void) { return 1; }\n"
@@ -39,12 +36,6 @@ def program(tmp_path, name: str, *flags, returns: int = 0) -> Path:
     return exe
 
 
-def one(path, options=None):
-    report = check_paths([str(path)], load_policy(None), options or ResolveOptions())
-    assert len(report.files) == 1
-    return report.files[0]
-
-
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     require_tool("gcc")
@@ -63,14 +54,14 @@ def libs(tmp_path_factory):
 ])
 def test_a_filter_naming_a_vendor_library_fails_as_needed(libs, name, rule, subject, tag):
     """Before: PASS (DT_NEEDED is empty, the name is only in .dynstr)."""
-    res = one(libs[name])
+    res = audit(libs[name])
     assert res.verdict == "fail"
     assert [(f.rule, f.kind, f.subject, f.where) for f in res.failing] == [(rule, "needed", subject, tag)]
     assert child(res, subject).request == tag
 
 
 def test_a_filter_the_system_lacks_is_unresolved_as_a_needed_is(libs):
-    res = one(libs["filter_missing"])
+    res = audit(libs["filter_missing"])
     assert [(f.kind, f.subject, f.where) for f in res.findings] == [
         ("unresolved", "libnot_here_anywhere.so.3", "DT_FILTER")]
 
@@ -80,7 +71,7 @@ def test_the_filtee_found_is_walked_and_its_content_judged(libs, tmp_path):
     filter object's DT_RUNPATH, read, and its static definition judged."""
     vendor = cc_shared(tmp_path / "libhelper.so.1", "void cublasSgemm_v2(void) {}\n", "-Wl,-soname,libhelper.so.1")
     top = cc_shared(tmp_path / "libtop.so", SOURCE, "-Wl,--filter=libhelper.so.1", "-Wl,-rpath,$ORIGIN")
-    res = one(top)
+    res = audit(top)
     node = child(res, "libhelper.so.1")
     assert (node.request, node.path) == ("DT_FILTER", str(vendor))
     assert ("nvidia.cublas", "static-symbol") in {(f.rule, f.kind) for f in res.failing}
@@ -116,12 +107,12 @@ def test_a_program_s_audit_libraries_are_loads_a_library_s_are_not(tmp_path):
     """DT_AUDIT / DT_DEPAUDIT (ld --audit, --depaudit; ':'-separated lists): glibc loads them for the
     main program only, so a program naming cuBLAS there fails, and a shared library carrying the
     tag (which ld.so ignores) passes."""
-    res = one(program(tmp_path, "prog", "-Wl,--audit=libtrace_ok.so.1:libcublas.so.12"))
+    res = audit(program(tmp_path, "prog", "-Wl,--audit=libtrace_ok.so.1:libcublas.so.12"))
     assert [(f.rule, f.kind, f.subject, f.where) for f in res.failing] == [
         ("nvidia.cublas", "needed", "libcublas.so.12", "DT_AUDIT")]
     assert ("unresolved", "libtrace_ok.so.1", "DT_AUDIT") in {(f.kind, f.subject, f.where) for f in res.findings}
     lib = cc_shared(tmp_path / "libdep.so", SOURCE, "-Wl,--depaudit=libcublas.so.12")
-    assert one(lib).verdict == "pass"
+    assert audit(lib).verdict == "pass"
 
 
 def test_glibc_loads_a_program_s_audit_library(tmp_path):
@@ -144,8 +135,8 @@ def test_inspect_shows_what_else_loads(libs, capsys):
 def test_a_vendor_library_as_the_program_interpreter_fails(tmp_path):
     """PT_INTERP naming cuBLAS (ld --dynamic-linker): the kernel maps that file and runs it before
     the program. Before: PASS."""
-    res = one(program(tmp_path, "prog", "-Wl,--dynamic-linker=/opt/cuda/lib64/libcublas.so.12"))
+    res = audit(program(tmp_path, "prog", "-Wl,--dynamic-linker=/opt/cuda/lib64/libcublas.so.12"))
     assert [(f.rule, f.kind, f.subject, f.where) for f in res.failing] == [
         ("nvidia.cublas", "needed", "libcublas.so.12", "PT_INTERP")]
     assert "/opt/cuda/lib64/libcublas.so.12" in res.failing[0].detail
-    assert one(program(tmp_path, "ordinary")).verdict == "pass"  # the system's ld.so, as every program has
+    assert audit(program(tmp_path, "ordinary")).verdict == "pass"  # the system's ld.so, as every program has

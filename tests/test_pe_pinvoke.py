@@ -13,11 +13,8 @@ import subprocess
 
 import pytest
 
-from audit.linkage.check import check_paths
-from audit.linkage.judging.policy import load_policy
-from audit.linkage.resolution.ldso import ResolveOptions
 from audit.linkage.resolution.native import pinvoke_probes
-from cli_runner import cli
+from cli_runner import audit, cli
 from conftest import require_tool
 
 TEMPLATE = """using System;
@@ -38,19 +35,13 @@ def assembly(tmp_path, name: str, decls: str):
     return out
 
 
-def one(path):
-    report = check_paths([str(path)], load_policy(None), ResolveOptions())
-    assert len(report.files) == 1
-    return report.files[0]
-
-
 def test_pinvoke_of_cublas_fails_naming_the_mechanism(tmp_path):
     """Before: PASS (the import directory holds mscoree.dll alone)."""
     dll = assembly(tmp_path, "gemm", '    [DllImport("cublas64_12.dll", EntryPoint = "cublasCreate_v2")]\n'
                                      '    public static extern int Create(out IntPtr handle);\n'
                                      '    [DllImport("cublas64_12.dll")]\n'
                                      '    public static extern int cublasSgemm_v2(IntPtr h);\n')
-    res = one(dll)
+    res = audit(dll)
     assert res.verdict == "fail"
     got = {(f.rule, f.kind, f.subject, f.where) for f in res.failing}
     assert ("nvidia.cublas", "needed", "cublas64_12.dll", "P/Invoke (CLI ModuleRef)") in got
@@ -64,14 +55,14 @@ def test_every_spelling_the_runtime_probes_is_judged(tmp_path, spelling):
     """A bare name: .NET tries cudnn.dll, libcudnn.so, ... (`cudnn` alone is no denied name; the
     Linux spelling it probes is)."""
     dll = assembly(tmp_path, "dnn", f'    [DllImport("{spelling}")]\n    public static extern int cudnnCreate(out IntPtr h);\n')
-    res = one(dll)
+    res = audit(dll)
     assert ("nvidia.cudnn", "needed") in {(f.rule, f.kind) for f in res.failing}, [f.to_dict() for f in res.findings]
 
 
 def test_a_clean_assembly_passes_without_noise(tmp_path):
     """No P/Invoke, or the system's: a pass, and mscoree.dll (the runtime's loader) is the system's."""
     dll = assembly(tmp_path, "clean", '    [DllImport("kernel32.dll")]\n    public static extern uint GetTickCount();\n')
-    res = one(dll)
+    res = audit(dll)
     assert res.verdict == "pass" and not res.findings
 
 
@@ -132,7 +123,7 @@ def test_mono_s_own_framework_assemblies_are_read_and_pass():
     info = read_pe(lib)
     pinvoked = {i.name for i in info.imports if i.kind == "pinvoke"}
     assert {"libc", "System.Native", "kernel32.dll"} <= pinvoked
-    res = one(lib)
+    res = audit(lib)
     assert res.verdict == "pass" and not res.failing
 
 
@@ -145,7 +136,7 @@ def test_a_literal_given_to_a_pinvoked_loader_is_a_dlopen_string(tmp_path):
                                     '    static extern IntPtr dlopen(string name, int flags);\n'
                                     '    public static IntPtr Go() { IntPtr h = LoadLibrary("cublas64_12.dll");\n'
                                     '        return h != IntPtr.Zero ? h : dlopen("libcublas.so.12", 2); }\n')
-    res = one(dll)
+    res = audit(dll)
     (f,) = [f for f in res.failing if f.kind == "dlopen-string"]
     assert f.rule == "nvidia.cublas" and f.where.startswith("#US @0x") and f.count == 2
     assert "LoadLibrary" in f.detail and "dlopen" in f.detail
@@ -167,9 +158,9 @@ def test_a_literal_given_to_native_library_load_is_a_dlopen_string(tmp_path):
     dll = tmp_path / "Caller.dll"
     subprocess.run([mcs, "-target:library", f"-r:{ref}", f"-out:{dll}", str(caller)], check=True, capture_output=True,
                    timeout=120)
-    res = one(dll)
+    res = audit(dll)
     (f,) = [f for f in res.failing if f.kind == "dlopen-string"]
     assert (f.rule, f.subject) == ("nvidia.cudnn", "cudnn64_9.dll") and "NativeLibrary.Load" in f.detail
     # the same literal in an assembly that loads nothing by name is no load
     quiet = assembly(tmp_path, "quiet", '    public static string Name() { return "cudnn64_9.dll"; }\n')
-    assert not [f for f in one(quiet).findings if f.kind == "dlopen-string" and f.severity != "warn"]
+    assert not [f for f in audit(quiet).findings if f.kind == "dlopen-string" and f.severity != "warn"]
