@@ -2,6 +2,7 @@
 downloaded with pip at test time (for their own platform, whatever runs the tests), audited and
 compared with the hand-written expectations. orjson (Linux, Windows, macOS) is a clean control;
 numpy bundles OpenBLAS (renamed by auditwheel) and links it; numpy for macOS 14 loads Accelerate;
+cuDNN's Python frontend loads cuDNN from its Python code with ctypes;
 Debian's libblis4-openmp (a 4.5 MB .deb from apt-get download, else deb.debian.org) is BLIS twice,
 once with its bli_ symbols hidden. Skipped only when the package index (or Debian's archive, for
 the .deb) cannot be reached."""
@@ -21,7 +22,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import corpus  # noqa: E402
 
 CACHE = REPO / "tests" / "_fixtures_build" / "corpus-wheels"
-SUBSET = ("orjson", "numpy", "orjson-win", "orjson-macos", "numpy-macos14")
+SUBSET = ("orjson", "numpy", "orjson-win", "orjson-macos", "numpy-macos14", "nvidia-cudnn-frontend")
 
 
 def _index_reachable(host: str = "pypi.org", port: int = 443) -> bool:
@@ -99,6 +100,25 @@ def test_numpy_bundled_runtime_libraries_beside_openblas_have_no_finding(audits)
         assert by_member[m]["verdict"] == "pass" and by_member[m]["findings"] == [], m
         assert by_member[m]["rpath"] == ["$ORIGIN"] or "libquadmath" in m
     assert [(m, x["where"]) for m, f in by_member.items() for x in f["findings"] if x["kind"] == "rpath"] == []
+
+
+def test_cudnn_frontend_python_load_found_as_the_source_spells_it(audits):
+    """cudnn/__init__.py hands libcudnn.so.9, libcudnn.so and cudnn64_9.dll to ctypes (grep: lines
+    238, 254, 270, 273); the extension only looks cuDNN's API up with dlsym. Both are found, each by
+    its own mechanism, and the package's other ctypes loads (libcuda.so.1, its own .so) pass."""
+    a = audits["nvidia-cudnn-frontend"]
+    assert a.error is None and a.exit_code == 1
+    rows = corpus.score(a)
+    assert [r for r in rows if r.outcome != "TP"] == []
+    assert {(r.member, r.component, r.mechanism) for r in rows} >= {
+        ("cudnn/__init__.py", "nvidia.cudnn", "dlopen-string")}
+    init = next(f for f in a.files if f["path"].endswith("!/cudnn/__init__.py"))
+    (finding,) = init["findings"]
+    assert finding["where"].startswith("line ") and "ctypes" in finding["where"]
+    assert {n for m in finding["matches"] for n in m["names"]} == {"libcudnn.so.9", "libcudnn.so", "cudnn64_9.dll"}
+    others = [f for f in a.files if f["path"].endswith(".py") and f is not init]
+    assert others and all(f["verdict"] == "pass" and not f["findings"] for f in others)
+    assert corpus.unexplained([a], rows) == []
 
 
 def test_scoring_counts_misses_and_unexpected_findings(audits):

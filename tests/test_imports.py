@@ -140,7 +140,7 @@ LAYERS = [
     {"audit.signing"},                           # Ed25519 keys and DSSE envelopes
     {"audit.elf", "audit.binformat", "audit.kernel_build"},  # reading binaries; building the kernel
     {"audit.binary"},                            # the model the other formats share, and their helpers
-    {"audit.pe", "audit.macho"},                 # reading Windows and macOS binaries
+    {"audit.pe", "audit.macho", "audit.python_source"},  # reading Windows and macOS binaries, Python sources
     {"audit.linkage", "audit.evidence"},         # judging binaries; measuring the kernel
     {"audit.report"},                            # saved evidence to a signed bundle
     {"audit.run"},                               # the whole job

@@ -154,7 +154,7 @@ def _name_image_paths(fr: FileResult, label: str, fs: FileSystem, audited: set[s
 
 
 _OWN_NAME = {"elf": "DT_SONAME", "pe": "export directory name", "coff": "export directory name",
-             "macho": "LC_ID_DYLIB"}
+             "macho": "LC_ID_DYLIB", "python": "module name"}
 
 
 def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[str], ElfInfo]) -> FileResult:

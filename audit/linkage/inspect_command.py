@@ -286,6 +286,8 @@ def render_file(info: ElfInfo, vendor: re.Pattern[bytes] | None) -> str:
     row("build-id", esc(info.build_id))
     if getattr(info, "format", "elf") == "elf":
         row("format", f"ELF{info.elf_class} {info.endian}-endian {info.machine} {info.elf_type}")
+    elif info.format == "python":  # its loads are its library-name strings, each with its line
+        row("format", info.file_type)
     else:
         row("format", f"{'PE' if info.format == 'pe' else 'Mach-O'} {info.bits}-bit {info.endian}-endian "
                       f"{info.machine} {info.file_type}" + (f" (slice {esc(info.slice)})" if info.slice else ""))

@@ -23,6 +23,7 @@ from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.errors import InputError
 from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED
+from audit.python_source.reader import is_python_source, stream_may_load
 
 _MAX_MEMBERS = 500_000
 _MAX_HOPS = 40  # symlinks followed in one path, as ld.so's kernel allows (ELOOP)
@@ -83,7 +84,8 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         fh = tf.extractfile(m)
                         head = fh.read(HEAD_BYTES)
                         kind = identify(head, m.size)
-                        if kind not in AUDITED:  # ELF, PE (Library/bin/*.dll), Mach-O (lib/*.dylib)
+                        source = not kind.binary and is_python_source(name)  # written, kept if it calls a loader
+                        if kind not in AUDITED and not source:  # ELF, PE (Library/bin/*.dll), Mach-O (lib/*.dylib)
                             tree.add(name, _Node("file"))  # replaces what was there; not written
                             if kind.binary:
                                 out.append(Extracted(name, None, False, f"{kind.value}: format not audited", kind))
@@ -99,7 +101,14 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         with open(blob, "xb") as w:
                             w.write(head)
                             shutil.copyfileobj(fh, w, 1 << 20)
-                        tree.add(name, _Node("file", blob=blob))
+                        if source:
+                            with open(blob, "rb") as r:
+                                if not stream_may_load(r):
+                                    os.unlink(blob)
+                                    total -= m.size
+                                    tree.add(name, _Node("file"))
+                                    continue
+                        tree.add(name, _Node("file", blob=blob, source=source))
                     else:  # a device or FIFO: never created
                         tree.add(name, _Node("file"))
         except InputError:
@@ -128,6 +137,7 @@ class Extracted:
     audited: bool  # an ELF file's first name (its other names are found by name only)
     error: str | None = None  # why it is an error (a binary whose format is not audited)
     kind: Kind = Kind.ELF
+    source: bool = False  # a Python source that calls a library loader, not a binary
 
 
 @dataclass
@@ -135,6 +145,7 @@ class _Node:
     kind: str  # "dir" | "file" | "link"
     target: str | None = None  # of a link
     blob: str | None = None  # of an ELF file: where its bytes wait (a hard link shares them); others are not written
+    source: bool = False  # a Python source that calls a library loader (written, audited like a binary)
 
 
 class _Tree:
@@ -256,7 +267,7 @@ class _Tree:
                 else:
                     os.rename(node.blob, target)
                     placed[node.blob] = target
-                    out.append(Extracted(key, target, True))
+                    out.append(Extracted(key, target, True, source=node.source))
             elif node.kind == "link" and not node.target.startswith("/"):  # an absolute one names the host
                 os.symlink(node.target, target)
                 out.append(Extracted(key, target, False))

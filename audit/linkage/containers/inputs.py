@@ -34,6 +34,7 @@ from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, op
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
 from audit.linkage.containers.static_archive import ArMember, read_members
 from audit.linkage.containers.tars import bounded_members
+from audit.python_source.reader import is_python_source, stream_may_load
 
 _MAX_WHEEL_MEMBERS = 200_000
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
@@ -352,10 +353,27 @@ class Inputs:
             yield from _members_of(report, self._archive_file(report, host, explicit))
         elif kind.binary:  # a binary the audit cannot read yet must not pass as data
             yield Input(report, None, True, not_audited(kind))
+        elif is_python_source(host):  # read where it calls a library loader (audit/python_source)
+            yield from self._python_file(report, host, explicit)
         elif explicit:
             yield Input(report, None, True, "not an ELF file" + (" (empty)" if not magic else ""))
         else:
             self.skip("non_elf")
+
+    def _python_file(self, report: str, host: str, explicit: bool):
+        """A Python source: audited when named, or when its bytes hold a loader's name; else
+        counted as skipped ("python_no_load")."""
+        if not explicit:
+            try:
+                with open(host, "rb") as fh:
+                    loads = stream_may_load(fh)
+            except OSError as exc:
+                yield Input(report, None, True, f"cannot read: {exc.strerror or exc}")
+                return
+            if not loads:
+                self.skip("python_no_load")
+                return
+        yield Input(report, host, True)
 
     def _tar_in_folder(self, host: str):
         """A tar met in a folder: an image is audited as when named; another tar holding no binary
@@ -449,11 +467,13 @@ class Inputs:
             unreadable: dict[str, str] = {}
             archives: set[str] = set()
             tars: dict[str, str] = {}
-            for names, bad, ar, tr in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
+            sources: set[str] = set()  # Python files that call a library loader
+            for names, bad, ar, tr, py in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
                 elf |= names
                 unreadable.update(bad)
                 archives |= ar
                 tars.update(tr)
+                sources |= py
             todo = []
             total = 0
             for m in members:
@@ -465,8 +485,9 @@ class Inputs:
                 if m.filename in unreadable:
                     errors.append(Input(inner, None, True, unreadable[m.filename]))
                     continue
-                if m.filename not in elf and m.filename not in archives:  # a static archive is unpacked, then read
-                    self.skip(tars.get(m.filename, "non_elf"))  # a tar holding no binary: counted as one
+                if m.filename not in elf and m.filename not in archives and m.filename not in sources:
+                    # a static archive is unpacked, then read; a tar holding no binary is counted as one
+                    self.skip(tars.get(m.filename, "python_no_load" if is_python_source(m.filename) else "non_elf"))
                     continue
                 why = self.limits.refuse(m.file_size, m.compress_size)
                 if why:
@@ -490,18 +511,21 @@ class Inputs:
         finally:
             _Zip.close(host)
         yield from errors
-        extracted, static = [], []
+        extracted, static, python = [], [], []
         for m, why in zip(todo, refused):
             inner = f"{report}{WHEEL_SEP}{m.filename}"
             if why:
                 yield Input(inner, None, True, why)
             else:
-                (static if m.filename in archives else extracted).append(
+                (static if m.filename in archives else python if m.filename in sources else extracted).append(
                     (inner, os.path.join(tmp.name, *m.filename.split("/"))))
         members = MemberSet(report, (Member(dest, inner) for inner, dest in extracted))
         for inner, dest in extracted:
             self.seen.add(self._real(dest))
             yield Input(inner, dest, True, members=members)
+        for inner, dest in python:
+            self.seen.add(self._real(dest))
+            yield Input(inner, dest, True)
         for inner, dest in static:
             self.seen.add(self._real(dest))
             yield from self._archive_file(inner, dest)
@@ -522,7 +546,7 @@ class Inputs:
             yield Input(report, None, True, exc.message)
             return
         members = MemberSet(report, (Member(x.written, f"{report}{WHEEL_SEP}{x.name}")
-                                     for x in extracted if x.written))
+                                     for x in extracted if x.written and not x.source))
         prefix = self.conda_prefix
         scope = Scope(fallback=[("conda-prefix", os.path.join(prefix, "lib"))]) if prefix else None
         archives = [x.name for x in extracted if x.kind is Kind.STATIC_ARCHIVE]
@@ -636,9 +660,10 @@ class _ElfSniffer:
     def __init__(self, host: str, limits: ArchiveLimits | None = None):
         self.host, self.limits = host, limits or ArchiveLimits()
 
-    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str], dict[str, str]]:
+    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str], dict[str, str],
+                                                              set[str]]:
         zf = _Zip.get(self.host)
-        out, bad, archives, tars = set(), {}, set(), {}
+        out, bad, archives, tars, sources = set(), {}, set(), {}, set()
         for m in chunk:
             try:
                 with zf.open(m) as fh:
@@ -657,11 +682,19 @@ class _ElfSniffer:
                         bad[m.filename] = tar_error(*found)
                     else:
                         tars[m.filename] = "tar" if looks_like_tar(head) else "compressed_tar"
+                elif is_python_source(m.filename):  # read whole, in chunks, for a loader's name
+                    why = self.limits.refuse(m.file_size, m.compress_size)
+                    if why:  # not read: it may load a library
+                        bad[m.filename] = why
+                        continue
+                    with zf.open(m) as fh:
+                        if stream_may_load(fh):
+                            sources.add(m.filename)
             except _MEMBER_ERRORS as exc:
                 bad[m.filename] = _member_error(exc)
             except InputError as exc:
                 bad[m.filename] = exc.message
-        return out, bad, archives, tars
+        return out, bad, archives, tars, sources
 
 
 class _Unpacker:

@@ -174,12 +174,14 @@ def scan_object(info: ElfInfo, policy: Policy, chain: list[str], in_file: str | 
         shown = (names or hits)[0]
         said = getattr(shown, "context", "")
         quote = f': "{said}"' if said and said != text else ""
+        call = getattr(shown, "call", "")  # a Python source's loader call (audit/python_source)
         if names:  # the whole string: a name a loader can be given
-            detail = (f"imports {loader}" if loader else
+            detail = (f"the source hands it to {call}" if call else f"imports {loader}" if loader else
                       "no code-loading import seen: nothing in this object loads it by name") + quote
         else:
             detail = (f"mentioned in text, not a string a loader is given ({len(hits)} place(s)){quote}")
-        add(policy.rule(rid), "dlopen-string", text, f"{shown.section} @0x{shown.offset:x}", count=len(names or hits),
+        where = getattr(shown, "where", None) or f"{shown.section} @0x{shown.offset:x}"
+        add(policy.rule(rid), "dlopen-string", text, where, count=len(names or hits),
             offset=shown.offset if in_file is None else None, detail=detail)
         if not names or not loader:  # a note: nothing here is shown to load it
             findings[-1].severity = "warn"

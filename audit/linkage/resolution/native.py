@@ -34,6 +34,7 @@ from collections import deque
 from audit.binary.model import DEFAULTLIB, PINVOKE, BinaryInfo
 from audit.binformat import HEAD_BYTES, Kind, identify
 from audit.linkage.resolution.fs import HOST, FileSystem
+from audit.python_source.reader import is_python_source, read_python
 from audit.linkage.resolution.ldso import DepNode, MemberSet, Paths, ResolveOptions, TreeTooLarge, attach, loaded_again
 
 PE_KINDS = (Kind.PE_DLL, Kind.PE_EXECUTABLE)
@@ -85,6 +86,8 @@ def read_binary(path: str, symbol_pattern=None, api_prefixes: tuple[bytes, ...] 
     """ElfInfo (read_elf, with every option as given), a PE file's BinaryInfo, or a Mach-O file's
     BinaryInfo (a list of one per slice for a universal binary). Raises InputError."""
     kind = _magic_kind(path) if os.path.isfile(path) else None
+    if kind is Kind.NOT_BINARY and is_python_source(path):
+        return read_python(path, sha256)
     markers = elf_options.get("markers", ())  # vendor marker texts: looked for in every format's data
     if kind in PE_KINDS:
         from audit.pe.reader import read_pe
@@ -116,7 +119,7 @@ def resolver_for(resolver, info):
         return resolver
     key = ("native-resolver", fmt)
     if key not in resolver.memo:
-        cls = WindowsResolver if fmt in ("pe", "coff") else MacResolver
+        cls = WindowsResolver if fmt in ("pe", "coff") else SourceResolver if fmt == "python" else MacResolver
         resolver.memo[key] = cls(resolver.options, resolver.policy, resolver.read, resolver.paths.fs, resolver.memo)
     return resolver.memo[key]
 
@@ -427,4 +430,21 @@ class MacResolver(_NativeResolver):
                     if text not in warnings:
                         warnings.append(text)
                     return m.path, real, "member", None
+        return None
+
+
+class SourceResolver(_NativeResolver):
+    """A Python source links nothing: its tree is the file alone (the libraries its code hands to
+    a loader are judged as its library strings)."""
+
+    @staticmethod
+    def asked(imp) -> str:
+        return imp.kind
+
+    @staticmethod
+    def key(name: str) -> str:
+        return name
+
+    def resolve(self, name: str, kind: str, requester: DepNode, chain, members: MemberSet | None,
+                warnings: list[str], dlopen: bool = False) -> DepNode | None:
         return None
