@@ -191,3 +191,23 @@ def test_cli_output_of_a_loading_source(tmp_path, capsys):
     assert "dlopen-string: libcudnn.so.9  (line 2, ctypes.CDLL())" in out
     rc, out, _ = cli_audit(capsys, "inspect", str(src))
     assert rc == EXIT_OK and "Python source" in out and "Mach-O" not in out
+
+
+@pytest.mark.parametrize("how", [None, "gzip"])
+def test_an_image_s_loading_source_is_audited_and_a_deleted_one_is_not(tmp_path, how):
+    """A layer's Python file that calls ctypes with cuDNN's name is judged (read in place, or
+    looked at while the compressed layer streams by); one a later layer deletes is gone."""
+    from tests.image_fixtures import layer_tar, oci_layout
+
+    site = "usr/lib/python3/dist-packages/demo"
+    base = layer_tar([("dir", "usr"), ("dir", "usr/lib"), ("dir", "usr/lib/python3"),
+                      ("dir", "usr/lib/python3/dist-packages"), ("dir", site),
+                      ("file", f"{site}/__init__.py", b"import os\n"),
+                      ("file", f"{site}/_load.py", b'import ctypes\nctypes.CDLL("libcudnn.so.9")\n'),
+                      ("file", f"{site}/_old.py", b'import ctypes\nctypes.CDLL("libcublas.so.12")\n')])
+    top = layer_tar([("whiteout", f"{site}/_old.py")])
+    image = oci_layout(tmp_path / f"img-{how}", [base, top], how=how)
+    report = audit(image)
+    assert [(f.path, f.verdict) for f in report.files] == [(f"{image}!/{site}/_load.py", "fail")]
+    assert [(f.rule, f.kind, f.subject, f.where) for f in report.files[0].findings] == [
+        ("nvidia.cudnn", "dlopen-string", "libcudnn.so.9", "line 2, ctypes.CDLL()")]

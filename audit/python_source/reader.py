@@ -104,8 +104,14 @@ def read_python(path: str | os.PathLike, sha256: bool = True) -> BinaryInfo:
             data = fh.read(MAX_SOURCE_BYTES + 1)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if len(data) > MAX_SOURCE_BYTES:  # grew while being read
-        raise InputError(f"{path}: Python source over the {MAX_SOURCE_BYTES}-byte limit of what is read")
+    return read_python_buffer(path, data, sha256)
+
+
+def read_python_buffer(path: str, data: bytes, sha256: bool = True) -> BinaryInfo:
+    """read_python over bytes already in memory (`path` names the file in messages)."""
+    if len(data) > MAX_SOURCE_BYTES:
+        raise InputError(f"{path}: Python source of {len(data)} bytes, over the {MAX_SOURCE_BYTES}-byte limit "
+                         "of what is read: its library loads are not judged")
     info = BinaryInfo(path=path, sha256=hashlib.sha256(data).hexdigest() if sha256 else "", size=len(data),
                       format="python", machine="python", bits=0, endian="", file_type="Python source", soname=None)
     hits, warning = loads_in(data)

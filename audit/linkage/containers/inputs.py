@@ -310,6 +310,10 @@ class Inputs:
                 yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
                 continue
             yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
+        for path, entry in tree.python_sources():  # Python files that call a library loader
+            why = self.limits.refuse(entry.size, entry.size)
+            yield Input(f"{arg}!{path}", None if why else path, True, why, scope=scope,
+                        layer=tree.layer_of(entry), package=owner_of(owners, path))
         if not found:
             self.warnings.append(f"{arg}: the image holds no ELF file")
 

@@ -25,6 +25,7 @@ from audit.errors import InputError
 from audit.linkage.containers.image import Image, LayerRef, Region, verify_blob
 from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED, MACHO_KINDS, PE_KINDS
+from audit.python_source.reader import is_python_source, read_python_buffer, stream_may_load
 
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
 _KEEP = 32 << 20  # small files kept whole from compressed layers (_kept): ld.so.conf, dpkg's records
@@ -51,6 +52,20 @@ class Entry:
     path: str = ""  # the member's own name (a hard link shares the entry)
     head: bytes | None = None  # first bytes, when known
     data: bytes | None = None  # the whole file, kept for ld.so.conf from compressed layers
+    loads: bool | None = None  # a Python source: whether it holds a loader's name (None: not looked at yet)
+
+
+class _Prefixed:
+    """A stream whose first bytes were already read: them, then the rest."""
+
+    def __init__(self, head: bytes, rest):
+        self.head, self.rest = head, rest
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = self.head, b""
+            return out
+        return self.rest.read(n)
 
 
 class _HashingReader:
@@ -185,6 +200,8 @@ class ImageTree:
                 if _kept(path) and m.size <= _KEEP and self._kept_bytes + m.size <= _KEEP_TOTAL:
                     self._kept_bytes += m.size
                     entry.data = entry.head + fh.read()
+                elif is_python_source(path):  # looked at now: the stream is not read twice
+                    entry.loads = stream_may_load(_Prefixed(entry.head, fh))
             return path, m, entry
         return path, m, Entry("other", i, n)
 
@@ -266,6 +283,22 @@ class ImageTree:
             if key not in first or p == e.path:
                 first[key] = p
         return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
+
+    def python_sources(self) -> list[tuple[str, Entry]]:
+        """(path, entry) of every regular Python file of the final tree that holds a library
+        loader's name (audit/python_source), sorted by path; one name of each hard-linked set."""
+        out, seen = [], set()
+        for p in sorted(self.entries):
+            e = self.entries[p]
+            if e.kind != "file" or (e.layer, e.member) in seen or not is_python_source(p):
+                continue
+            if e.loads is None:  # an uncompressed layer: read in place, in chunks
+                e.loads = stream_may_load(Region(self.image.layers[e.layer].blob.fd,
+                                                 self.image.layers[e.layer].blob.offset + e.offset, e.size))
+            if e.loads and self._kind(e) is Kind.NOT_BINARY:
+                seen.add((e.layer, e.member))
+                out.append((p, e))
+        return out
 
     def other_binaries(self) -> list[tuple[str, Entry, Kind]]:
         """(path, entry, kind) of every regular file of the final tree that is a binary of a
@@ -394,6 +427,7 @@ class ImageTree:
                      markers: tuple[bytes, ...] = ()) -> None:
         """Decompress layer i again; parse each of its audited files that the final tree still shows."""
         wanted = {e.member: path for path, e, _ in reversed(self.elf_files()) if e.layer == i}
+        wanted.update((e.member, path) for path, e in self.python_sources() if e.layer == i)
         layer = self.image.layers[i]
         try:
             with tarfile.open(fileobj=_decompressed(layer, self.compression[i]), mode="r|") as tf:
@@ -416,6 +450,8 @@ def _read_buffer(name: str, data: bytes, symbol_pattern, api_prefixes: tuple[byt
     an ElfInfo, a PE file's BinaryInfo, a Mach-O file's BinaryInfo (a list, one per slice, for a
     universal binary)."""
     kind = identify(data[:HEAD_BYTES], len(data))
+    if kind is Kind.NOT_BINARY and is_python_source(name):
+        return read_python_buffer(name, data)
     if kind in PE_KINDS:
         from audit.pe.reader import read_pe_buffer
 
