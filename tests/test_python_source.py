@@ -211,3 +211,26 @@ def test_an_image_s_loading_source_is_audited_and_a_deleted_one_is_not(tmp_path,
     assert [(f.path, f.verdict) for f in report.files] == [(f"{image}!/{site}/_load.py", "fail")]
     assert [(f.rule, f.kind, f.subject, f.where) for f in report.files[0].findings] == [
         ("nvidia.cudnn", "dlopen-string", "libcudnn.so.9", "line 2, ctypes.CDLL()")]
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+def test_lines_are_numbered_and_quoted_as_python_numbers_them(end):
+    src = end.join([b"import ctypes", b"# \x0c form feed, \x0b vertical tab: not line ends", b"",
+                    b'ctypes.CDLL("libcudnn.so.9")', b""])
+    compile(src, "x.py", "exec")
+    (hit,), _ = loads_in(src)
+    assert (hit.line, hit.context) == (4, 'ctypes.CDLL("libcudnn.so.9")')
+    assert src[hit.offset:].startswith(b"ctypes.CDLL")
+
+
+def test_a_wheel_s_pth_file_loads_at_every_start_up(tmp_path):
+    """site.py executes a .pth line that starts with "import" each time Python starts; the path
+    lines around it are not code (and do not make the file unreadable)."""
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("demo-init.pth", '/opt/demo/extra\nimport ctypes; ctypes.CDLL("libcublas.so.12")\n../lib\n')
+        zf.writestr("plain.pth", "/opt/demo/lib\n")
+    report = audit(whl)
+    assert [(f.path, f.verdict, f.warnings) for f in report.files] == [(f"{whl}!/demo-init.pth", "fail", [])]
+    assert [(f.rule, f.subject, f.where) for f in report.files[0].findings] == [
+        ("nvidia.cublas", "libcublas.so.12", "line 2, ctypes.CDLL()")]

@@ -34,7 +34,7 @@ from audit.binary.model import BinaryInfo
 from audit.elf.model import StringHit
 from audit.errors import InputError
 
-SUFFIXES = (".py", ".pyw")
+SUFFIXES = (".py", ".pyw", ".pth")  # .pth: site runs its lines that start with "import" at every start-up
 MAX_SOURCE_BYTES = 64 << 20  # a larger file that calls a loader is an error, never a pass
 MAX_PARSED_BYTES = 4 << 20  # larger files are read by pattern: an AST costs ~100x the source in memory
 MAX_VALUES = 64  # spellings one expression may evaluate to (`a + b` multiplies them)
@@ -114,7 +114,7 @@ def read_python_buffer(path: str, data: bytes, sha256: bool = True) -> BinaryInf
                          "of what is read: its library loads are not judged")
     info = BinaryInfo(path=path, sha256=hashlib.sha256(data).hexdigest() if sha256 else "", size=len(data),
                       format="python", machine="python", bits=0, endian="", file_type="Python source", soname=None)
-    hits, warning = loads_in(data)
+    hits, warning = loads_in(_pth_code(data) if path.lower().endswith(".pth") else data)
     if len(hits) > MAX_HITS:
         raise InputError(f"{path}: more than {MAX_HITS} library loads in one Python source")
     info.library_strings = hits
@@ -122,6 +122,13 @@ def read_python_buffer(path: str, data: bytes, sha256: bool = True) -> BinaryInf
     if warning:
         info.warnings.append(warning)
     return info
+
+
+def _pth_code(data: bytes) -> bytes:
+    """A .pth file's code: the lines site.py executes (those starting "import" and a space or
+    tab); every other line (a path to add) blanked, so line numbers stay the file's."""
+    return b"".join(line if line.startswith((b"import ", b"import\t")) else line[len(line.rstrip(b"\r\n")):]
+                    for line in data.splitlines(keepends=True))
 
 
 def loads_in(data: bytes) -> tuple[list[SourceString], str | None]:
@@ -139,13 +146,20 @@ def loads_in(data: bytes) -> tuple[list[SourceString], str | None]:
     return _Loads(data, tree).hits, None
 
 
+_NEWLINE = re.compile(rb"\r\n|\r|\n")  # Python's line ends: its line numbers count these and no others
+
+
 def _line_starts(data: bytes) -> list[int]:
-    starts = [0]
-    at = data.find(b"\n")
-    while at >= 0:
-        starts.append(at + 1)
-        at = data.find(b"\n", at + 1)
-    return starts
+    """The byte offset where each line starts, lines numbered as Python numbers them."""
+    return [0] + [m.end() for m in _NEWLINE.finditer(data)]
+
+
+def _line_text(data: bytes, starts: list[int], line: int) -> str:
+    """Line `line` (1-based), stripped, at most CONTEXT_CUT characters."""
+    if not 0 < line <= len(starts):
+        return ""
+    end = starts[line] if line < len(starts) else len(data)
+    return data[starts[line - 1]:end].decode("utf-8", errors="replace").strip()[:CONTEXT_CUT]
 
 
 def _library_name(text: str, call: str) -> str | None:
@@ -177,8 +191,6 @@ class _Loads:
     def __init__(self, data: bytes, tree: ast.AST):
         self.data = data
         self.starts = _line_starts(data)
-        self.text = data.decode("utf-8", errors="replace")
-        self.lines = self.text.splitlines()
         nodes = list(ast.walk(tree))  # iterative: no recursion however deep the source nests
         self.names: dict[str, list[str]] = {}
         for _ in range(2):  # names bound to names bound to literals
@@ -281,9 +293,8 @@ class _Loads:
 
     def _hit(self, call: str, name: str, line: int) -> SourceString:
         offset = self.starts[line - 1] if 0 < line <= len(self.starts) else 0
-        said = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
         return SourceString(section=f"line {line}", offset=offset, text=name, call=call,
-                            context=said[:CONTEXT_CUT], line=line)
+                            context=_line_text(self.data, self.starts, line), line=line)
 
 
 def _by_pattern(data: bytes) -> list[SourceString]:
@@ -297,11 +308,9 @@ def _by_pattern(data: bytes) -> list[SourceString]:
         if not name:
             return
         line = bisect.bisect_right(starts, at)
-        end = text.find("\n", at)
-        said = text[starts[line - 1]:end if end >= 0 else len(text)].strip()
         hits.setdefault((call, name, line), SourceString(
-            section=f"line {line}", offset=starts[line - 1], text=name, call=call, context=said[:CONTEXT_CUT],
-            line=line))
+            section=f"line {line}", offset=starts[line - 1], text=name, call=call,
+            context=_line_text(data, starts, line), line=line))
 
     for m in _PATTERN_CALL.finditer(text):
         add(m.group(1) + "()", m.group(3), m.start())

@@ -282,7 +282,8 @@ class Builder:
                 case.notes.append("a tar in the folder")
             elif r == 6:
                 case.files.append(("symlink", "d/libdev.so", "/dev/zero"))
-                case.notes.append("symlink to /dev/zero")
+                case.files.append(("file", "d/_load.py", self.python_source(case)))
+                case.notes.append("symlink to /dev/zero; a Python source")
             else:
                 case.files.append(("file", "d/empty.so", b""))
                 case.files.append(("file", "d/short.so", b"\x7fELF\x02\x01"))
@@ -290,13 +291,44 @@ class Builder:
         case.inputs.append("d")
         return case
 
+    def python_source(self, case: Case) -> bytes:
+        """A Python module that hands library names to ctypes, mutated: bytes flipped, cut, or
+        given what a parser chokes on (NUL, CR, deep nesting, a bogus coding cookie, bytes that
+        are not UTF-8) or names an output must escape (control characters, workflow commands)."""
+        lines = [b"import ctypes, os", b'LIBS = ["libfkdep.so", "libcublas.so.12"]', b"for lib in LIBS:",
+                 b"    ctypes.CDLL(lib)", b'ctypes.cdll.LoadLibrary(os.path.join("/opt", "libcudnn.so.9"))',
+                 b"h = ctypes.windll.cublas64_12"]
+        r = self.rng.randrange(9)
+        if r == 0:
+            name = self.hostile_name().encode("utf-8", "surrogateescape").replace(b'"', b"").replace(b"\\", b"")
+            lines.append(b'ctypes.CDLL("' + name + b'")')
+            case.notes.append("a hostile name handed to ctypes")
+        elif r == 1:
+            lines.insert(self.rng.randrange(len(lines)), self.rng.choice([b"\0", b"\r::error::x", b"\xff\xfe"]))
+            case.notes.append("NUL, CR or non-UTF-8 bytes in the source")
+        elif r == 2:
+            depth = self.rng.choice([150, 1000, 100_000])
+            lines.insert(1, b"x = " + b"(" * depth + b"1" + b")" * depth)
+            case.notes.append(f"nesting {depth} deep")
+        elif r == 3:
+            lines.insert(0, self.rng.choice([b"# -*- coding: bogus -*-", b"# coding: utf-16", b"\xef\xbb\xbf# bom"]))
+            case.notes.append("a coding declaration")
+        elif r == 4:
+            lines.append(b'ctypes.CDLL("lib" + ' + b" + ".join([b'"x"'] * self.rng.choice([100, 20_000])) + b")")
+            case.notes.append("a long chain of +")
+        data = b"\n".join(lines) + b"\n"
+        if r >= 5:
+            data = self.damaged(case, data, len(data))
+        return data
+
     def wheel_members(self, case: Case) -> list:
         return [["pkg/__init__.py", b"", zipfile.ZIP_DEFLATED, None],
                 ["pkg/lib/libfkmain.so", self.seeds.get("main", self.seeds["dep"]), zipfile.ZIP_DEFLATED, None],
                 ["pkg/lib/libfkdep.so", self.seeds["dep"], zipfile.ZIP_DEFLATED, None],
                 ["pkg/lib/libmut.so", self.elf(case), zipfile.ZIP_DEFLATED, None],
                 ["pkg-1.0.dist-info/METADATA", b"Name: pkg\nVersion: 1.0\n", zipfile.ZIP_DEFLATED, None],
-                ["pkg-1.0.dist-info/RECORD", b"", zipfile.ZIP_DEFLATED, None]]
+                ["pkg-1.0.dist-info/RECORD", b"", zipfile.ZIP_DEFLATED, None],
+                ["pkg/_load.py", self.python_source(case), zipfile.ZIP_DEFLATED, None]]
 
     def wheel_bytes(self, case: Case) -> bytes:
         members = self.wheel_members(case)
