@@ -234,3 +234,27 @@ def test_a_wheel_s_pth_file_loads_at_every_start_up(tmp_path):
     assert [(f.path, f.verdict, f.warnings) for f in report.files] == [(f"{whl}!/demo-init.pth", "fail", [])]
     assert [(f.rule, f.subject, f.where) for f in report.files[0].findings] == [
         ("nvidia.cublas", "libcublas.so.12", "line 2, ctypes.CDLL()")]
+
+
+ALIASED = b'''\
+import ctypes
+from ctypes import CDLL as L, windll as W
+Load = ctypes.cdll.LoadLibrary
+G = getattr(ctypes, "CDLL")
+L("libcudnn.so.9")
+W.cublas64_12
+Load("libcublasLt.so.12")
+G("libcusparse.so.12")
+getattr(ctypes, "CDLL")("libcusolver.so.11")
+exec("import ctypes; ctypes.CDLL('libnvinfer.so.10')")
+code = "exec('import ctypes; ctypes.CDLL(\\\\'libcublas.so.12\\\\')')"
+exec(code)
+__import__("ctypes").CDLL("libcudnn_ops.so.9")
+'''
+
+
+def test_loaders_under_other_names_and_code_in_exec_strings_are_read():
+    compile(ALIASED, "aliased.py", "exec")
+    assert names(ALIASED) == {
+        ("libcudnn.so.9", 5), ("cublas64_12.dll", 6), ("libcublasLt.so.12", 7), ("libcusparse.so.12", 8),
+        ("libcusolver.so.11", 9), ("libnvinfer.so.10", 10), ("libcublas.so.12", 12), ("libcudnn_ops.so.9", 13)}

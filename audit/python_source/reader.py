@@ -187,13 +187,21 @@ def _dotted(node: ast.AST) -> str | None:
     return ".".join(reversed(parts))
 
 
+MAX_EXEC_DEPTH = 2  # code in a string literal handed to exec/eval/compile, read this many levels deep
+_EXECS = frozenset(("exec", "eval", "compile"))
+
+
 class _Loads:
-    def __init__(self, data: bytes, tree: ast.AST):
+    def __init__(self, data: bytes, tree: ast.AST, depth: int = 0):
         self.data = data
         self.starts = _line_starts(data)
+        self.depth = depth
         nodes = list(ast.walk(tree))  # iterative: no recursion however deep the source nests
+        self.calls = set(LOADER_CALLS)
+        self.objects = {n: n for n in LOADER_OBJECTS}  # a LibraryLoader's names -> ctypes' own name
         self.names: dict[str, list[str]] = {}
-        for _ in range(2):  # names bound to names bound to literals
+        for _ in range(2):  # aliases of aliases; names bound to names bound to literals
+            self._aliases(nodes)
             self.names = self._bindings(nodes)
         self.hits: list[SourceString] = []
         seen: set[tuple] = set()
@@ -206,6 +214,52 @@ class _Loads:
                         self.hits.append(self._hit(call, name, line))
                         if len(self.hits) > MAX_HITS:
                             return
+            if depth < MAX_EXEC_DEPTH and isinstance(node, ast.Call) and node.args \
+                    and (_dotted(node.func) or "").rsplit(".", 1)[-1] in _EXECS:
+                self._executed(node)
+                if len(self.hits) > MAX_HITS:
+                    return
+
+    def _aliases(self, nodes) -> None:
+        """Other names for the loaders: `from ctypes import CDLL as L`, `L = ctypes.CDLL`,
+        `L = getattr(ctypes, "CDLL")`."""
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    if a.asname and a.name in self.calls:
+                        self.calls.add(a.asname)
+                    elif a.asname and a.name in self.objects:
+                        self.objects[a.asname] = self.objects[a.name]
+            elif isinstance(node, ast.Assign):
+                last = self._callee(node.value)
+                for t in node.targets:
+                    if isinstance(t, ast.Name) and last in self.calls:
+                        self.calls.add(t.id)
+                    elif isinstance(t, ast.Name) and last in self.objects:
+                        self.objects[t.id] = self.objects[last]
+
+    @staticmethod
+    def _callee(node) -> str:
+        """The last name of what `node` refers to: ctypes.CDLL -> CDLL; getattr(x, "CDLL") -> CDLL."""
+        if isinstance(node, ast.Call) and _dotted(node.func) == "getattr" and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            return node.args[1].value
+        return (_dotted(node) or "").rsplit(".", 1)[-1]
+
+    def _executed(self, node: ast.Call) -> None:
+        """Code given to exec/eval/compile as a string the source spells: its loads are this
+        call's (at its line)."""
+        for text in self._values(node.args[0])[:8]:
+            code = text.encode("utf-8", "surrogatepass")
+            if not may_load(code) or len(code) > MAX_PARSED_BYTES:
+                continue
+            try:
+                inner = _Loads(code, ast.parse(code, mode="eval" if _dotted(node.func) == "eval" else "exec"),
+                               self.depth + 1)
+            except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError, UnicodeError):
+                continue
+            for h in inner.hits:
+                self.hits.append(self._hit(f"{_dotted(node.func)}(...): {h.call}", h.text, node.lineno))
 
     def _bindings(self, nodes) -> dict[str, list[str]]:
         names: dict[str, list[str]] = {}
@@ -229,22 +283,22 @@ class _Loads:
     def _loads(self, node):
         """(loader, the expression naming the library, line) for each load `node` is."""
         if isinstance(node, ast.Call):
-            callee = _dotted(node.func) or ""
-            last = callee.rsplit(".", 1)[-1]
-            if last in LOADER_CALLS:
+            last = self._callee(node.func)
+            callee = _dotted(node.func) or f"getattr(..., {last!r})"
+            if last in self.calls:
                 expr = node.args[0] if node.args and not isinstance(node.args[0], ast.Starred) else next(
                     (k.value for k in node.keywords if k.arg in _NAME_KEYWORDS), None)
                 if expr is not None:
                     yield f"{callee}()", expr, node.lineno
         elif isinstance(node, ast.Attribute) and node.attr not in _LOADER_METHODS and not node.attr.startswith("_"):
             owner = _dotted(node.value) or ""
-            if owner.rsplit(".", 1)[-1] in LOADER_OBJECTS:  # windll.cublas64_12: cublas64_12.dll
-                name = node.attr if "." in node.attr else node.attr + ".dll" if owner.endswith(("windll", "oledll")) \
-                    else node.attr
-                yield f"{owner}.{node.attr}", ast.Constant(name), node.lineno
+            kind = self.objects.get(owner.rsplit(".", 1)[-1])
+            if kind:  # windll.cublas64_12: cublas64_12.dll
+                dll = "." not in node.attr and kind in ("windll", "oledll")
+                yield f"{owner}.{node.attr}", ast.Constant(node.attr + ".dll" if dll else node.attr), node.lineno
         elif isinstance(node, ast.Subscript):
             owner = _dotted(node.value) or ""
-            if owner.rsplit(".", 1)[-1] in LOADER_OBJECTS:
+            if owner.rsplit(".", 1)[-1] in self.objects:
                 yield f"{owner}[...]", node.slice, node.lineno
 
     def _values(self, node, depth: int = 0) -> list[str]:
