@@ -14,6 +14,7 @@ import click
 from audit.errors import GateFailed, InputError, UsageError, printable
 from audit.evidence.backend_names import BACKEND_NAMES
 from audit.files import write_json_atomic
+from flash_kernel.fp8 import PRECISIONS
 
 GPU_DEFAULT_PRESETS = ["wan2.1-1.3b-480p", "cogvideox-5b"]
 
@@ -51,7 +52,7 @@ def _selection_options(f):
                      show_default=True,
                      help="How inputs are stored: bnhd = (B,N,H,D) as video DiTs pass them, "
                      "handed over as strided (B,H,N,D) views."),
-        click.option("--precision", type=click.Choice(["exact", "fp8"]), default="exact",
+        click.option("--precision", type=click.Choice(PRECISIONS), default="exact",
                      show_default=True,
                      help="fp8: our kernel's opt-in FP8 attention (INT8 Q K^T, FP8 P V), held to "
                      "the fp8 gates; refused (exit 2) on a device without it."),

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from audit.errors import UsageError
+from flash_kernel.fp8 import PRECISIONS
 
 PRESET_NAMES = ("tiny", "tiny-cp", "wan-480p")  # pipeline.PRESETS, listed here so --help imports no torch
 
@@ -141,7 +142,7 @@ def render_table(report) -> str:
               help="Write the report (schema sovereign-audit.pipeline/1), updated after every stage "
                    "(under torchrun by rank 0).")
 @click.option("--quiet", is_flag=True, help="No progress lines on stderr.")
-@click.option("--precision", type=click.Choice(["exact", "fp8"]), default="exact", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISIONS), default="exact", show_default=True,
               help="fp8: our flash core runs the opt-in FP8 attention (flash becomes flash-fp8) and "
               "the calibration perturbs the exact reference; refused (exit 2) on a device without it.")
 def pipeline_cmd(preset, steps, device, dtype, vae_dtype, attention, swap, lib_path, target, seed,

@@ -9,6 +9,7 @@ import click
 from audit.errors import InputError, UsageError
 from audit.report.commands import signing_key
 from audit.run.record import RunConfig
+from flash_kernel.fp8 import PRECISIONS
 from audit.run.runner import run
 
 
@@ -28,7 +29,7 @@ from audit.run.runner import run
 @click.option("--repeats", type=click.IntRange(min=1), default=None, help="Timing repeats per backend.")
 @click.option("--pipeline-preset", default=None, help="DiT pipeline preset (default: tiny on CPU, wan-480p on CUDA).")
 @click.option("--pipeline-steps", type=click.IntRange(min=1), default=None)
-@click.option("--precision", type=click.Choice(["exact", "fp8"]), default="exact", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISIONS), default="exact", show_default=True,
               help="fp8: parity, bench and the pipeline run our kernel's opt-in FP8 attention, held to "
               "the fp8 gates and labelled FP8 in the report; refused (exit 2) on a device without it.")
 @click.option("--skip", "skip", multiple=True, type=click.Choice(["parity", "bench", "pipeline"]),
