@@ -43,6 +43,15 @@ _IMAGE_FILE_DLL = 0x2000
 _MAX_FAT_ARCHS = 20  # as `file`: a Java class file has version >= 45 where a fat header has its count
 
 
+# A zip archive (a wheel, a jar, an egg) is a container, not a binary: the inputs open it and
+# audit its members. Its first bytes: a local file header, or an empty archive's end record.
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def is_zip(head: bytes) -> bool:
+    return head[:4] in ZIP_MAGIC
+
+
 def identify(head: bytes, size: int | None = None) -> Kind:
     """The kind of a file whose first bytes are `head` (HEAD_BYTES of them, or the whole file)
     and whose size is `size` (None: len(head))."""

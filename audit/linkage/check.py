@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 
 from audit.elf.model import ElfInfo
-from audit.linkage.resolution.fs import HOST, FileSystem
+from audit.linkage.resolution.fs import HOST, FileSystem, on_host
 from audit.linkage.judging.group import group_findings
 from audit.linkage.containers.identity import note_package, stamp_tree
 from audit.linkage.containers.inputs import ArchiveLimits, Input, Inputs, Scope
@@ -200,7 +200,7 @@ def check_file(inp: Input, policy: Policy, resolver: Resolver, read: Callable[[s
             tree.name = name
             trees.append(tree)
             if first.sha256:  # hashed for an output that shows it (an SBOM): each library's too
-                stamp_tree(tree, inp.scope is None or inp.scope.fs is HOST)
+                stamp_tree(tree, inp.scope is None or on_host(inp.scope.fs))
             result.warnings += [w for w in warns if w not in result.warnings]
             more, errs = tree_findings(tree, resolver, policy)
             found += more
@@ -242,10 +242,10 @@ def _check_all(items: list[Input], check_one: Callable[[Input], FileResult], job
     if jobs > 1 and len(forkable) > 1:
         order = sorted(range(len(forkable)), key=lambda k: -sizes[forkable[k]])
         audited = {os.path.realpath(items[i].read_from) for i in forkable if items[i].scope is None
-                   or items[i].scope.fs is HOST}
+                   or on_host(items[i].scope.fs)}
         in_images: dict[int, set[str]] = {}  # an image's own paths audited in this run, per image
         for inp in items:
-            if inp.scope is not None and inp.scope.fs is not HOST and inp.read_from is not None:
+            if inp.scope is not None and not on_host(inp.scope.fs) and inp.read_from is not None:
                 in_images.setdefault(id(inp.scope.fs), set()).add(inp.read_from)
         done = map_ordered(_shipped(check_one, audited, in_images), [items[i] for i in forkable], jobs, order)
         for i, result in zip(forkable, done):
@@ -268,7 +268,7 @@ def _shipped(check_one, audited: set[str], in_images: dict[int, set[str]]):
         if result.tree is not None:
             for node, _ in result.tree.walk():
                 node.info = None
-        if inp.scope is None or inp.scope.fs is HOST:  # _name_members' own condition
+        if inp.scope is None or on_host(inp.scope.fs):  # _name_members' own condition
             for f in result.findings:
                 if f.in_file and os.path.realpath(f.in_file) in audited:
                     f.matches = []
@@ -326,7 +326,7 @@ def check_paths(paths, policy: Policy, options: ResolveOptions | None = None, *,
             if result.verdict == "pass" and result.failing:
                 result.verdict = "fail"
             files.append(result)
-            if inp.scope is not None and inp.scope.fs is not HOST:  # IMAGE!/path: the image's label
+            if inp.scope is not None and not on_host(inp.scope.fs):  # IMAGE!/path: the image's label
                 in_image[id(result)] = (inp.shown[:len(inp.shown) - len(inp.read_from or "") - 1], inp.scope.fs)
             elif inp.read_from is not None:
                 hosts.setdefault(os.path.realpath(inp.read_from), inp.shown)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from audit.binformat import HEAD_BYTES, Kind, identify
+from audit.binformat import HEAD_BYTES, Kind, identify, is_zip
 from audit.errors import InputError
 from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED
@@ -85,7 +85,8 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         head = fh.read(HEAD_BYTES)
                         kind = identify(head, m.size)
                         source = not kind.binary and is_python_source(name)  # written, kept if it calls a loader
-                        if kind not in AUDITED and not source:  # ELF, PE (Library/bin/*.dll), Mach-O (lib/*.dylib)
+                        archive = not kind.binary and is_zip(head)  # a jar, an egg: written, read as a wheel
+                        if kind not in AUDITED and not source and not archive:  # ELF, PE (Library/bin/*.dll), Mach-O (lib/*.dylib)
                             tree.add(name, _Node("file"))  # replaces what was there; not written
                             if kind.binary:
                                 out.append(Extracted(name, None, False, f"{kind.value}: format not audited", kind))
@@ -108,7 +109,7 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                                     total -= m.size
                                     tree.add(name, _Node("file"))
                                     continue
-                        tree.add(name, _Node("file", blob=blob, source=source))
+                        tree.add(name, _Node("file", blob=blob, source=source, archive=archive))
                     else:  # a device or FIFO: never created
                         tree.add(name, _Node("file"))
         except InputError:
@@ -138,6 +139,7 @@ class Extracted:
     error: str | None = None  # why it is an error (a binary whose format is not audited)
     kind: Kind = Kind.ELF
     source: bool = False  # a Python source that calls a library loader, not a binary
+    archive: bool = False  # a zip archive (jar, egg), read as a wheel is
 
 
 @dataclass
@@ -146,6 +148,7 @@ class _Node:
     target: str | None = None  # of a link
     blob: str | None = None  # of an ELF file: where its bytes wait (a hard link shares them); others are not written
     source: bool = False  # a Python source that calls a library loader (written, audited like a binary)
+    archive: bool = False  # a zip archive (jar, egg): written, its members audited
 
 
 class _Tree:
@@ -267,7 +270,7 @@ class _Tree:
                 else:
                     os.rename(node.blob, target)
                     placed[node.blob] = target
-                    out.append(Extracted(key, target, True, source=node.source))
+                    out.append(Extracted(key, target, True, source=node.source, archive=node.archive))
             elif node.kind == "link" and not node.target.startswith("/"):  # an absolute one names the host
                 os.symlink(node.target, target)
                 out.append(Extracted(key, target, False))

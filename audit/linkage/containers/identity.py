@@ -57,7 +57,7 @@ class Container:
     (their reported paths start with `path` and "!")."""
 
     path: str  # as given or found, as reports name it
-    kind: str  # "wheel" | "conda" | "image" | "static-archive"
+    kind: str  # "wheel" | "zip" (a jar, an egg) | "conda" | "image" | "static-archive"
     sha256: str | None = None  # of the file (a wheel, a conda package, an archive); None for an image
     size: int | None = None
     package: PackageId | None = None
@@ -193,7 +193,7 @@ def container(path: str, kind: str, image_digest: str | None = None) -> Containe
     if kind == "image":
         return Container(path, kind, digest=f"sha256:{image_digest}" if image_digest else None)
     got = file_digest(path)
-    package = wheel_package(path) if kind == "wheel" else conda_package(path)
+    package = wheel_package(path) if kind == "wheel" else conda_package(path) if kind == "conda" else None
     return Container(path, kind, sha256=got[0] if got else None, size=got[1] if got else None, package=package)
 
 

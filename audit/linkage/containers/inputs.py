@@ -21,13 +21,13 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field, replace
 
-from audit.binformat import HEAD_BYTES, Kind, identify
+from audit.binformat import HEAD_BYTES, Kind, identify, is_zip
 from audit.errors import InputError
 from audit.linkage.containers.conda import _package_tar, extract_conda, is_conda
 from audit.linkage.containers.conda import _safe as _conda_safe
-from audit.linkage.resolution.fs import HOST, FileSystem
+from audit.linkage.resolution.fs import HOST, ConfinedFS, FileSystem
 from audit.linkage.model import WHEEL_SEP
-from audit.linkage.resolution.native import AUDITED
+from audit.linkage.resolution.native import AUDITED, read_binary
 from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.containers.identity import Container, PackageId, container, dpkg_owners, owner_of
 from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
@@ -37,6 +37,7 @@ from audit.linkage.containers.tars import bounded_members
 from audit.python_source.reader import is_python_source, stream_may_load
 
 _MAX_WHEEL_MEMBERS = 200_000
+MAX_ZIP_DEPTH = 4  # zip archives inside zip archives (a jar in a wheel, a jar in a jar), read this deep
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
 _PARALLEL_UNPACK_BYTES = 16 << 20  # compressed bytes below which one process unpacks a wheel
 # Members smaller than this may compress as well as they like: they cannot fill a disk, and real
@@ -115,6 +116,9 @@ class Inputs:
         self.images: list[Image] = []
         self.labels: list[tuple[str, str]] = []  # (extraction folder, the wheel/package as reported)
         self._archives: str | None = None  # the folder static archives' members are written to
+        self._zip_depth = 0  # how deep in zip archives inside archives the member being read lies
+        self._nested_bytes = 0  # what zip archives inside archives unpacked to, in all
+        self._under: str | None = None  # where a zip archive's members are unpacked (None: a temporary folder)
         self.archive_count = 0
 
     def skip(self, why: str) -> None:
@@ -246,6 +250,8 @@ class Inputs:
             yield from _members_of(arg, self._wheel(arg, arg))
         elif is_conda(arg):
             yield from _members_of(arg, self._conda(arg, arg))
+        elif _zip_file(arg):  # a jar, egg, zip, ...: its members audited as a wheel's
+            yield from _members_of(arg, self._wheel(arg, arg))
         elif arg.endswith(_COMPRESSED_TAR):
             yield Input(arg, None, True, "a compressed archive: decompress it first "
                                          "(an image tar is read in place, so it must be uncompressed)")
@@ -310,12 +316,37 @@ class Inputs:
                 yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
                 continue
             yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
+        for path, entry in tree.zip_archives():  # jars, eggs, wheels: their members, resolved among themselves
+            found += 1
+            why = self.limits.refuse(entry.size, entry.size)  # read whole into memory, as an ELF file is
+            if why:
+                yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
+                continue
+            yield from self._zip_in_image(f"{arg}!{path}", tree, entry)
         for path, entry in tree.python_sources():  # Python files that call a library loader
             why = self.limits.refuse(entry.size, entry.size)
             yield Input(f"{arg}!{path}", None if why else path, True, why, scope=scope,
                         layer=tree.layer_of(entry), package=owner_of(owners, path))
         if not found:
             self.warnings.append(f"{arg}: the image holds no ELF file")
+
+    def _zip_in_image(self, report: str, tree, entry):
+        """A zip archive in an image, written out to a folder of its own and read as a wheel is;
+        its members resolve inside that folder only (ConfinedFS): never on this machine."""
+        folder = tempfile.mkdtemp(prefix="zip-", dir=self._archive_tmp())
+        host = os.path.join(folder, "archive.zip")
+        with open(host, "wb") as fh:
+            fh.write(tree._bytes(entry))
+        scope, layer, before = Scope(ConfinedFS(folder, read_binary), own_system=True), tree.layer_of(entry), self._under
+        self._under = folder
+        try:
+            for inp in self._wheel(report, host):
+                inp.layer = layer
+                if inp.read_from is not None and inp.scope is None and scope.fs.inside(inp.read_from):
+                    inp.scope = scope
+                yield inp
+        finally:
+            self._under = before
 
     def _real(self, host: str) -> str:
         """os.path.realpath(host), with each folder resolved once: a folder's tens of thousands of
@@ -343,6 +374,9 @@ class Inputs:
         magic = head[:4]
         if not explicit and looks_like_tar(head):  # met in a folder (a named tar is opened as an image)
             yield from self._tar_in_folder(host)
+            return
+        if not explicit and is_zip(head) and not is_conda(host):  # a jar, egg, zip met in a folder
+            yield from _members_of(report, self._wheel(report, host))
             return
         self.seen.add(real)
         kind = identify(head, size)
@@ -449,11 +483,14 @@ class Inputs:
                     yield inp
 
     def _wheel(self, report: str, host: str):
+        """A wheel, or any zip archive (a jar, an egg): its binaries, Python sources that load
+        libraries, static archives and zip archives inside are written out and audited as members."""
         if self._again(host):
             return
+        what = "wheel" if host.endswith(".whl") else "zip archive"
         if self.identify:
-            self.containers[report] = container(host, "wheel")
-        tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-wheel-")
+            self.containers[report] = container(host, "wheel" if what == "wheel" else "zip")
+        tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-wheel-", dir=self._under)
         self.tmpdirs.append(tmp)
         for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
             self.labels.append((folder, report))
@@ -463,7 +500,7 @@ class Inputs:
             with zipfile.ZipFile(host) as zf:
                 members = [m for m in zf.infolist() if not m.filename.endswith("/")]  # is_dir() fails on ''
             if len(members) > _MAX_WHEEL_MEMBERS:
-                yield Input(report, None, True, f"wheel has {len(members)} members (limit {_MAX_WHEEL_MEMBERS})")
+                yield Input(report, None, True, f"{what} has {len(members)} members (limit {_MAX_WHEEL_MEMBERS})")
                 return
             # Which members are ELF files: each member's first bytes, read on every core.
             chunks = [members[i::jobs] for i in range(jobs)] if jobs > 1 and len(members) > 256 else [members]
@@ -472,24 +509,27 @@ class Inputs:
             archives: set[str] = set()
             tars: dict[str, str] = {}
             sources: set[str] = set()  # Python files that call a library loader
-            for names, bad, ar, tr, py in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
+            zips: set[str] = set()  # zip archives inside (jars, eggs): read as this one is
+            for names, bad, ar, tr, py, zp in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
                 elf |= names
                 unreadable.update(bad)
                 archives |= ar
                 tars.update(tr)
                 sources |= py
+                zips |= zp
             todo = []
             total = 0
             for m in members:
                 inner = f"{report}{WHEEL_SEP}{m.filename}"
                 parts = m.filename.split("/")
                 if m.filename.startswith("/") or "\\" in m.filename or ".." in parts or "" in parts[:-1]:
-                    errors.append(Input(inner, None, True, "unsafe member path in wheel"))
+                    errors.append(Input(inner, None, True, f"unsafe member path in {what}"))
                     continue
                 if m.filename in unreadable:
                     errors.append(Input(inner, None, True, unreadable[m.filename]))
                     continue
-                if m.filename not in elf and m.filename not in archives and m.filename not in sources:
+                if m.filename not in elf and m.filename not in archives and m.filename not in sources \
+                        and m.filename not in zips:
                     # a static archive is unpacked, then read; a tar holding no binary is counted as one
                     self.skip(tars.get(m.filename, "python_no_load" if is_python_source(m.filename) else "non_elf"))
                     continue
@@ -499,9 +539,15 @@ class Inputs:
                     continue
                 total += m.file_size
                 if total > self.limits.total_bytes:
-                    errors.append(Input(inner, None, True, f"the wheel's ELF members unpack to more than "
+                    errors.append(Input(inner, None, True, f"the {what}'s ELF members unpack to more than "
                                         f"{self.limits.total_bytes} bytes (--max-archive-size)"))
                     break
+                if self._zip_depth:  # inside another archive: one budget for all the nesting
+                    self._nested_bytes += m.file_size
+                    if self._nested_bytes > self.limits.total_bytes:
+                        errors.append(Input(inner, None, True, "zip archives inside archives unpack to more than "
+                                            f"{self.limits.total_bytes} bytes (--max-archive-size)"))
+                        break
                 todo.append(m)
             # Streamed to disk, never whole in memory; the largest first, on every core once
             # there is enough to unpack for the workers to pay for themselves.
@@ -510,18 +556,19 @@ class Inputs:
             refused = map_ordered(_Unpacker(host, tmp.name, self.limits), todo, jobs if big else 1, order)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, RuntimeError) as exc:
             yield from errors
-            yield Input(report, None, True, f"cannot read wheel: {' '.join(str(exc).split())}")
+            yield Input(report, None, True, f"cannot read {what}: {' '.join(str(exc).split())}")
             return
         finally:
             _Zip.close(host)
         yield from errors
-        extracted, static, python = [], [], []
+        extracted, static, python, nested = [], [], [], []
         for m, why in zip(todo, refused):
             inner = f"{report}{WHEEL_SEP}{m.filename}"
             if why:
                 yield Input(inner, None, True, why)
             else:
-                (static if m.filename in archives else python if m.filename in sources else extracted).append(
+                (static if m.filename in archives else python if m.filename in sources
+                 else nested if m.filename in zips else extracted).append(
                     (inner, os.path.join(tmp.name, *m.filename.split("/"))))
         members = MemberSet(report, (Member(dest, inner) for inner, dest in extracted))
         for inner, dest in extracted:
@@ -533,6 +580,20 @@ class Inputs:
         for inner, dest in static:
             self.seen.add(self._real(dest))
             yield from self._archive_file(inner, dest)
+        for inner, dest in nested:
+            yield from self._nested_zip(inner, dest)
+
+    def _nested_zip(self, report: str, host: str):
+        """A zip archive that is a member of another archive (a jar in a wheel, a jar in a jar):
+        read as a wheel, MAX_ZIP_DEPTH deep at most, all of them within one byte budget."""
+        if self._zip_depth >= MAX_ZIP_DEPTH:
+            yield Input(report, None, True, f"zip archive nested more than {MAX_ZIP_DEPTH} deep: not read")
+            return
+        self._zip_depth += 1
+        try:
+            yield from self._wheel(report, host)
+        finally:
+            self._zip_depth -= 1
 
     def _conda(self, report: str, host: str):
         if self._again(host):
@@ -550,7 +611,7 @@ class Inputs:
             yield Input(report, None, True, exc.message)
             return
         members = MemberSet(report, (Member(x.written, f"{report}{WHEEL_SEP}{x.name}")
-                                     for x in extracted if x.written and not x.source))
+                                     for x in extracted if x.written and not x.source and not x.archive))
         prefix = self.conda_prefix
         scope = Scope(fallback=[("conda-prefix", os.path.join(prefix, "lib"))]) if prefix else None
         archives = [x.name for x in extracted if x.kind is Kind.STATIC_ARCHIVE]
@@ -561,6 +622,8 @@ class Inputs:
                 continue
             elif x.error:
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", None, True, x.error)
+            elif x.archive and x.audited:  # a jar, an egg: its members audited in turn
+                yield from self._nested_zip(f"{report}{WHEEL_SEP}{x.name}", x.written)
             elif x.audited:
                 self.seen.add(self._real(x.written))
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", x.written, True, members=members, scope=scope)
@@ -665,9 +728,9 @@ class _ElfSniffer:
         self.host, self.limits = host, limits or ArchiveLimits()
 
     def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str], dict[str, str],
-                                                              set[str]]:
+                                                              set[str], set[str]]:
         zf = _Zip.get(self.host)
-        out, bad, archives, tars, sources = set(), {}, set(), {}, set()
+        out, bad, archives, tars, sources, zips = set(), {}, set(), {}, set(), set()
         for m in chunk:
             try:
                 with zf.open(m) as fh:
@@ -686,6 +749,8 @@ class _ElfSniffer:
                         bad[m.filename] = tar_error(*found)
                     else:
                         tars[m.filename] = "tar" if looks_like_tar(head) else "compressed_tar"
+                elif is_zip(head):  # a jar, an egg: unpacked, then read as this archive is
+                    zips.add(m.filename)
                 elif is_python_source(m.filename):  # read whole, in chunks, for a loader's name
                     why = self.limits.refuse(m.file_size, m.compress_size)
                     if why:  # not read: it may load a library
@@ -698,7 +763,7 @@ class _ElfSniffer:
                 bad[m.filename] = _member_error(exc)
             except InputError as exc:
                 bad[m.filename] = exc.message
-        return out, bad, archives, tars, sources
+        return out, bad, archives, tars, sources, zips
 
 
 class _Unpacker:
@@ -839,6 +904,13 @@ def sniff_tar(fh, compressed: int, limits: ArchiveLimits) -> tuple[int, str] | N
 def tar_error(count: int, first: str) -> str:
     return (f"tar holding binaries ({count}): not audited; unpack it and audit the folder "
             f"(first: {first})")
+
+
+def _zip_file(path: str) -> bool:
+    try:
+        return is_zip(_head(path)[0])
+    except OSError:  # reported where the file is read
+        return False
 
 
 def _head(path: str) -> tuple[bytes, int]:

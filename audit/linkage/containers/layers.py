@@ -19,7 +19,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from audit.binformat import HEAD_BYTES, Kind, identify
+from audit.binformat import HEAD_BYTES, Kind, identify, is_zip
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
 from audit.linkage.containers.image import Image, LayerRef, Region, verify_blob
@@ -283,6 +283,17 @@ class ImageTree:
             if key not in first or p == e.path:
                 first[key] = p
         return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
+
+    def zip_archives(self) -> list[tuple[str, Entry]]:
+        """(path, entry) of every regular file of the final tree that is a zip archive (a jar, an
+        egg, a wheel), sorted by path; one name of each hard-linked set."""
+        out, seen = [], set()
+        for p in sorted(self.entries):
+            e = self.entries[p]
+            if e.kind == "file" and (e.layer, e.member) not in seen and is_zip(self._head(e, 4)):
+                seen.add((e.layer, e.member))
+                out.append((p, e))
+        return out
 
     def python_sources(self) -> list[tuple[str, Entry]]:
         """(path, entry) of every regular Python file of the final tree that holds a library

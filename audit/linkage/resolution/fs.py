@@ -89,6 +89,57 @@ class HostFS:
 HOST = HostFS()
 
 
+def on_host(fs) -> bool:
+    """Whether `fs`'s paths are this machine's (reports name its files as they name any file
+    here), as opposed to an image's own namespace."""
+    return fs is HOST or getattr(fs, "on_host", False)
+
+
+class ConfinedFS(HostFS):
+    """The files under one folder of this machine and nothing else: a zip archive found in a
+    container image, written out and unpacked there. Its members resolve among themselves; the
+    image's libraries are not searched, and this machine's are never seen (a path whose real
+    location lies outside the folder does not exist here)."""
+
+    on_host = True  # the paths are this machine's: reports name them as archive members, not image paths
+
+    def __init__(self, root: str, read):
+        self.root = os.path.realpath(root)
+        self._read = read  # read_binary (audit.linkage.resolution.native): every audited format
+
+    def inside(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        return real == self.root or real.startswith(self.root + os.sep)
+
+    def kind(self, path: str) -> str | None:
+        path = path.rstrip("/") or "/"
+        if path == "/" or self.root.startswith(path + "/"):  # a folder above the root: a way in, nothing else
+            return "dir"
+        if path != self.root and not path.startswith(self.root + "/"):  # the resolver follows links itself
+            return None
+        return super().kind(path)
+
+    def head(self, path: str, n: int) -> bytes:
+        return super().head(path, n) if self.inside(path) else b""
+
+    def read_text(self, path: str, limit: int) -> str | None:
+        return super().read_text(path, limit) if self.inside(path) else None
+
+    def listdir(self, path: str) -> list[str] | None:
+        return super().listdir(path) if self.inside(path) else None
+
+    def read_elf(self, path: str, symbol_pattern, api_prefixes: tuple[bytes, ...] = (),
+                 markers: tuple[bytes, ...] = (), **_ignored) -> ElfInfo:
+        if not self.inside(path):
+            from audit.errors import InputError
+
+            raise InputError(f"{path}: outside the archive it was unpacked from")
+        return self._read(path, symbol_pattern, api_prefixes, markers=markers)
+
+    def size(self, path: str) -> int:
+        return super().size(path) if self.inside(path) else 0
+
+
 def read_regular(path: str, limit: int) -> bytes | None:
     """The first `limit` bytes of a regular file (following symlinks); None when it is missing,
     unreadable or not a regular file. Opened without blocking and checked once open: a FIFO or

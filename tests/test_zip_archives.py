@@ -1,0 +1,152 @@
+"""Zip archives other than wheels (a Java archive with JNI libraries, an egg, a plain zip) are
+containers: named, found in a folder, inside a wheel, a conda package or a container image, their
+members are audited as a wheel's are, never skipped as data. The libraries are gcc-built; a
+jar's native library NEEDs cuDNN as real JNI wrappers of CUDA libraries do."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import require_tool
+from linkage_fixtures import cc_shared
+
+from audit.errors import EXIT_INPUT, EXIT_VIOLATION
+from audit.linkage.check import check_paths
+from audit.linkage.containers.inputs import MAX_ZIP_DEPTH
+from audit.linkage.judging.policy import load_policy
+from audit.linkage.resolution.ldso import ResolveOptions
+from tests.cli_runner import cli
+
+JNI = "native/linux-x86_64/libjnicudnn.so"
+
+
+@pytest.fixture(scope="session")
+def jni(fixture_root) -> dict[str, bytes]:
+    require_tool("gcc")
+    d = Path(fixture_root) / "zip-archives"
+    cudnn = cc_shared(d / "sdk/libcudnn.so.9", "int cudnnCreate(void){return 0;}\n", "-Wl,-soname,libcudnn.so.9")
+    lib = cc_shared(d / "libjnicudnn.so", "extern int cudnnCreate(void);\nint Java_x_create(void){return cudnnCreate();}\n",
+                    f"-L{cudnn.parent}", "-l:libcudnn.so.9")
+    clean = cc_shared(d / "libjniclean.so", "int Java_x_add(int a, int b){return a + b;}\n")
+    return {"cudnn": lib.read_bytes(), "clean": clean.read_bytes()}
+
+
+def jar(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def audit(*paths):
+    return check_paths([str(p) for p in paths], load_policy(None), ResolveOptions.from_cli())
+
+
+def cudnn_needed(result) -> bool:
+    return {(f.rule, f.kind, f.subject) for f in result.findings if f.failing} == {
+        ("nvidia.cudnn", "needed", "libcudnn.so.9"), ("nvidia.cudnn", "imported-symbol", "cudnnCreate")}
+
+
+def test_a_named_jar_s_native_library_is_audited(jni, tmp_path):
+    app = tmp_path / "app.jar"
+    app.write_bytes(jar({JNI: jni["cudnn"], "native/linux-x86_64/libjniclean.so": jni["clean"],
+                         "x/Main.class": b"\xca\xfe\xba\xbe\x00\x00\x00\x41"}))
+    report = audit(app)
+    files = {f.path: f for f in report.files}
+    assert sorted(files) == sorted([f"{app}!/{JNI}", f"{app}!/native/linux-x86_64/libjniclean.so"])
+    assert cudnn_needed(files[f"{app}!/{JNI}"]) and report.exit_code == EXIT_VIOLATION
+    assert files[f"{app}!/native/linux-x86_64/libjniclean.so"].verdict == "pass"
+
+
+def test_a_jar_in_a_folder_and_one_in_a_wheel_are_audited(jni, tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "app.jar").write_bytes(jar({JNI: jni["cudnn"]}))
+    report = audit(tmp_path / "lib")
+    assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{tmp_path}/lib/app.jar!/{JNI}", True)]
+
+    whl = tmp_path / "pyspark_like-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("pkg/__init__.py", "")
+        zf.writestr("pkg/jars/app.jar", jar({JNI: jni["cudnn"]}))
+    report = audit(whl)
+    assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{whl}!/pkg/jars/app.jar!/{JNI}", True)]
+
+
+def test_zip_archives_nested_past_the_limit_are_an_error(jni, tmp_path, capsys):
+    data = jar({JNI: jni["cudnn"]})
+    for _ in range(MAX_ZIP_DEPTH + 1):
+        data = jar({"inner.jar": data})
+    deep = tmp_path / "deep.jar"
+    deep.write_bytes(data)
+    rc, out, _ = cli(capsys, "check", deep)
+    assert rc == EXIT_INPUT and f"zip archive nested more than {MAX_ZIP_DEPTH} deep: not read" in out
+    assert "libcudnn" not in out  # nothing past the limit was read
+
+
+def test_a_zip_holding_no_binary_is_data(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "docs.zip").write_bytes(jar({"index.html": b"<html></html>"}))
+    (tmp_path / "d" / "libclean.so").write_bytes(b"")  # no ELF: nothing is audited, nothing fails
+    report = audit(tmp_path / "d")
+    assert report.files == [] and "no ELF file found" in " ".join(report.errors)
+
+
+def test_a_conda_package_s_jar_is_audited(jni, tmp_path):
+    from tests.test_conda import BUILDERS
+
+    for fmt, build in BUILDERS.items():
+        pkg = build(tmp_path, [("share/java/app.jar", "file", jar({JNI: jni["cudnn"]}))])
+        report = audit(pkg)
+        assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{pkg}!/share/java/app.jar!/{JNI}", True)], fmt
+
+
+@pytest.mark.parametrize("how", [None, "gzip"])
+def test_an_image_s_jar_is_audited_and_resolved_inside_itself_only(jni, tmp_path, how):
+    """The jar's library resolves among the jar's members (libjniclean.so, NEEDED by name, found
+    beside it) and nowhere else: the image's own libraries and this machine's are not searched."""
+    from tests.image_fixtures import layer_tar, oci_layout
+
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "libjniclean.so").write_bytes(jni["clean"])
+    needs = cc_shared(tmp_path / "b/libuser.so", "extern int Java_x_add(int, int);\nint u(void){return Java_x_add(1, 2);}\n",
+                      f"-L{tmp_path / 'b'}", "-l:libjniclean.so")
+    app = jar({JNI: jni["cudnn"], "native/libuser.so": needs.read_bytes(), "native/libjniclean.so": jni["clean"]})
+    layer = layer_tar([("dir", "opt"), ("dir", "opt/app"), ("file", "opt/app/app.jar", app)])
+    image = oci_layout(tmp_path / f"img-{how}", [layer], how=how)
+    report = audit(image)
+    files = {f.path: f for f in report.files}
+    assert cudnn_needed(files[f"{image}!/opt/app/app.jar!/{JNI}"])
+    user = files[f"{image}!/opt/app/app.jar!/native/libuser.so"]
+    assert user.verdict == "pass"
+    (dep,) = [c for c in user.tree.children if c.name == "libjniclean.so"]
+    assert dep.how == "member" and "app.jar" in (dep.path or "")
+    assert all("/usr/lib" not in (n.path or "") and "/lib/x86_64" not in (n.path or "")
+               for f in report.files if f.tree for n, _ in f.tree.walk())
+
+
+def test_the_confined_file_system_sees_nothing_outside_its_folder(tmp_path):
+    from audit.errors import InputError
+    from audit.linkage.resolution.fs import ConfinedFS
+    from audit.linkage.resolution.ldso import Paths
+    from audit.linkage.resolution.native import read_binary
+
+    root = tmp_path / "root"
+    (root / "lib").mkdir(parents=True)
+    (root / "lib" / "libin.so").write_bytes(b"\x7fELF")
+    (root / "lib" / "libout.so").symlink_to("/etc/passwd")
+    (root / "lib" / "up").symlink_to("../..")
+    fs = ConfinedFS(str(root), read_binary)
+    paths = Paths(None, fs)
+    assert fs.kind("/etc/passwd") is None and fs.listdir("/etc") is None and fs.head("/etc/passwd", 4) == b""
+    assert fs.kind(str(root / "lib" / "libin.so")) == "file" and fs.kind(str(tmp_path)) == "dir"
+    assert fs.listdir(str(tmp_path)) is None  # a folder above the root is a way in, not a listing
+    assert paths.real(str(root / "lib" / "libin.so")) == str(root / "lib" / "libin.so")
+    assert paths.real(str(root / "lib" / "libout.so")) is None
+    assert paths.real(str(root / "lib" / "up" / "root" / "lib" / "libin.so")) in (None, str(root / "lib" / "libin.so"))
+    with pytest.raises(InputError, match="outside the archive"):
+        fs.read_elf("/bin/ls", None)
