@@ -283,7 +283,8 @@ class Builder:
             elif r == 6:
                 case.files.append(("symlink", "d/libdev.so", "/dev/zero"))
                 case.files.append(("file", "d/_load.py", self.python_source(case)))
-                case.notes.append("symlink to /dev/zero; a Python source")
+                case.files.append(("file", "d/app.jar", self.jar(case)))
+                case.notes.append("symlink to /dev/zero; a Python source; a jar")
             else:
                 case.files.append(("file", "d/empty.so", b""))
                 case.files.append(("file", "d/short.so", b"\x7fELF\x02\x01"))
@@ -321,6 +322,22 @@ class Builder:
             data = self.damaged(case, data, len(data))
         return data
 
+    def jar(self, case: Case, depth: int = 0) -> bytes:
+        """A Java archive with a JNI library (a mutated ELF), sometimes a jar inside it (nested up
+        to six deep: past the audit's limit) and sometimes damaged."""
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr("META-INF/MANIFEST.MF", b"Manifest-Version: 1.0\n")
+            zf.writestr("native/libjni.so", self.elf(case, 0.3) if depth == 0 else self.seeds["dep"])
+            if depth < 6 and self.rng.random() < 0.3:
+                zf.writestr("lib/inner.jar", self.jar(case, depth + 1))
+                if depth == 0:
+                    case.notes.append("a jar inside the jar")
+        data = buf.getvalue()
+        if depth == 0 and self.rng.random() < 0.15:
+            data = self.damaged(case, data, len(data))
+        return data
+
     def wheel_members(self, case: Case) -> list:
         return [["pkg/__init__.py", b"", zipfile.ZIP_DEFLATED, None],
                 ["pkg/lib/libfkmain.so", self.seeds.get("main", self.seeds["dep"]), zipfile.ZIP_DEFLATED, None],
@@ -328,7 +345,8 @@ class Builder:
                 ["pkg/lib/libmut.so", self.elf(case), zipfile.ZIP_DEFLATED, None],
                 ["pkg-1.0.dist-info/METADATA", b"Name: pkg\nVersion: 1.0\n", zipfile.ZIP_DEFLATED, None],
                 ["pkg-1.0.dist-info/RECORD", b"", zipfile.ZIP_DEFLATED, None],
-                ["pkg/_load.py", self.python_source(case), zipfile.ZIP_DEFLATED, None]]
+                ["pkg/_load.py", self.python_source(case), zipfile.ZIP_DEFLATED, None],
+                ["pkg/jars/app.jar", self.jar(case), zipfile.ZIP_STORED, None]]
 
     def wheel_bytes(self, case: Case) -> bytes:
         members = self.wheel_members(case)
@@ -437,7 +455,8 @@ class Builder:
     def image_bytes(self, case: Case) -> bytes:
         base = [("dir", "usr/"), ("dir", "usr/lib/"), ("file", "usr/lib/libfkmain.so", self.seeds.get("main", self.seeds["dep"])),
                 ("dir", "etc/"), ("file", "etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n/usr/lib\n")]
-        top = [("file", "usr/lib/libfkdep.so", self.seeds["dep"]), ("file", "usr/lib/libmut.so", self.elf(case, 0.3))]
+        top = [("file", "usr/lib/libfkdep.so", self.seeds["dep"]), ("file", "usr/lib/libmut.so", self.elf(case, 0.3)),
+               ("file", "usr/lib/app.jar", self.jar(case))]
         top = self.tar_mutations(top, "usr/lib/", case)
         env = ["PATH=/usr/bin"]
         r = self.rng.randrange(12)
