@@ -150,3 +150,18 @@ def test_the_confined_file_system_sees_nothing_outside_its_folder(tmp_path):
     assert paths.real(str(root / "lib" / "up" / "root" / "lib" / "libin.so")) in (None, str(root / "lib" / "libin.so"))
     with pytest.raises(InputError, match="outside the archive"):
         fs.read_elf("/bin/ls", None)
+
+
+def test_a_conda_package_in_an_image_s_cache_is_read_as_a_conda_package(jni, tmp_path):
+    """A .conda file is a zip whose members are compressed tars: in an image (conda's package
+    cache) it is read as a conda package, its libraries resolved inside it only."""
+    from tests.image_fixtures import layer_tar, oci_layout
+    from tests.test_conda import BUILDERS
+
+    pkg = BUILDERS["conda"](tmp_path, [("lib/libjnicudnn.so", "file", jni["cudnn"])]).read_bytes()
+    layer = layer_tar([("dir", "opt"), ("dir", "opt/conda"), ("dir", "opt/conda/pkgs"),
+                       ("file", "opt/conda/pkgs/demo-1.0-0.conda", pkg)])
+    image = oci_layout(tmp_path / "img", [layer])
+    report = audit(image)
+    assert [(f.path, cudnn_needed(f)) for f in report.files] == [
+        (f"{image}!/opt/conda/pkgs/demo-1.0-0.conda!/lib/libjnicudnn.so", True)]

@@ -331,18 +331,20 @@ class Inputs:
             self.warnings.append(f"{arg}: the image holds no ELF file")
 
     def _zip_in_image(self, report: str, tree, entry):
-        """A zip archive in an image, written out to a folder of its own and read as a wheel is;
-        its members resolve inside that folder only (ConfinedFS): never on this machine."""
+        """A zip archive in an image (a jar, a wheel, a .conda package in a cache), written out to
+        a folder of its own and read as when named; its members resolve inside that folder only
+        (ConfinedFS), never on this machine."""
         folder = tempfile.mkdtemp(prefix="zip-", dir=self._archive_tmp())
-        host = os.path.join(folder, "archive.zip")
+        conda = is_conda(report)
+        host = os.path.join(folder, "package.conda" if conda else "archive.zip")
         with open(host, "wb") as fh:
             fh.write(tree._bytes(entry))
         scope, layer, before = Scope(ConfinedFS(folder, read_binary), own_system=True), tree.layer_of(entry), self._under
         self._under = folder
         try:
-            for inp in self._wheel(report, host):
+            for inp in (self._conda if conda else self._wheel)(report, host):
                 inp.layer = layer
-                if inp.read_from is not None and inp.scope is None and scope.fs.inside(inp.read_from):
+                if inp.read_from is not None and scope.fs.inside(inp.read_from):
                     inp.scope = scope
                 yield inp
         finally:
@@ -600,7 +602,7 @@ class Inputs:
             return
         if self.identify:
             self.containers[report] = container(host, "conda")
-        tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-conda-")
+        tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-conda-", dir=self._under)
         self.tmpdirs.append(tmp)
         root = os.path.join(tmp.name, "pkg")  # the package's files; its bytes wait beside it while it is read
         for folder in dict.fromkeys((root, os.path.realpath(root))):
