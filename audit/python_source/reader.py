@@ -29,6 +29,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
+from itertools import islice
 
 from audit.binary.model import BinaryInfo
 from audit.elf.model import StringHit
@@ -36,7 +37,7 @@ from audit.errors import InputError
 
 SUFFIXES = (".py", ".pyw", ".pth")  # .pth: site runs its lines that start with "import" at every start-up
 MAX_SOURCE_BYTES = 64 << 20  # a larger file that calls a loader is an error, never a pass
-MAX_PARSED_BYTES = 4 << 20  # larger files are read by pattern: an AST costs ~100x the source in memory
+MAX_PARSED_BYTES = 1 << 20  # larger files are read by pattern: an AST costs ~100x the source in memory, ~1 s a MiB
 MAX_VALUES = 64  # spellings one expression may evaluate to (`a + b` multiplies them)
 MAX_DEPTH = 12  # nesting of one evaluated expression
 MAX_HITS = 10_000  # per file; more makes the file an error
@@ -173,6 +174,31 @@ def _library_name(text: str, call: str) -> str | None:
     return base
 
 
+def _bound_values(nodes) -> dict[str, list[ast.AST]]:
+    """Each name, and the expressions the module binds to it: an assignment's value, a `for`'s
+    literal list (or a name of one)."""
+    bound: dict[str, list[ast.AST]] = {}
+    for node in nodes:
+        if isinstance(node, ast.Assign):
+            pairs = [(t, node.value) for t in node.targets]
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            pairs = [(node.target, node.value)]
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and \
+                isinstance(node.iter, (ast.List, ast.Tuple, ast.Set, ast.Name)):
+            pairs = [(node.target, node.iter)]
+        else:
+            continue
+        for target, value in pairs:
+            if isinstance(target, ast.Name):
+                bound.setdefault(target.id, []).append(value)
+    return bound
+
+
+def _names_in(exprs) -> set[str]:
+    """The names (ast.Name) the expressions spell, anywhere inside them."""
+    return {n.id for e in exprs for n in ast.walk(e) if isinstance(n, ast.Name)}
+
+
 def _dotted(node: ast.AST) -> str | None:
     parts = []
     while isinstance(node, ast.Attribute):
@@ -199,26 +225,35 @@ class _Loads:
         nodes = list(ast.walk(tree))  # iterative: no recursion however deep the source nests
         self.calls = set(LOADER_CALLS)
         self.objects = {n: n for n in LOADER_OBJECTS}  # a LibraryLoader's names -> ctypes' own name
-        self.names: dict[str, list[str]] = {}
-        for _ in range(2):  # aliases of aliases; names bound to names bound to literals
+        for _ in range(2):  # aliases of aliases
             self._aliases(nodes)
-            self.names = self._bindings(nodes)
+        loads = [load for node in nodes for load in self._loads(node)]
+        execs = [node for node in nodes if depth < MAX_EXEC_DEPTH and isinstance(node, ast.Call) and node.args
+                 and (_dotted(node.func) or "").rsplit(".", 1)[-1] in _EXECS]
+        # only the names a load or an exec spells are evaluated (and the names their values spell):
+        # a module's thousands of other assignments cost nothing
+        bound = _bound_values(nodes)
+        wanted, frontier = set(), _names_in([expr for _, expr, _ in loads] + [node.args[0] for node in execs])
+        while frontier:  # and the names their values spell, and so on
+            wanted |= frontier
+            frontier = _names_in([v for n in frontier for v in bound.get(n, ())]) - wanted
+        self.names: dict[str, list[str]] = {}
+        for _ in range(2):  # names bound to names bound to literals
+            self.names = self._bindings({n: bound[n] for n in wanted if n in bound})
         self.hits: list[SourceString] = []
         seen: set[tuple] = set()
-        for node in nodes:
-            for call, expr, line in self._loads(node):
-                for value in self._values(expr):
-                    name = _library_name(value, call)
-                    if name and (call, name, line) not in seen:
-                        seen.add((call, name, line))
-                        self.hits.append(self._hit(call, name, line))
-                        if len(self.hits) > MAX_HITS:
-                            return
-            if depth < MAX_EXEC_DEPTH and isinstance(node, ast.Call) and node.args \
-                    and (_dotted(node.func) or "").rsplit(".", 1)[-1] in _EXECS:
-                self._executed(node)
-                if len(self.hits) > MAX_HITS:
-                    return
+        for call, expr, line in loads:
+            for value in self._values(expr):
+                name = _library_name(value, call)
+                if name and (call, name, line) not in seen:
+                    seen.add((call, name, line))
+                    self.hits.append(self._hit(call, name, line))
+                    if len(self.hits) > MAX_HITS:
+                        return
+        for node in execs:
+            self._executed(node)
+            if len(self.hits) > MAX_HITS:
+                return
 
     def _aliases(self, nodes) -> None:
         """Other names for the loaders: `from ctypes import CDLL as L`, `L = ctypes.CDLL`,
@@ -261,23 +296,13 @@ class _Loads:
             for h in inner.hits:
                 self.hits.append(self._hit(f"{_dotted(node.func)}(...): {h.call}", h.text, node.lineno))
 
-    def _bindings(self, nodes) -> dict[str, list[str]]:
+    def _bindings(self, bound: dict[str, list[ast.AST]]) -> dict[str, list[str]]:
+        """The strings each name may hold, from the expressions bound to it."""
         names: dict[str, list[str]] = {}
-
-        def bind(target, value):
-            if isinstance(target, ast.Name):
-                got = names.setdefault(target.id, [])
+        for name, exprs in bound.items():
+            got = names.setdefault(name, [])
+            for value in exprs:
                 got += [v for v in self._values(value) if v not in got][:MAX_VALUES - len(got)]
-
-        for node in nodes:
-            if isinstance(node, ast.Assign):
-                for t in node.targets:
-                    bind(t, node.value)
-            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
-                bind(node.target, node.value)
-            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)) and \
-                    isinstance(node.iter, (ast.List, ast.Tuple, ast.Set, ast.Name)):
-                bind(node.target, node.iter)
         return names
 
     def _loads(self, node):
@@ -316,12 +341,12 @@ class _Loads:
             out = [""]
             for part in node.values:
                 piece = self._values(part, nxt) if isinstance(part, ast.Constant) else [""]
-                out = [a + b for a in out for b in piece or [""]][:MAX_VALUES]
+                out = list(islice((a + b for a in out for b in piece or [""]), MAX_VALUES))
             return out
         if isinstance(node, ast.BinOp):
             if isinstance(node.op, ast.Add):
                 left, right = self._values(node.left, nxt), self._values(node.right, nxt)
-                return [a + b for a in left for b in right][:MAX_VALUES]
+                return list(islice((a + b for a in left for b in right), MAX_VALUES))
             if isinstance(node.op, ast.Mod):  # "libcudnn.so.%d" % major
                 return [_TEMPLATE_FIELD.sub("", v) for v in self._values(node.left, nxt)]
             if isinstance(node.op, ast.Div):  # Path(...) / "libcublas.so.12"
