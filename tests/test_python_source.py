@@ -250,6 +250,7 @@ exec("import ctypes; ctypes.CDLL('libnvinfer.so.10')")
 code = "exec('import ctypes; ctypes.CDLL(\\\\'libcublas.so.12\\\\')')"
 exec(code)
 __import__("ctypes").CDLL("libcudnn_ops.so.9")
+tf.load_op_library("libnvinfer_plugin.so.10")
 '''
 
 
@@ -257,4 +258,5 @@ def test_loaders_under_other_names_and_code_in_exec_strings_are_read():
     compile(ALIASED, "aliased.py", "exec")
     assert names(ALIASED) == {
         ("libcudnn.so.9", 5), ("cublas64_12.dll", 6), ("libcublasLt.so.12", 7), ("libcusparse.so.12", 8),
-        ("libcusolver.so.11", 9), ("libnvinfer.so.10", 10), ("libcublas.so.12", 12), ("libcudnn_ops.so.9", 13)}
+        ("libcusolver.so.11", 9), ("libnvinfer.so.10", 10), ("libcublas.so.12", 12), ("libcudnn_ops.so.9", 13),
+        ("libnvinfer_plugin.so.10", 14)}

@@ -48,7 +48,9 @@ LOADER_CALLS = frozenset((
     "CDLL", "PyDLL", "WinDLL", "OleDLL",  # ctypes
     "LoadLibrary", "LoadLibraryEx", "LoadLibraryA", "LoadLibraryW", "LoadLibraryExA", "LoadLibraryExW",
     "dlopen",  # cffi's ffi.dlopen, _ctypes.dlopen
-    "load_library",  # numpy.ctypeslib.load_library, torch.ops.load_library
+    "load_library",  # numpy.ctypeslib.load_library, torch.ops.load_library, tf.load_library
+    "load_op_library",  # tf.load_op_library: a custom op library (it may link a vendor library)
+    "load_library_permanently",  # llvmlite.binding
     "find_library",  # ctypes.util.find_library: its result is what gets loaded
 ))
 # ctypes' LibraryLoader objects: an attribute or item of one loads the library of that name
