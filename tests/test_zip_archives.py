@@ -165,3 +165,16 @@ def test_a_conda_package_in_an_image_s_cache_is_read_as_a_conda_package(jni, tmp
     report = audit(image)
     assert [(f.path, cudnn_needed(f)) for f in report.files] == [
         (f"{image}!/opt/conda/pkgs/demo-1.0-0.conda!/lib/libjnicudnn.so", True)]
+
+
+def test_too_many_zip_archives_inside_archives_are_an_error(jni, tmp_path, monkeypatch):
+    from audit.linkage.containers import inputs
+
+    monkeypatch.setattr(inputs, "MAX_NESTED_ZIPS", 3)
+    app = tmp_path / "fat.jar"
+    app.write_bytes(jar({f"lib/dep{i}.jar": jar({JNI: jni["clean"]}) for i in range(5)}))
+    report = audit(app)
+    errors = [f.path.rsplit("!/", 1)[1] for f in report.files if f.verdict == "error"]
+    assert errors == ["lib/dep3.jar", "lib/dep4.jar"]
+    assert all("more than 3 zip archives inside archives" in f.error for f in report.files if f.verdict == "error")
+    assert sum(f.verdict == "pass" for f in report.files) == 3

@@ -38,6 +38,7 @@ from audit.python_source.reader import is_python_source, stream_may_load
 
 _MAX_WHEEL_MEMBERS = 200_000
 MAX_ZIP_DEPTH = 4  # zip archives inside zip archives (a jar in a wheel, a jar in a jar), read this deep
+MAX_NESTED_ZIPS = 4096  # and this many in one run (pyspark's wheel holds ~250 jars)
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
 _PARALLEL_UNPACK_BYTES = 16 << 20  # compressed bytes below which one process unpacks a wheel
 # Members smaller than this may compress as well as they like: they cannot fill a disk, and real
@@ -118,6 +119,7 @@ class Inputs:
         self._archives: str | None = None  # the folder static archives' members are written to
         self._zip_depth = 0  # how deep in zip archives inside archives the member being read lies
         self._nested_bytes = 0  # what zip archives inside archives unpacked to, in all
+        self._nested_count = 0  # how many zip archives inside archives were opened
         self._under: str | None = None  # where a zip archive's members are unpacked (None: a temporary folder)
         self.archive_count = 0
 
@@ -590,6 +592,10 @@ class Inputs:
         read as a wheel, MAX_ZIP_DEPTH deep at most, all of them within one byte budget."""
         if self._zip_depth >= MAX_ZIP_DEPTH:
             yield Input(report, None, True, f"zip archive nested more than {MAX_ZIP_DEPTH} deep: not read")
+            return
+        self._nested_count += 1
+        if self._nested_count > MAX_NESTED_ZIPS:
+            yield Input(report, None, True, f"more than {MAX_NESTED_ZIPS} zip archives inside archives: not read")
             return
         self._zip_depth += 1
         try:
