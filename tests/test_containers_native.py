@@ -160,21 +160,23 @@ def test_sdist_of_sources_beside_a_clean_library_passes(clean_so, tmp_path, caps
 
 @pytest.mark.parametrize("name,mode", [("fk-1.0.tar.gz", "w:gz"), ("fk-1.0.tgz", "w:gz"),
                                        ("fk-1.0.tar.xz", "w:xz"), ("fk.tar", "w")])
-def test_tar_holding_a_library_is_an_error(clean_so, tmp_path, capsys, name, mode):
+def test_a_tar_s_libraries_are_audited(clean_so, tmp_path, capsys, name, mode):
+    """A tarball met in a folder (an sdist, a build's tarball): its binaries are written out and
+    audited as a wheel's members are, named inside it."""
     dist = tmp_path / "dist"
     dist.mkdir()
     (dist / "libfkclean.so").write_bytes(clean_so.read_bytes())
     (dist / name).write_bytes(_tar({**SDIST, "fk-1.0/fk/libcublas.so.12": clean_so.read_bytes(),
                                     "fk-1.0/fk/libother.so": clean_so.read_bytes()}, mode))
-    rc, out, err = cli(capsys, "check", str(dist))
-    assert rc == EXIT_INPUT
-    assert f"{dist / name}" in out + err
-    assert "tar holding binaries (2): not audited; unpack it and audit the folder" in out + err
-    assert "fk-1.0/fk/libcublas.so.12" in out + err
-    assert "Traceback" not in out + err
+    rc, data, err = check_json(capsys, dist)
+    assert rc == EXIT_VIOLATION and "Traceback" not in err
+    bad = result(data, f"{dist / name}!/fk-1.0/fk/libcublas.so.12")
+    assert [(x["rule"], x["kind"]) for x in bad["findings"]] == [("nvidia.cublas", "soname")]
+    assert result(data, f"{dist / name}!/fk-1.0/fk/libother.so")["verdict"] == "pass"
+    assert result(data, str(dist / "libfkclean.so"))["verdict"] == "pass"
 
 
-def test_zstd_tar_holding_a_library_is_an_error(clean_so, tmp_path, capsys):
+def test_a_zstd_tar_s_library_is_audited(clean_so, tmp_path, capsys):
     import zstandard
 
     dist = tmp_path / "dist"
@@ -182,7 +184,7 @@ def test_zstd_tar_holding_a_library_is_an_error(clean_so, tmp_path, capsys):
     data = _tar({**SDIST, "fk/libcublas.so.12": clean_so.read_bytes()}, "w")
     (dist / "fk-1.0.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
     rc, out, err = cli(capsys, "check", str(dist))
-    assert rc == EXIT_INPUT and "tar holding binaries (1)" in out + err
+    assert rc == EXIT_VIOLATION and "fk-1.0.tar.zst!/fk/libcublas.so.12" in out
 
 
 def test_tar_in_a_wheel(clean_so, tmp_path, capsys):
@@ -192,11 +194,10 @@ def test_tar_in_a_wheel(clean_so, tmp_path, capsys):
         zf.writestr("fk/data/sources.tar.gz", _tar(SDIST))
         zf.writestr("fk/data/vendor.tar.gz", _tar({"lib/libcublas.so.12": clean_so.read_bytes()}))
     rc, data, _ = check_json(capsys, whl)
-    assert rc == EXIT_INPUT
-    bad = result(data, f"{whl}!/fk/data/vendor.tar.gz")
-    assert bad["verdict"] == "error" and "tar holding binaries (1)" in bad["error"]
-    assert "lib/libcublas.so.12" in bad["error"]
-    assert data["summary"]["skipped"]["compressed_tar"] == 1
+    assert rc == EXIT_VIOLATION
+    bad = result(data, f"{whl}!/fk/data/vendor.tar.gz!/lib/libcublas.so.12")
+    assert [(x["rule"], x["kind"]) for x in bad["findings"]] == [("nvidia.cublas", "soname")]
+    assert data["summary"]["skipped"]["compressed_tar"] == 1  # the sources: nothing in them to read
 
 
 def test_gzip_bomb_tar_is_refused_quickly(clean_so, tmp_path, capsys):

@@ -356,8 +356,8 @@ def _verdicts(report, prefix: str) -> dict[str, tuple]:
 
 def test_images_in_a_folder_are_audited_as_when_named(elf, tmp_path, capsys):
     """As wheels met in a folder are: a docker save tar, an OCI layout tar and an OCI layout
-    folder are each audited as an image (not walked, not skipped); a tar that is no image is
-    counted and warned about."""
+    folder are each audited as an image (not walked, not skipped); a tar that is no image has its
+    members read (none here needs it: counted)."""
     dist = tmp_path / "dist"
     (dist / "nested").mkdir(parents=True)
     layers = [base_layer(elf), bad_layer(elf)]
@@ -365,7 +365,6 @@ def test_images_in_a_folder_are_audited_as_when_named(elf, tmp_path, capsys):
     oci_tar = oci_layout(dist / "oci.tar", layers, CREATED[:2], ENV, how="gzip", as_tar=True)
     oci_dir = oci_layout(dist / "nested/oci", layers, CREATED[:2], ENV)
     (dist / "notes.tar").write_bytes(layer_tar([("file", "README", b"not an image\n")]))
-    (dist / "app.tar.gz").write_bytes(gzip.compress(docker.read_bytes()))  # counted: read only uncompressed
     (dist / "libbad.so").write_bytes(elf["bad"])
     report = audit(dist)
     for img in (docker, oci_tar, oci_dir):
@@ -374,15 +373,25 @@ def test_images_in_a_folder_are_audited_as_when_named(elf, tmp_path, capsys):
         assert _verdicts(report, f"{img}!")["/usr/lib/libbad.so"][0] == "fail"
     assert not [f.path for f in report.files if "/nested/oci/" in f.path]  # its blobs are not walked
     assert {f.path: f.verdict for f in report.files if "!" not in f.path} == {str(dist / "libbad.so"): "fail"}
-    assert report.skipped["tar"] == 1 and report.skipped["compressed_tar"] == 1
-    assert f"{dist / 'notes.tar'}: tar archive that is not a container image (no manifest.json or index.json), " \
-           "not audited" in report.warnings
+    assert report.skipped["tar"] == 1  # notes.tar: read, nothing in it to audit
     rc, out, _ = cli(capsys, "check", dist, "--format", "json")
     doc = json.loads(out)
     assert rc == EXIT_VIOLATION and doc["summary"]["skipped"]["tar"] == 1
     # inspect lists the same files as check
     rc, out, _ = cli(capsys, "inspect", "--json", "--no-deps", dist)
     assert sorted(f["path"] for f in json.loads(out)["files"]) == sorted(f.path for f in report.files)
+
+
+def test_a_compressed_image_in_a_folder_is_an_error_not_loose_files(elf, tmp_path):
+    """A gzipped `docker save` is not read as a tarball (its layers' files would be audited as
+    loose files, resolved on this machine): an error, as when it is named."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    docker = docker_archive(tmp_path / "app.tar", [base_layer(elf), bad_layer(elf)], CREATED[:2], ENV)
+    (dist / "app.tar.gz").write_bytes(gzip.compress(docker.read_bytes()))
+    report = audit(dist)
+    assert [(f.path, f.verdict) for f in report.files] == [(str(dist / "app.tar.gz"), "error")]
+    assert report.files[0].error.startswith("a compressed container image: decompress it first")
 
 
 def test_workers_send_back_no_matches_of_a_dependency_audited_in_the_run(elf, tmp_path, monkeypatch):

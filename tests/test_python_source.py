@@ -260,3 +260,24 @@ def test_loaders_under_other_names_and_code_in_exec_strings_are_read():
         ("libcudnn.so.9", 5), ("cublas64_12.dll", 6), ("libcublasLt.so.12", 7), ("libcusparse.so.12", 8),
         ("libcusolver.so.11", 9), ("libnvinfer.so.10", 10), ("libcublas.so.12", 12), ("libcudnn_ops.so.9", 13),
         ("libnvinfer_plugin.so.10", 14)}
+
+
+def test_an_sdist_s_loading_source_is_audited(tmp_path):
+    """An sdist met in a folder: its Python files that call a loader are read (the others, and its
+    C sources, are not written out)."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in {"demo-1.0/PKG-INFO": b"Name: demo\n", "demo-1.0/demo/__init__.py": b"import os\n",
+                           "demo-1.0/demo/_load.py": b'import ctypes\nctypes.CDLL("libcudnn.so.9")\n',
+                           "demo-1.0/src/x.c": b"int x;\n"}.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "demo-1.0.tar.gz").write_bytes(buf.getvalue())
+    report = audit(tmp_path / "dist")
+    assert [(f.path, f.verdict) for f in report.files] == [
+        (f"{tmp_path}/dist/demo-1.0.tar.gz!/demo-1.0/demo/_load.py", "fail")]

@@ -14,6 +14,7 @@ import mmap
 import os
 import posixpath
 import re
+import shutil
 import stat
 import tarfile
 import tempfile
@@ -385,9 +386,9 @@ class Inputs:
         self.seen.add(real)
         kind = identify(head, size)
         if not explicit and not kind.binary and host.endswith(_COMPRESSED_TAR):
-            # an sdist, or an image that must be decompressed to be read: its members' first bytes
-            # say whether it holds a binary
-            yield from self._sniffed_tar(report, host, "compressed_tar")
+            # an sdist, or a tarball of a build: its members that need reading are audited
+            self.seen.discard(real)
+            yield from _members_of(report, self._tar_files(report, host, "compressed_tar"))
             return
         if kind in AUDITED:  # ELF, PE (DLL, EXE, .pyd), Mach-O (thin or universal), COFF object
             yield Input(report, host, explicit)
@@ -418,34 +419,113 @@ class Inputs:
         yield Input(report, host, True)
 
     def _tar_in_folder(self, host: str):
-        """A tar met in a folder: an image is audited as when named; another tar holding no binary
-        is counted and warned about; one holding a binary is an error (its files are not audited)."""
+        """A tar met in a folder: an image is audited as when named; another tar (a tarball of a
+        build) has its members audited (_tar_files)."""
         if tar_kind(host) == "image":
             yield from self._image(host)
             return
-        self.seen.add(self._real(host))
-        before = self.skipped.get("tar", 0)
-        yield from self._sniffed_tar(host, host, "tar")
-        if self.skipped.get("tar", 0) > before:
-            self.warnings.append(f"{host}: tar archive that is not a container image (no manifest.json or "
-                                 "index.json), not audited")
+        yield from _members_of(host, self._tar_files(host, host, "tar"))
 
-    def _sniffed_tar(self, report: str, host: str, why: str):
-        """A tar (plain or compressed) met in a folder: counted as skipped (`why`) when none of its
-        members is a binary, else one error naming the first binary."""
+    def _tar_files(self, report: str, host: str, why: str):
+        """A tar that is not an image (an sdist, a tarball of a build; plain, gzip, xz, bzip2 or
+        zstd): every regular member that needs reading (a binary, a static archive, a zip archive
+        or tar inside, a Python source that calls a library loader) is written out under its own
+        name and audited as a wheel's members are; links are not created (members are found by
+        name, as a wheel's). One with nothing to read is counted as skipped (`why`)."""
+        if self._again(host):
+            return
+        tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-tar-", dir=self._under)
+        self.tmpdirs.append(tmp)
+        for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):
+            self.labels.append((folder, report))
+        written: dict[str, tuple[str, str]] = {}  # member name -> (where, category); a later one replaces it
+        errors: list[Input] = []
+        total, image, marks = 0, False, set()
         try:
             with open(host, "rb") as fh:
-                found = sniff_tar(fh, os.fstat(fh.fileno()).st_size, self.limits)
+                for m, src in tar_members(fh, os.fstat(fh.fileno()).st_size, self.limits):
+                    inner = f"{report}{WHEEL_SEP}{m.name}"
+                    name = _safe_member(m.name)
+                    if name is None:
+                        errors.append(Input(inner, None, True, "unsafe member path in tar"))
+                        continue
+                    # docker save's manifest.json beside its layer tars, or OCI's oci-layout: an image
+                    marks |= {k for k, hit in (("manifest", name == "manifest.json"), ("oci", name == "oci-layout"),
+                                               ("layer", name.endswith("/layer.tar") or name.startswith("blobs/sha256/")))
+                              if hit}
+                    if "oci" in marks or {"manifest", "layer"} <= marks:
+                        image = True
+                        break
+                    head = src.read(HEAD_BYTES)
+                    category = _category(head, m.size, name)
+                    if category is None:
+                        written.pop(name, None)
+                        continue
+                    if isinstance(category, Kind):  # a binary the audit cannot read yet
+                        errors.append(Input(inner, None, True, not_audited(category)))
+                        continue
+                    refused = self.limits.refuse(m.size, m.size)
+                    total += m.size
+                    if refused is None and total > self.limits.total_bytes:
+                        refused = (f"the tar's members to audit unpack to more than {self.limits.total_bytes} bytes "
+                                   "(--max-archive-size)")
+                    if refused:
+                        errors.append(Input(inner, None, True, refused))
+                        continue
+                    dest = os.path.join(tmp.name, *name.split("/"))
+                    try:
+                        os.makedirs(os.path.dirname(dest), exist_ok=True)
+                        with open(dest, "wb") as out:
+                            out.write(head)
+                            shutil.copyfileobj(src, out, 1 << 20)
+                        if category == "python":
+                            with open(dest, "rb") as r:
+                                if not stream_may_load(r):
+                                    os.unlink(dest)
+                                    continue
+                    except OSError as exc:  # a member named where another is a file: kept out, reported
+                        errors.append(Input(inner, None, True, f"cannot unpack: {exc.strerror or exc}"))
+                        continue
+                    written[name] = (dest, category)
         except InputError as exc:
+            yield from errors
             yield Input(report, None, True, exc.message)
             return
-        except OSError as exc:
-            yield Input(report, None, True, f"cannot read: {exc.strerror or exc}")
+        except Exception as exc:  # a member's data that cannot be decompressed as it is copied
+            text = _tar_read_error(exc)
+            if text is None:
+                raise
+            yield from errors
+            yield Input(report, None, True, text)
             return
-        if found:
-            yield Input(report, None, True, tar_error(*found))
-        else:
+        if image:  # its layers would be audited as loose files, resolved on this machine
+            yield Input(report, None, True, "a compressed container image: decompress it first (an image tar is "
+                                            "read in place, so it must be uncompressed)")
+            return
+        yield from errors
+        if not written and not errors:
             self.skip(why)
+            return
+        yield from self._unpacked(report, [(f"{report}{WHEEL_SEP}{n}", d, c) for n, (d, c) in written.items()])
+
+    def _unpacked(self, report: str, members: list[tuple[str, str, str]]):
+        """The inputs of an archive's members written out: (name as reported, where written,
+        category: "binary", "python", "static", "zip" or "tar")."""
+        binaries = MemberSet(report, (Member(dest, inner) for inner, dest, c in members if c == "binary"))
+        for wanted in ("binary", "python", "static", "zip", "tar"):  # binaries first: the others may need them
+            for inner, dest, category in members:
+                if category != wanted:
+                    continue
+                if category in ("binary", "python", "static"):
+                    self.seen.add(self._real(dest))
+                if category == "binary":
+                    yield Input(inner, dest, True, members=binaries)
+                elif category == "python":
+                    yield Input(inner, dest, True)
+                elif category == "static":
+                    yield from self._archive_file(inner, dest)
+                else:
+                    yield from self._nested(inner, dest, category)
 
     def _walk(self, top: str):
         unlisted: list[Input] = []
@@ -511,14 +591,14 @@ class Inputs:
             elf: set[str] = set()
             unreadable: dict[str, str] = {}
             archives: set[str] = set()
-            tars: dict[str, str] = {}
+            tars: set[str] = set()  # tars inside (plain or compressed): unpacked, their members read
             sources: set[str] = set()  # Python files that call a library loader
             zips: set[str] = set()  # zip archives inside (jars, eggs): read as this one is
             for names, bad, ar, tr, py, zp in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
                 elf |= names
                 unreadable.update(bad)
                 archives |= ar
-                tars.update(tr)
+                tars |= tr
                 sources |= py
                 zips |= zp
             todo = []
@@ -533,9 +613,8 @@ class Inputs:
                     errors.append(Input(inner, None, True, unreadable[m.filename]))
                     continue
                 if m.filename not in elf and m.filename not in archives and m.filename not in sources \
-                        and m.filename not in zips:
-                    # a static archive is unpacked, then read; a tar holding no binary is counted as one
-                    self.skip(tars.get(m.filename, "python_no_load" if is_python_source(m.filename) else "non_elf"))
+                        and m.filename not in zips and m.filename not in tars:  # archives are unpacked, then read
+                    self.skip("python_no_load" if is_python_source(m.filename) else "non_elf")
                     continue
                 why = self.limits.refuse(m.file_size, m.compress_size)
                 if why:
@@ -565,31 +644,21 @@ class Inputs:
         finally:
             _Zip.close(host)
         yield from errors
-        extracted, static, python, nested = [], [], [], []
+        unpacked = []
         for m, why in zip(todo, refused):
             inner = f"{report}{WHEEL_SEP}{m.filename}"
             if why:
                 yield Input(inner, None, True, why)
-            else:
-                (static if m.filename in archives else python if m.filename in sources
-                 else nested if m.filename in zips else extracted).append(
-                    (inner, os.path.join(tmp.name, *m.filename.split("/"))))
-        members = MemberSet(report, (Member(dest, inner) for inner, dest in extracted))
-        for inner, dest in extracted:
-            self.seen.add(self._real(dest))
-            yield Input(inner, dest, True, members=members)
-        for inner, dest in python:
-            self.seen.add(self._real(dest))
-            yield Input(inner, dest, True)
-        for inner, dest in static:
-            self.seen.add(self._real(dest))
-            yield from self._archive_file(inner, dest)
-        for inner, dest in nested:
-            yield from self._nested_zip(inner, dest)
+                continue
+            category = ("static" if m.filename in archives else "python" if m.filename in sources
+                        else "zip" if m.filename in zips else "tar" if m.filename in tars else "binary")
+            unpacked.append((inner, os.path.join(tmp.name, *m.filename.split("/")), category))
+        yield from self._unpacked(report, unpacked)
 
-    def _nested_zip(self, report: str, host: str):
-        """A zip archive that is a member of another archive (a jar in a wheel, a jar in a jar):
-        read as a wheel, MAX_ZIP_DEPTH deep at most, all of them within one byte budget."""
+    def _nested(self, report: str, host: str, kind: str):
+        """A zip archive or tar that is a member of another archive (a jar in a wheel, a jar in a
+        jar, a tarball in a wheel): read as when met in a folder, MAX_ZIP_DEPTH deep at most, all of
+        them within one byte budget."""
         if self._zip_depth >= MAX_ZIP_DEPTH:
             yield Input(report, None, True, f"zip archive nested more than {MAX_ZIP_DEPTH} deep: not read")
             return
@@ -599,7 +668,10 @@ class Inputs:
             return
         self._zip_depth += 1
         try:
-            yield from self._wheel(report, host)
+            if kind == "zip":
+                yield from self._wheel(report, host)
+            else:
+                yield from self._tar_files(report, host, "compressed_tar" if host.endswith(_COMPRESSED_TAR) else "tar")
         finally:
             self._zip_depth -= 1
 
@@ -631,7 +703,7 @@ class Inputs:
             elif x.error:
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", None, True, x.error)
             elif x.archive and x.audited:  # a jar, an egg: its members audited in turn
-                yield from self._nested_zip(f"{report}{WHEEL_SEP}{x.name}", x.written)
+                yield from self._nested(f"{report}{WHEEL_SEP}{x.name}", x.written, "zip")
             elif x.audited:
                 self.seen.add(self._real(x.written))
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", x.written, True, members=members, scope=scope)
@@ -728,17 +800,17 @@ def _member_error(exc: BaseException) -> str:
 
 class _ElfSniffer:
     """The names of the members (of one chunk) that are binaries of an audited format; why each
-    other member is an error: its start cannot be read, it is a binary of a format not audited,
-    or a tar holding a binary (it is reported, the others still audited); the names of the static
-    archives; and the tars holding no binary ("tar" or "compressed_tar": counted as skipped)."""
+    other member is an error (its start cannot be read, it is a binary of a format not audited,
+    a Python source past the limits); the names of the static archives, the tars and zip
+    archives inside (each unpacked, then read) and the Python sources that call a library loader."""
 
     def __init__(self, host: str, limits: ArchiveLimits | None = None):
         self.host, self.limits = host, limits or ArchiveLimits()
 
-    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str], dict[str, str],
+    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str], set[str],
                                                               set[str], set[str]]:
         zf = _Zip.get(self.host)
-        out, bad, archives, tars, sources, zips = set(), {}, set(), {}, set(), set()
+        out, bad, archives, tars, sources, zips = set(), {}, set(), set(), set(), set()
         for m in chunk:
             try:
                 with zf.open(m) as fh:
@@ -750,13 +822,8 @@ class _ElfSniffer:
                     archives.add(m.filename)
                 elif kind.binary:  # reported as an error: a binary the audit cannot read yet
                     bad[m.filename] = not_audited(kind)
-                elif looks_like_tar(head) or m.filename.endswith(_COMPRESSED_TAR):
-                    with zf.open(m) as fh:
-                        found = sniff_tar(fh, m.compress_size, self.limits)
-                    if found:
-                        bad[m.filename] = tar_error(*found)
-                    else:
-                        tars[m.filename] = "tar" if looks_like_tar(head) else "compressed_tar"
+                elif looks_like_tar(head) or m.filename.endswith(_COMPRESSED_TAR):  # unpacked, then read
+                    tars.add(m.filename)
                 elif is_zip(head):  # a jar, an egg: unpacked, then read as this archive is
                     zips.add(m.filename)
                 elif is_python_source(m.filename):  # read whole, in chunks, for a loader's name
@@ -858,12 +925,12 @@ class _Bounded:
         return data
 
 
-def sniff_tar(fh, compressed: int, limits: ArchiveLimits) -> tuple[int, str] | None:
-    """(how many binaries, the first one's name) of the tar read from `fh` (plain, gzip, xz, bzip2
-    or zstd; known by its first bytes), or None when no member is a binary. Only each regular
-    member's first bytes are looked at; the stream is bounded as an image layer's: the smaller of
-    the archive limit and the member ratio times the compressed size (never below 64 MiB), and
-    200,000 members. Raises InputError for an unreadable tar or one past a limit."""
+def tar_members(fh, compressed: int, limits: ArchiveLimits):
+    """(TarInfo, its data stream) of each regular member of the tar read from `fh` (plain, gzip,
+    xz, bzip2 or zstd; known by its first bytes), in order. The stream is bounded as an image
+    layer's: the smaller of the archive limit and the member ratio times the compressed size
+    (never below 64 MiB), and 200,000 members. Raises InputError for an unreadable tar or one past
+    a limit."""
     magic = fh.read(6)
     fh.seek(0)
     how = next((name for m, name in _TAR_COMPRESSION if magic.startswith(m)), None)
@@ -871,7 +938,6 @@ def sniff_tar(fh, compressed: int, limits: ArchiveLimits) -> tuple[int, str] | N
     limit, why = ((by_ratio, f"tar inflates more than {limits.ratio:g}:1 ({compressed} bytes compressed; "
                              "--max-member-ratio)") if by_ratio < limits.total_bytes else
                   (limits.total_bytes, f"tar unpacks to more than {limits.total_bytes} bytes (--max-archive-size)"))
-    count, first = 0, None
     try:
         if how == "zst":
             import zstandard
@@ -892,26 +958,52 @@ def sniff_tar(fh, compressed: int, limits: ArchiveLimits) -> tuple[int, str] | N
             for n, m in enumerate(tf if in_place else bounded_members(tf, limit, why)):
                 if n >= _MAX_TAR_MEMBERS:
                     raise InputError(f"tar has more than {_MAX_TAR_MEMBERS} members")
-                if not m.isreg():
-                    continue
-                src = tf.extractfile(m)
-                if identify(src.read(HEAD_BYTES), m.size).binary:
-                    count += 1
-                    first = first or m.name
+                if m.isreg():
+                    yield m, tf.extractfile(m)
     except InputError:
         raise
-    except (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, MemoryError) as exc:
-        raise InputError(f"cannot read tar: {' '.join(str(exc).split()) or type(exc).__name__}") from None
-    except Exception as exc:  # zstandard.ZstdError, lzma's and bz2's own
-        if type(exc).__module__.startswith(("zstandard", "_lzma", "lzma", "_bz2")):
-            raise InputError(f"cannot read tar: {' '.join(str(exc).split()) or type(exc).__name__}") from None
-        raise
-    return (count, first) if count else None
+    except Exception as exc:
+        text = _tar_read_error(exc)
+        if text is None:
+            raise
+        raise InputError(text) from None
 
 
-def tar_error(count: int, first: str) -> str:
-    return (f"tar holding binaries ({count}): not audited; unpack it and audit the folder "
-            f"(first: {first})")
+def _tar_read_error(exc: BaseException) -> str | None:
+    """The one line for an exception reading a tar stream (zstandard's, lzma's and bz2's own
+    included), or None for one that is not about the data."""
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, EOFError):
+        return f"cannot read: {exc.strerror}"
+    if isinstance(exc, (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, MemoryError)) \
+            or type(exc).__module__.startswith(("zstandard", "_lzma", "lzma", "_bz2")):
+        return f"cannot read tar: {' '.join(str(exc).split()) or type(exc).__name__}"
+    return None
+
+
+def _safe_member(name: str) -> str | None:
+    """A tar member's name as a relative path with no `..`, or None where it is not one."""
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if name.startswith("/") or "\\" in name or "\0" in name or ".." in parts or not parts:
+        return None
+    return "/".join(parts)
+
+
+def _category(head: bytes, size: int, name: str) -> str | Kind | None:
+    """What an archive member whose first bytes are `head` needs: "binary", "static", "zip",
+    "tar", "python" (read if it calls a loader), the Kind of a binary the audit does not read
+    (an error), or None (data)."""
+    kind = identify(head, size)
+    if kind in AUDITED:
+        return "binary"
+    if kind is Kind.STATIC_ARCHIVE:
+        return "static"
+    if kind.binary:
+        return kind
+    if is_zip(head):
+        return "zip"
+    if looks_like_tar(head) or name.endswith(_COMPRESSED_TAR):
+        return "tar"
+    return "python" if is_python_source(name) else None
 
 
 def _zip_file(path: str) -> bool:
