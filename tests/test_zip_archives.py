@@ -178,3 +178,20 @@ def test_too_many_zip_archives_inside_archives_are_an_error(jni, tmp_path, monke
     assert errors == ["lib/dep3.jar", "lib/dep4.jar"]
     assert all("more than 3 zip archives inside archives" in f.error for f in report.files if f.verdict == "error")
     assert sum(f.verdict == "pass" for f in report.files) == 3
+
+
+def test_an_image_s_tarball_is_audited_inside_itself_only(jni, tmp_path):
+    import io
+    import tarfile
+
+    from tests.image_fixtures import layer_tar, oci_layout
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        ti = tarfile.TarInfo("sdk/lib/libjnicudnn.so")
+        ti.size = len(jni["cudnn"])
+        tf.addfile(ti, io.BytesIO(jni["cudnn"]))
+    layer = layer_tar([("dir", "opt"), ("file", "opt/sdk.tar.gz", buf.getvalue())])
+    image = oci_layout(tmp_path / "img", [layer], how="gzip")
+    report = audit(image)
+    assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{image}!/opt/sdk.tar.gz!/sdk/lib/libjnicudnn.so", True)]

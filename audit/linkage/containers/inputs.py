@@ -319,13 +319,13 @@ class Inputs:
                 yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
                 continue
             yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
-        for path, entry in tree.zip_archives():  # jars, eggs, wheels: their members, resolved among themselves
+        for path, entry, kind in tree.archives():  # jars, eggs, wheels, tarballs: their members, resolved among themselves
             found += 1
             why = self.limits.refuse(entry.size, entry.size)  # read whole into memory, as an ELF file is
             if why:
                 yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
                 continue
-            yield from self._zip_in_image(f"{arg}!{path}", tree, entry)
+            yield from self._archive_in_image(f"{arg}!{path}", tree, entry, kind)
         for path, entry in tree.python_sources():  # Python files that call a library loader
             why = self.limits.refuse(entry.size, entry.size)
             yield Input(f"{arg}!{path}", None if why else path, True, why, scope=scope,
@@ -333,19 +333,22 @@ class Inputs:
         if not found:
             self.warnings.append(f"{arg}: the image holds no ELF file")
 
-    def _zip_in_image(self, report: str, tree, entry):
-        """A zip archive in an image (a jar, a wheel, a .conda package in a cache), written out to
-        a folder of its own and read as when named; its members resolve inside that folder only
-        (ConfinedFS), never on this machine."""
-        folder = tempfile.mkdtemp(prefix="zip-", dir=self._archive_tmp())
-        conda = is_conda(report)
-        host = os.path.join(folder, "package.conda" if conda else "archive.zip")
+    def _archive_in_image(self, report: str, tree, entry, kind: str):
+        """A zip archive (a jar, a wheel, a .conda package in a cache) or a tarball in an image,
+        written out to a folder of its own and read as when met in a folder; its members resolve
+        inside that folder only (ConfinedFS), never on this machine."""
+        folder = tempfile.mkdtemp(prefix="archive-", dir=self._archive_tmp())
+        conda = is_conda(report) and kind == "zip"
+        host = os.path.join(folder, "package.conda" if conda else "archive.zip" if kind == "zip"
+                            else "archive" + next((s for s in _COMPRESSED_TAR if report.endswith(s)), ".tar"))
         with open(host, "wb") as fh:
             fh.write(tree._bytes(entry))
         scope, layer, before = Scope(ConfinedFS(folder, read_binary), own_system=True), tree.layer_of(entry), self._under
         self._under = folder
+        read = self._conda if conda else self._wheel if kind == "zip" else \
+            (lambda r, h: self._tar_files(r, h, "compressed_tar" if h.endswith(_COMPRESSED_TAR) else "tar"))
         try:
-            for inp in (self._conda if conda else self._wheel)(report, host):
+            for inp in read(report, host):
                 inp.layer = layer
                 if inp.read_from is not None and scope.fs.inside(inp.read_from):
                     inp.scope = scope

@@ -31,6 +31,7 @@ _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header pro
 _KEEP = 32 << 20  # small files kept whole from compressed layers (_kept): ld.so.conf, dpkg's records
 _KEEP_TOTAL = 256 << 20  # all of them, in one image (dpkg keeps one file list per package)
 _MAX_ENTRIES = 2_000_000
+_TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.zst", ".tar.bz2")  # a tar's head lies past what a compressed layer keeps
 _RATIO_FLOOR = 64 << 20  # a layer may inflate to this whatever its ratio (as an archive member)
 
 
@@ -284,15 +285,19 @@ class ImageTree:
                 first[key] = p
         return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
 
-    def zip_archives(self) -> list[tuple[str, Entry]]:
-        """(path, entry) of every regular file of the final tree that is a zip archive (a jar, an
-        egg, a wheel), sorted by path; one name of each hard-linked set."""
+    def archives(self) -> list[tuple[str, Entry, str]]:
+        """(path, entry, "zip" | "tar") of every regular file of the final tree that is a zip
+        archive (a jar, an egg, a wheel, a .conda package) or a tar (by its name: `.tar`,
+        `.tar.gz`, `.tgz`, `.tar.xz`, `.tar.zst`), sorted by path; one name of each hard-linked set."""
         out, seen = [], set()
         for p in sorted(self.entries):
             e = self.entries[p]
-            if e.kind == "file" and (e.layer, e.member) not in seen and is_zip(self._head(e, 4)):
+            if e.kind != "file" or (e.layer, e.member) in seen:
+                continue
+            kind = "zip" if is_zip(self._head(e, 4)) else "tar" if p.endswith(_TAR_NAMES) else None
+            if kind and self._kind(e) is Kind.NOT_BINARY:
                 seen.add((e.layer, e.member))
-                out.append((p, e))
+                out.append((p, e, kind))
         return out
 
     def python_sources(self) -> list[tuple[str, Entry]]:
