@@ -457,6 +457,11 @@ class Builder:
                 ("dir", "etc/"), ("file", "etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n/usr/lib\n")]
         top = [("file", "usr/lib/libfkdep.so", self.seeds["dep"]), ("file", "usr/lib/libmut.so", self.elf(case, 0.3)),
                ("file", "usr/lib/app.jar", self.jar(case))]
+        if self.rng.random() < 0.3:  # a tarball in the image: its members are read, confined to it
+            inner = tar_bytes([("file", "sdk/libfkdep.so", self.seeds["dep"]), ("file", "sdk/_load.py", self.python_source(case))],
+                              self.rng)
+            top.append(("file", "opt/sdk.tar.gz", self.damaged(case, gzip.compress(inner, mtime=0), 64)))
+            case.notes.append("a tarball in the image")
         top = self.tar_mutations(top, "usr/lib/", case)
         env = ["PATH=/usr/bin"]
         r = self.rng.randrange(12)
