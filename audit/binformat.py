@@ -52,6 +52,12 @@ def is_zip(head: bytes) -> bool:
     return head[:4] in ZIP_MAGIC
 
 
+def is_deb(head: bytes) -> bool:
+    """A Debian package: an ar archive whose first member is `debian-binary` (a container: its
+    data.tar is opened, not linked in as a static archive's objects are)."""
+    return head[:8] == b"!<arch>\n" and head[8:24].rstrip(b" /") == b"debian-binary"
+
+
 def identify(head: bytes, size: int | None = None) -> Kind:
     """The kind of a file whose first bytes are `head` (HEAD_BYTES of them, or the whole file)
     and whose size is `size` (None: len(head))."""

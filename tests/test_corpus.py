@@ -173,3 +173,20 @@ def test_debian_blis_found_by_its_messages_where_its_symbols_are_hidden(blis_deb
             ("libblis", "blas.blis", "soname"), ("libblis", "blas.blis", "static-symbol")} <= tp
     assert ("libblas", "blas.blis", "static-symbol") not in tp
     assert corpus.unexplained([a], rows) == []
+
+
+def test_a_debian_package_is_read_as_dpkg_unpacks_it(blis_deb):
+    """`check X.deb` reads the package's data.tar itself: every library dpkg-deb -x writes out is
+    audited, with the same verdict and findings (the folder's symlinks name some of them there)."""
+    from audit.linkage.check import check_paths
+    from audit.linkage.judging.policy import load_policy
+    from audit.linkage.resolution.ldso import ResolveOptions
+
+    w = blis_deb.wheel
+    deb = CACHE / "debs" / w.file
+    assert deb.is_file()
+    report = check_paths([str(deb)], load_policy(None), ResolveOptions.from_cli())
+    assert report.exit_code == 1 and all(f.path.startswith(f"{deb}!/usr/lib/") for f in report.files)
+    seen = lambda verdicts: sorted(verdicts)  # noqa: E731
+    assert seen((f.verdict, sorted((x.rule, x.kind, x.subject) for x in f.findings)) for f in report.files) == seen(
+        (f["verdict"], sorted((x["rule"], x["kind"], x["subject"]) for x in f["findings"])) for f in blis_deb.files)

@@ -195,3 +195,47 @@ def test_an_image_s_tarball_is_audited_inside_itself_only(jni, tmp_path):
     image = oci_layout(tmp_path / "img", [layer], how="gzip")
     report = audit(image)
     assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{image}!/opt/sdk.tar.gz!/sdk/lib/libjnicudnn.so", True)]
+
+
+def test_a_debian_package_built_by_dpkg_deb_is_audited(jni, tmp_path):
+    """A .deb (an ar archive: debian-binary, control.tar, data.tar) named, and one met in a folder:
+    the files its data.tar installs are audited, named from the package."""
+    import subprocess
+
+    require_tool("dpkg-deb")
+    root = tmp_path / "pkg"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text("Package: libjnicudnn\nVersion: 1.0\nArchitecture: amd64\n"
+                                             "Maintainer: nobody <nobody@example.org>\nDescription: test\n")
+    lib = root / "usr" / "lib" / "x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libjnicudnn.so.1").write_bytes(jni["cudnn"])
+    (lib / "libjnicudnn.so").symlink_to("libjnicudnn.so.1")
+    (tmp_path / "dist").mkdir()
+    deb = tmp_path / "dist" / "libjnicudnn_1.0_amd64.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    for arg in (deb, tmp_path / "dist"):
+        report = audit(arg)
+        assert [(f.path, cudnn_needed(f)) for f in report.files] == [
+            (f"{deb}!/usr/lib/x86_64-linux-gnu/libjnicudnn.so.1", True)], arg
+
+
+def test_a_debian_package_in_an_image_is_audited_inside_itself_only(jni, tmp_path):
+    import subprocess
+
+    from tests.image_fixtures import layer_tar, oci_layout
+
+    require_tool("dpkg-deb")
+    root = tmp_path / "pkg"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text("Package: x\nVersion: 1\nArchitecture: amd64\nMaintainer: n <n@x>\n"
+                                             "Description: x\n")
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "usr" / "lib" / "libjnicudnn.so").write_bytes(jni["cudnn"])
+    deb = tmp_path / "x_1_amd64.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    layer = layer_tar([("dir", "var"), ("dir", "var/cache"), ("file", "var/cache/x_1_amd64.deb", deb.read_bytes())])
+    image = oci_layout(tmp_path / "img", [layer], how="gzip")
+    report = audit(image)
+    assert [(f.path, cudnn_needed(f)) for f in report.files] == [
+        (f"{image}!/var/cache/x_1_amd64.deb!/usr/lib/libjnicudnn.so", True)]

@@ -22,7 +22,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field, replace
 
-from audit.binformat import HEAD_BYTES, Kind, identify, is_zip
+from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_zip
 from audit.errors import InputError
 from audit.linkage.containers.conda import _package_tar, extract_conda, is_conda
 from audit.linkage.containers.conda import _safe as _conda_safe
@@ -255,6 +255,8 @@ class Inputs:
             yield from _members_of(arg, self._conda(arg, arg))
         elif _zip_file(arg):  # a jar, egg, zip, ...: its members audited as a wheel's
             yield from _members_of(arg, self._wheel(arg, arg))
+        elif _deb_file(arg):  # a Debian package: its data.tar's members
+            yield from _members_of(arg, self._deb(arg, arg))
         elif arg.endswith(_COMPRESSED_TAR):
             yield Input(arg, None, True, "a compressed archive: decompress it first "
                                          "(an image tar is read in place, so it must be uncompressed)")
@@ -339,13 +341,13 @@ class Inputs:
         inside that folder only (ConfinedFS), never on this machine."""
         folder = tempfile.mkdtemp(prefix="archive-", dir=self._archive_tmp())
         conda = is_conda(report) and kind == "zip"
-        host = os.path.join(folder, "package.conda" if conda else "archive.zip" if kind == "zip"
-                            else "archive" + next((s for s in _COMPRESSED_TAR if report.endswith(s)), ".tar"))
+        host = os.path.join(folder, "package.conda" if conda else "archive.zip" if kind == "zip" else "package.deb"
+                            if kind == "deb" else "archive" + next((s for s in _COMPRESSED_TAR if report.endswith(s)), ".tar"))
         with open(host, "wb") as fh:
             fh.write(tree._bytes(entry))
         scope, layer, before = Scope(ConfinedFS(folder, read_binary), own_system=True), tree.layer_of(entry), self._under
         self._under = folder
-        read = self._conda if conda else self._wheel if kind == "zip" else \
+        read = self._conda if conda else self._wheel if kind == "zip" else self._deb if kind == "deb" else \
             (lambda r, h: self._tar_files(r, h, "compressed_tar" if h.endswith(_COMPRESSED_TAR) else "tar"))
         try:
             for inp in read(report, host):
@@ -385,6 +387,9 @@ class Inputs:
             return
         if not explicit and is_zip(head) and not is_conda(host):  # a jar, egg, zip met in a folder
             yield from _members_of(report, self._wheel(report, host))
+            return
+        if not explicit and is_deb(head):  # a Debian package met in a folder
+            yield from _members_of(report, self._deb(report, host))
             return
         self.seen.add(real)
         kind = identify(head, size)
@@ -428,6 +433,35 @@ class Inputs:
             yield from self._image(host)
             return
         yield from _members_of(host, self._tar_files(host, host, "tar"))
+
+    def _deb(self, report: str, host: str):
+        """A Debian package (`ar`: debian-binary, control.tar.*, data.tar.*): its data.tar, the
+        files it installs, written out and read as a tarball's members are, named from the
+        package (`libx.deb!/usr/lib/x86_64-linux-gnu/libx.so.1`)."""
+        if self._again(host):
+            return
+        try:
+            with open(host, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                data = [m for m in read_members(mm, report) if m.name.startswith("data.tar")]
+                if len(data) != 1:
+                    yield Input(report, None, True, f"not a Debian package: {len(data)} data.tar members (one expected)")
+                    return
+                why = self.limits.refuse(data[0].size, data[0].size)
+                if why:
+                    yield Input(report, None, True, why)
+                    return
+                folder = tempfile.mkdtemp(prefix="deb-", dir=self._under or self._archive_tmp())
+                tarball = os.path.join(folder, "data" + next((s for s in _COMPRESSED_TAR if data[0].name.endswith(s)), ".tar"))
+                with open(tarball, "wb") as out:
+                    for at in range(data[0].offset, data[0].offset + data[0].size, 1 << 20):
+                        out.write(mm[at:min(at + (1 << 20), data[0].offset + data[0].size)])
+        except InputError as exc:
+            yield Input(report, None, True, exc.message)
+            return
+        except (OSError, ValueError) as exc:
+            yield Input(report, None, True, f"cannot read: {getattr(exc, 'strerror', None) or exc}")
+            return
+        yield from self._tar_files(report, tarball, "tar")
 
     def _tar_files(self, report: str, host: str, why: str):
         """A tar that is not an image (an sdist, a tarball of a build; plain, gzip, xz, bzip2 or
@@ -515,7 +549,7 @@ class Inputs:
         """The inputs of an archive's members written out: (name as reported, where written,
         category: "binary", "python", "static", "zip" or "tar")."""
         binaries = MemberSet(report, (Member(dest, inner) for inner, dest, c in members if c == "binary"))
-        for wanted in ("binary", "python", "static", "zip", "tar"):  # binaries first: the others may need them
+        for wanted in ("binary", "python", "static", "zip", "tar", "deb"):  # binaries first: the others may need them
             for inner, dest, category in members:
                 if category != wanted:
                     continue
@@ -591,19 +625,11 @@ class Inputs:
                 return
             # Which members are ELF files: each member's first bytes, read on every core.
             chunks = [members[i::jobs] for i in range(jobs)] if jobs > 1 and len(members) > 256 else [members]
-            elf: set[str] = set()
+            wanted: dict[str, str] = {}  # member -> its category (_category): each is unpacked, then read
             unreadable: dict[str, str] = {}
-            archives: set[str] = set()
-            tars: set[str] = set()  # tars inside (plain or compressed): unpacked, their members read
-            sources: set[str] = set()  # Python files that call a library loader
-            zips: set[str] = set()  # zip archives inside (jars, eggs): read as this one is
-            for names, bad, ar, tr, py, zp in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
-                elf |= names
+            for got, bad in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
+                wanted.update(got)
                 unreadable.update(bad)
-                archives |= ar
-                tars |= tr
-                sources |= py
-                zips |= zp
             todo = []
             total = 0
             for m in members:
@@ -615,8 +641,7 @@ class Inputs:
                 if m.filename in unreadable:
                     errors.append(Input(inner, None, True, unreadable[m.filename]))
                     continue
-                if m.filename not in elf and m.filename not in archives and m.filename not in sources \
-                        and m.filename not in zips and m.filename not in tars:  # archives are unpacked, then read
+                if m.filename not in wanted:
                     self.skip("python_no_load" if is_python_source(m.filename) else "non_elf")
                     continue
                 why = self.limits.refuse(m.file_size, m.compress_size)
@@ -653,9 +678,7 @@ class Inputs:
             if why:
                 yield Input(inner, None, True, why)
                 continue
-            category = ("static" if m.filename in archives else "python" if m.filename in sources
-                        else "zip" if m.filename in zips else "tar" if m.filename in tars else "binary")
-            unpacked.append((inner, os.path.join(tmp.name, *m.filename.split("/")), category))
+            unpacked.append((inner, os.path.join(tmp.name, *m.filename.split("/")), wanted[m.filename]))
         yield from self._unpacked(report, unpacked)
 
     def _nested(self, report: str, host: str, kind: str):
@@ -673,6 +696,8 @@ class Inputs:
         try:
             if kind == "zip":
                 yield from self._wheel(report, host)
+            elif kind == "deb":
+                yield from self._deb(report, host)
             else:
                 yield from self._tar_files(report, host, "compressed_tar" if host.endswith(_COMPRESSED_TAR) else "tar")
         finally:
@@ -802,46 +827,39 @@ def _member_error(exc: BaseException) -> str:
 
 
 class _ElfSniffer:
-    """The names of the members (of one chunk) that are binaries of an audited format; why each
-    other member is an error (its start cannot be read, it is a binary of a format not audited,
-    a Python source past the limits); the names of the static archives, the tars and zip
-    archives inside (each unpacked, then read) and the Python sources that call a library loader."""
+    """What each member (of one chunk) needs, from its first bytes (_category): the members to
+    unpack and read, each with its category; and why each other member is an error (its start
+    cannot be read, it is a binary of a format not audited, a Python source past the limits).
+    A Python source is read whole, in chunks, and wanted only where it names a library loader."""
 
     def __init__(self, host: str, limits: ArchiveLimits | None = None):
         self.host, self.limits = host, limits or ArchiveLimits()
 
-    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[set[str], dict[str, str], set[str], set[str],
-                                                              set[str], set[str]]:
+    def __call__(self, chunk: list[zipfile.ZipInfo]) -> tuple[dict[str, str], dict[str, str]]:
         zf = _Zip.get(self.host)
-        out, bad, archives, tars, sources, zips = set(), {}, set(), set(), set(), set()
+        wanted, bad = {}, {}
         for m in chunk:
             try:
                 with zf.open(m) as fh:
                     head = fh.read(HEAD_BYTES)
-                kind = identify(head, m.file_size)
-                if kind in AUDITED:
-                    out.add(m.filename)
-                elif kind is Kind.STATIC_ARCHIVE:
-                    archives.add(m.filename)
-                elif kind.binary:  # reported as an error: a binary the audit cannot read yet
-                    bad[m.filename] = not_audited(kind)
-                elif looks_like_tar(head) or m.filename.endswith(_COMPRESSED_TAR):  # unpacked, then read
-                    tars.add(m.filename)
-                elif is_zip(head):  # a jar, an egg: unpacked, then read as this archive is
-                    zips.add(m.filename)
-                elif is_python_source(m.filename):  # read whole, in chunks, for a loader's name
+                category = _category(head, m.file_size, m.filename)
+                if isinstance(category, Kind):  # reported as an error: a binary the audit cannot read yet
+                    bad[m.filename] = not_audited(category)
+                elif category == "python":
                     why = self.limits.refuse(m.file_size, m.compress_size)
                     if why:  # not read: it may load a library
                         bad[m.filename] = why
                         continue
                     with zf.open(m) as fh:
                         if stream_may_load(fh):
-                            sources.add(m.filename)
+                            wanted[m.filename] = category
+                elif category is not None:
+                    wanted[m.filename] = category
             except _MEMBER_ERRORS as exc:
                 bad[m.filename] = _member_error(exc)
             except InputError as exc:
                 bad[m.filename] = exc.message
-        return out, bad, archives, tars, sources, zips
+        return wanted, bad
 
 
 class _Unpacker:
@@ -992,12 +1010,14 @@ def _safe_member(name: str) -> str | None:
 
 
 def _category(head: bytes, size: int, name: str) -> str | Kind | None:
-    """What an archive member whose first bytes are `head` needs: "binary", "static", "zip",
-    "tar", "python" (read if it calls a loader), the Kind of a binary the audit does not read
+    """What an archive member whose first bytes are `head` needs: "binary", "static", "deb",
+    "zip", "tar", "python" (read if it calls a loader), the Kind of a binary the audit does not read
     (an error), or None (data)."""
     kind = identify(head, size)
     if kind in AUDITED:
         return "binary"
+    if is_deb(head):
+        return "deb"
     if kind is Kind.STATIC_ARCHIVE:
         return "static"
     if kind.binary:
@@ -1007,6 +1027,13 @@ def _category(head: bytes, size: int, name: str) -> str | Kind | None:
     if looks_like_tar(head) or name.endswith(_COMPRESSED_TAR):
         return "tar"
     return "python" if is_python_source(name) else None
+
+
+def _deb_file(path: str) -> bool:
+    try:
+        return is_deb(_head(path)[0])
+    except OSError:  # reported where the file is read
+        return False
 
 
 def _zip_file(path: str) -> bool:
