@@ -104,7 +104,7 @@ class Builder:
         self.seeds = seeds
         self.elfmut = elfmut
         self.canary = canary  # absolute path of the folder no run may open
-        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "clr", "baseline")]
+        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "clr", "deb", "baseline")]
 
     # -- pieces
     def elf(self, case: Case, mutate: float = 0.5) -> bytes:
@@ -285,6 +285,9 @@ class Builder:
                 case.files.append(("file", "d/_load.py", self.python_source(case)))
                 case.files.append(("file", "d/app.jar", self.jar(case)))
                 case.notes.append("symlink to /dev/zero; a Python source; a jar")
+                if "deb" in self.seeds:  # a Debian package, its data.tar damaged at times
+                    deb = self.seeds["deb"]
+                    case.files.append(("file", "d/fk_1.0_amd64.deb", self.damaged(case, deb, len(deb))))
             else:
                 case.files.append(("file", "d/empty.so", b""))
                 case.files.append(("file", "d/short.so", b"\x7fELF\x02\x01"))

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 DEVICE_SRC = TESTS / "fixtures" / "device"
-STAMP = "seeds-v4.json"
+STAMP = "seeds-v5.json"
 
 DEP_C = "int fk_dep_value(void) { return 42; }\n"
 STATIC_CUBLAS_C = "int cublasSgemm_v2(void){return 0;}\nint cublasCreate_v2(void){return 0;}\n"
@@ -213,6 +213,18 @@ def build(cache: Path, log=print) -> dict:
             notes.append(f"mcs seed not built: {' '.join(err.split())[:160]}")
     else:
         notes.append("mcs not found: no managed-assembly seed")
+    if shutil.which("dpkg-deb") and "dlopen_cudnn" in seeds:  # a Debian package holding a library
+        pkg = d / "debpkg"
+        (pkg / "DEBIAN").mkdir(parents=True, exist_ok=True)
+        (pkg / "DEBIAN" / "control").write_text("Package: fk\nVersion: 1.0\nArchitecture: amd64\n"
+                                                "Maintainer: fk <fk@example.org>\nDescription: fuzz seed\n")
+        (pkg / "usr" / "lib").mkdir(parents=True, exist_ok=True)
+        shutil.copy(cache / seeds["dlopen_cudnn"], pkg / "usr" / "lib" / "libfkdeb.so")
+        err = _run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", "debpkg", "fk.deb"], d)
+        if err is None:
+            seeds["deb"] = "elf/fk.deb"
+        else:
+            notes.append(f"dpkg-deb seed not built: {' '.join(err.split())[:160]}")
     if "pe" not in seeds:
         (d / "fk.dll").write_bytes(_minimal_pe())
         seeds["pe"] = "elf/fk.dll"
