@@ -233,3 +233,25 @@ def test_damaged_tar_gz_is_an_error(clean_so, tmp_path, capsys):
     rc, out, err = cli(capsys, "check", str(dist))
     assert rc == EXIT_INPUT and "fk-1.0.tar.gz" in out + err and "cannot read tar" in out + err
     assert "Traceback" not in out + err
+
+
+def test_a_tar_s_unsafe_names_are_errors_only_where_a_member_needs_reading(clean_so, tmp_path, capsys):
+    """A member named out of the tar (absolute, `..`) is never written: an error where it is a
+    binary, nothing where it is data."""
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, data in {"/etc/notes.txt": b"data\n", "../up/README": b"data\n",
+                           "../../escape/libfk.so": clean_so.read_bytes(), "ok/libfk.so": clean_so.read_bytes()}.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    (dist / "build.tar.gz").write_bytes(buf.getvalue())
+    rc, data, err = check_json(capsys, dist)
+    assert rc == EXIT_INPUT and "Traceback" not in err
+    by = {f["path"]: f for f in data["files"]}
+    assert sorted(by) == [f"{dist}/build.tar.gz!/../../escape/libfk.so", f"{dist}/build.tar.gz!/ok/libfk.so"]
+    assert by[f"{dist}/build.tar.gz!/../../escape/libfk.so"]["error"] == "unsafe member path in tar"
+    assert by[f"{dist}/build.tar.gz!/ok/libfk.so"]["verdict"] == "pass"
+    assert not (tmp_path / "escape").exists() and not (tmp_path.parent / "escape").exists()

@@ -58,6 +58,15 @@ class ArchiveLimits:
     ratio: float = 100.0  # uncompressed / compressed, for members of 64 MiB or more
     total_bytes: int = 16 << 30  # all ELF members of one archive, uncompressed
 
+    def refuse_in(self, size: int, total: int, what: str) -> tuple[str | None, int]:
+        """A member of a stream (a tar's; no compressed size of its own): why it is refused (its
+        size, or `total` of `what` with it past --max-archive-size), or None; and the total with it."""
+        total += size
+        why = self.refuse(size, size)
+        if why is None and total > self.total_bytes:
+            why = f"{what} unpack to more than {self.total_bytes} bytes (--max-archive-size)"
+        return why, total
+
     def refuse(self, size: int, compressed: int) -> str | None:
         """Why a member of this declared size is refused, or None."""
         if size > self.member_bytes:
@@ -483,29 +492,25 @@ class Inputs:
                 for m, src in tar_members(fh, os.fstat(fh.fileno()).st_size, self.limits):
                     inner = f"{report}{WHEEL_SEP}{m.name}"
                     name = _safe_member(m.name)
-                    if name is None:
-                        errors.append(Input(inner, None, True, "unsafe member path in tar"))
-                        continue
-                    # docker save's manifest.json beside its layer tars, or OCI's oci-layout: an image
-                    marks |= {k for k, hit in (("manifest", name == "manifest.json"), ("oci", name == "oci-layout"),
-                                               ("layer", name.endswith("/layer.tar") or name.startswith("blobs/sha256/")))
-                              if hit}
-                    if "oci" in marks or {"manifest", "layer"} <= marks:
-                        image = True
-                        break
+                    if name is not None:  # docker save's manifest.json beside its layer tars, OCI's oci-layout
+                        marks |= {k for k, hit in (("manifest", name == "manifest.json"), ("oci", name == "oci-layout"),
+                                                   ("layer", name.endswith("/layer.tar")
+                                                    or name.startswith("blobs/sha256/"))) if hit}
+                        if "oci" in marks or {"manifest", "layer"} <= marks:  # an image
+                            image = True
+                            break
                     head = src.read(HEAD_BYTES)
-                    category = _category(head, m.size, name)
-                    if category is None:
+                    category = _category(head, m.size, m.name)
+                    if category is None:  # data: whatever its name
                         written.pop(name, None)
+                        continue
+                    if name is None:  # a member to read, named out of the tar: never written
+                        errors.append(Input(inner, None, True, "unsafe member path in tar"))
                         continue
                     if isinstance(category, Kind):  # a binary the audit cannot read yet
                         errors.append(Input(inner, None, True, not_audited(category)))
                         continue
-                    refused = self.limits.refuse(m.size, m.size)
-                    total += m.size
-                    if refused is None and total > self.limits.total_bytes:
-                        refused = (f"the tar's members to audit unpack to more than {self.limits.total_bytes} bytes "
-                                   "(--max-archive-size)")
+                    refused, total = self.limits.refuse_in(m.size, total, "the tar's members to audit")
                     if refused:
                         errors.append(Input(inner, None, True, refused))
                         continue
@@ -748,11 +753,7 @@ class Inputs:
                     if not m.isreg() or _conda_safe(host, m.name) not in wanted:
                         continue
                     name = _conda_safe(host, m.name)
-                    why = self.limits.refuse(m.size, m.size)
-                    total += m.size
-                    if why is None and total > self.limits.total_bytes:
-                        why = (f"the package's static archives hold more than {self.limits.total_bytes} bytes "
-                               "(--max-archive-size)")
+                    why, total = self.limits.refuse_in(m.size, total, "the package's static archives")
                     if why:
                         refused[name] = why
                         continue
