@@ -255,3 +255,14 @@ def test_a_tar_s_unsafe_names_are_errors_only_where_a_member_needs_reading(clean
     assert by[f"{dist}/build.tar.gz!/../../escape/libfk.so"]["error"] == "unsafe member path in tar"
     assert by[f"{dist}/build.tar.gz!/ok/libfk.so"]["verdict"] == "pass"
     assert not (tmp_path / "escape").exists() and not (tmp_path.parent / "escape").exists()
+
+
+def test_a_named_tarball_is_read_and_one_with_nothing_to_audit_is_an_error(clean_so, tmp_path, capsys):
+    sdist = tmp_path / "fk-1.0.tar.gz"
+    sdist.write_bytes(_tar({**SDIST, "fk-1.0/fk/libcublas.so.12": clean_so.read_bytes()}))
+    rc, data, _ = check_json(capsys, sdist)
+    assert rc == EXIT_VIOLATION and [f["path"] for f in data["files"]] == [f"{sdist}!/fk-1.0/fk/libcublas.so.12"]
+    sources = tmp_path / "src-1.0.tar.gz"
+    sources.write_bytes(_tar(SDIST))
+    rc, out, _ = cli(capsys, "check", sources)
+    assert rc == EXIT_INPUT and "not a container image, and nothing in it to audit" in out

@@ -64,7 +64,8 @@ def check_cmd(ctx, paths, policy_path, formats, root, ldpath, use_env, conda_pre
     PATH is an ELF file, a directory (searched recursively; the wheels, zip archives, conda
     packages and images in it are audited too, other non-ELF files are skipped and counted), a
     wheel or any zip archive (a jar, an egg: its members, jars in it too), a Debian package
-    (.deb: the files its data.tar installs), a conda package (.conda, .tar.bz2) or a container image (a `docker save`
+    (.deb: the files its data.tar installs), a tarball (an sdist: its binaries, archives and Python
+    loaders), a conda package (.conda, .tar.bz2) or a container image (a `docker save`
     / `podman save` tar, or an OCI image layout as a directory or tar: its final filesystem is
     audited, resolved inside the image; --root, --ldpath and --use-env do not apply to it).
     Exit codes: 0 clean, 1 violation, 2 usage or policy error, 3 an input that could not be

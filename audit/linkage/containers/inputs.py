@@ -266,11 +266,11 @@ class Inputs:
             yield from _members_of(arg, self._wheel(arg, arg))
         elif _deb_file(arg):  # a Debian package: its data.tar's members
             yield from _members_of(arg, self._deb(arg, arg))
-        elif arg.endswith(_COMPRESSED_TAR):
-            yield Input(arg, None, True, "a compressed archive: decompress it first "
-                                         "(an image tar is read in place, so it must be uncompressed)")
+        elif arg.endswith(_COMPRESSED_TAR):  # an sdist, a build's tarball (a compressed image: an error)
+            yield from _members_of(arg, self._tar_files(arg, arg, "compressed_tar", explicit=True))
         elif _is_tar(arg):
-            yield from self._image(arg)
+            yield from (self._image(arg) if tar_kind(arg) == "image" else
+                        _members_of(arg, self._tar_files(arg, arg, "tar", explicit=True)))
         else:
             yield from self._file(arg, arg, explicit=True)
 
@@ -472,12 +472,13 @@ class Inputs:
             return
         yield from self._tar_files(report, tarball, "tar")
 
-    def _tar_files(self, report: str, host: str, why: str):
+    def _tar_files(self, report: str, host: str, why: str, explicit: bool = False):
         """A tar that is not an image (an sdist, a tarball of a build; plain, gzip, xz, bzip2 or
         zstd): every regular member that needs reading (a binary, a static archive, a zip archive
         or tar inside, a Python source that calls a library loader) is written out under its own
         name and audited as a wheel's members are; links are not created (members are found by
-        name, as a wheel's). One with nothing to read is counted as skipped (`why`)."""
+        name, as a wheel's). One with nothing to read is counted as skipped (`why`), or, named on
+        the command line, an error."""
         if self._again(host):
             return
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-tar-", dir=self._under)
@@ -546,7 +547,11 @@ class Inputs:
             return
         yield from errors
         if not written and not errors:
-            self.skip(why)
+            if explicit:
+                yield Input(report, None, True, "not a container image, and nothing in it to audit (no binary, "
+                                                "archive or Python source that loads a library)")
+            else:
+                self.skip(why)
             return
         yield from self._unpacked(report, [(f"{report}{WHEEL_SEP}{n}", d, c) for n, (d, c) in written.items()])
 
