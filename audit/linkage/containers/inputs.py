@@ -502,8 +502,8 @@ class Inputs:
                             break
                     head = src.read(HEAD_BYTES)
                     category = _category(head, m.size, m.name)
+                    written.pop(name, None)  # a later member of a name replaces the earlier, as extraction does
                     if category is None:  # data: whatever its name
-                        written.pop(name, None)
                         continue
                     if name is None:  # a member to read, named out of the tar: never written
                         errors.append(Input(inner, None, True, "unsafe member path in tar"))

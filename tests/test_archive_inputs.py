@@ -1,7 +1,8 @@
-"""Zip archives other than wheels (a Java archive with JNI libraries, an egg, a plain zip) are
-containers: named, found in a folder, inside a wheel, a conda package or a container image, their
-members are audited as a wheel's are, never skipped as data. The libraries are gcc-built; a
-jar's native library NEEDs cuDNN as real JNI wrappers of CUDA libraries do."""
+"""Archives other than wheels are containers, never data: a zip archive (a Java archive with JNI
+libraries, an egg, a plain zip), a Debian package and a tarball. Named, found in a folder, inside a
+wheel, a conda package or a container image, their members are audited as a wheel's are. The
+libraries are gcc-built; a jar's native library NEEDs cuDNN as real JNI wrappers of CUDA libraries
+do; the .deb files are built by dpkg-deb."""
 
 from __future__ import annotations
 
@@ -239,3 +240,20 @@ def test_a_debian_package_in_an_image_is_audited_inside_itself_only(jni, tmp_pat
     report = audit(image)
     assert [(f.path, cudnn_needed(f)) for f in report.files] == [
         (f"{image}!/var/cache/x_1_amd64.deb!/usr/lib/libjnicudnn.so", True)]
+
+
+def test_a_tar_member_given_twice_is_the_last_one(tmp_path):
+    """As extraction leaves it: a Python loader replaced by a later member of the same name that
+    loads nothing is not judged (and not reported unreadable)."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for data in (b'import ctypes\nctypes.CDLL("libcudnn.so.9")\n', b"import os\n"):
+            ti = tarfile.TarInfo("demo/_load.py")
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "demo.tar.gz").write_bytes(buf.getvalue())
+    report = audit(tmp_path / "d")
+    assert report.files == [] and report.skipped.get("compressed_tar") == 1
