@@ -8,7 +8,6 @@ Nothing here judges a file; a member that cannot be read becomes an Input with a
 from __future__ import annotations
 
 import hashlib
-import io
 import lzma
 import mmap
 import os
@@ -16,7 +15,6 @@ import posixpath
 import re
 import shutil
 import stat
-import tarfile
 import tempfile
 import zipfile
 import zlib
@@ -34,7 +32,7 @@ from audit.linkage.containers.identity import Container, PackageId, container, d
 from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
 from audit.linkage.containers.static_archive import ArMember, read_members
-from audit.linkage.containers.tars import bounded_members
+from audit.linkage.containers.tars import RATIO_FLOOR, safe_member, tar_members, tar_read_error
 from audit.python_source.reader import is_python_source, stream_may_load
 
 _MAX_WHEEL_MEMBERS = 200_000
@@ -44,7 +42,6 @@ _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be
 _PARALLEL_UNPACK_BYTES = 16 << 20  # compressed bytes below which one process unpacks a wheel
 # Members smaller than this may compress as well as they like: they cannot fill a disk, and real
 # ones do (cuDNN 9's libcudnn_engines_tensor_ir.so.9: 2 MB at 327:1).
-_RATIO_FLOOR = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ class ArchiveLimits:
         """Why a member of this declared size is refused, or None."""
         if size > self.member_bytes:
             return f"member unpacks to {size} bytes, over the {self.member_bytes}-byte limit (--max-member-size)"
-        if size >= _RATIO_FLOOR and size > self.ratio * max(compressed, 1):
+        if size >= RATIO_FLOOR and size > self.ratio * max(compressed, 1):
             return (f"member compressed {size / max(compressed, 1):.0f}:1, over the {self.ratio:g}:1 limit "
                     "(--max-member-ratio)")
         return None
@@ -490,9 +487,10 @@ class Inputs:
         total, image, marks = 0, False, set()
         try:
             with open(host, "rb") as fh:
-                for m, src in tar_members(fh, os.fstat(fh.fileno()).st_size, self.limits):
+                for m, src in tar_members(fh, os.fstat(fh.fileno()).st_size, self.limits.ratio,
+                                          self.limits.total_bytes):
                     inner = f"{report}{WHEEL_SEP}{m.name}"
-                    name = _safe_member(m.name)
+                    name = safe_member(m.name)
                     if name is not None:  # docker save's manifest.json beside its layer tars, OCI's oci-layout
                         marks |= {k for k, hit in (("manifest", name == "manifest.json"), ("oci", name == "oci-layout"),
                                                    ("layer", name.endswith("/layer.tar")
@@ -535,7 +533,7 @@ class Inputs:
             yield Input(report, None, True, exc.message)
             return
         except Exception as exc:  # a member's data that cannot be decompressed as it is copied
-            text = _tar_read_error(exc)
+            text = tar_read_error(exc)
             if text is None:
                 raise
             yield from errors
@@ -929,90 +927,6 @@ _COFF_MAGICS = (b"\x64\x86", b"\x64\xaa", b"\x4c\x01", b"\x41\xa6")  # x86-64, a
 
 def not_audited(kind: Kind) -> str:
     return f"{kind.value}: format not audited"
-
-
-_MAX_TAR_MEMBERS = 200_000  # members of a tar met in a folder or wheel, whose first bytes are read
-_TAR_COMPRESSION = ((b"\x1f\x8b", "gz"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bz2"), (b"\x28\xb5\x2f\xfd", "zst"))
-
-
-class _Bounded:
-    """Passes reads through, refusing to pass more than `limit` bytes (a stream that inflates
-    without end); no single read asks for more than the limit allows."""
-
-    def __init__(self, raw, limit: int, why: str):
-        self.raw, self.limit, self.why, self.count = raw, limit, why, 0
-
-    def read(self, n: int = -1) -> bytes:
-        left = self.limit - self.count + 1
-        n = left if n is None or n < 0 else min(n, left)
-        data = self.raw.read(n)
-        self.count += len(data)
-        if self.count > self.limit:
-            raise InputError(self.why)
-        return data
-
-
-def tar_members(fh, compressed: int, limits: ArchiveLimits):
-    """(TarInfo, its data stream) of each regular member of the tar read from `fh` (plain, gzip,
-    xz, bzip2 or zstd; known by its first bytes), in order. The stream is bounded as an image
-    layer's: the smaller of the archive limit and the member ratio times the compressed size
-    (never below 64 MiB), and 200,000 members. Raises InputError for an unreadable tar or one past
-    a limit."""
-    magic = fh.read(6)
-    fh.seek(0)
-    how = next((name for m, name in _TAR_COMPRESSION if magic.startswith(m)), None)
-    by_ratio = max(_RATIO_FLOOR, int(limits.ratio * max(compressed, 1)))
-    limit, why = ((by_ratio, f"tar inflates more than {limits.ratio:g}:1 ({compressed} bytes compressed; "
-                             "--max-member-ratio)") if by_ratio < limits.total_bytes else
-                  (limits.total_bytes, f"tar unpacks to more than {limits.total_bytes} bytes (--max-archive-size)"))
-    try:
-        if how == "zst":
-            import zstandard
-
-            raw = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
-        elif how is not None:
-            import bz2
-            import gzip
-            import lzma
-
-            raw = {"gz": lambda: gzip.GzipFile(fileobj=fh, mode="rb"), "xz": lambda: lzma.LZMAFile(fh),
-                   "bz2": lambda: bz2.BZ2File(fh)}[how]()
-        else:  # read where it lies: its size bounds it; member data is stepped over
-            raw = fh
-        in_place = how is None and isinstance(fh, io.BufferedReader)  # a file here, not an archive's member
-        stream = fh if in_place else _Bounded(raw, limit, why)
-        with tarfile.open(fileobj=stream, mode="r:" if in_place else "r|") as tf:
-            for n, m in enumerate(tf if in_place else bounded_members(tf, limit, why)):
-                if n >= _MAX_TAR_MEMBERS:
-                    raise InputError(f"tar has more than {_MAX_TAR_MEMBERS} members")
-                if m.isreg():
-                    yield m, tf.extractfile(m)
-    except InputError:
-        raise
-    except Exception as exc:
-        text = _tar_read_error(exc)
-        if text is None:
-            raise
-        raise InputError(text) from None
-
-
-def _tar_read_error(exc: BaseException) -> str | None:
-    """The one line for an exception reading a tar stream (zstandard's, lzma's and bz2's own
-    included), or None for one that is not about the data."""
-    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, EOFError):
-        return f"cannot read: {exc.strerror}"
-    if isinstance(exc, (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, MemoryError)) \
-            or type(exc).__module__.startswith(("zstandard", "_lzma", "lzma", "_bz2")):
-        return f"cannot read tar: {' '.join(str(exc).split()) or type(exc).__name__}"
-    return None
-
-
-def _safe_member(name: str) -> str | None:
-    """A tar member's name as a relative path with no `..`, or None where it is not one."""
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if name.startswith("/") or "\\" in name or "\0" in name or ".." in parts or not parts:
-        return None
-    return "/".join(parts)
 
 
 def _category(head: bytes, size: int, name: str) -> str | Kind | None:
