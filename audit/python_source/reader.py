@@ -1,24 +1,28 @@
 """read_python: one Python source file -> BinaryInfo (audit/binary/model.py), format "python".
 
-A wheel, a folder or a conda package can load a vendor library without any binary of its own
-naming it: `ctypes.CDLL("libcublas.so.12")` in a module is a dlopen with the name in the source.
-So the Python files that call a library loader are read too, and each library name the source
-hands to a loader becomes a library string of the file, asked for by that call: judging treats it
-as it treats a binary's dlopen string with a loader import (`dlopen-string`, denied).
+A package can load a vendor library without any binary of its own naming it:
+`ctypes.CDLL("libcublas.so.12")` in a module is a dlopen with the name in the source. So the
+Python files (and the `import` lines of .pth files, which site runs at every start-up) that
+call a library loader are read too, wherever they are (a folder, a wheel, a tarball, a conda
+package, an image), and each library name the source hands to a loader becomes a library string
+of the file, asked for by that call: judging treats it as it treats a binary's dlopen string
+with a loader import (`dlopen-string`, denied).
 
 What counts as a load: a call whose callee ends in one of LOADER_CALLS (ctypes.CDLL and its kin,
-cdll.LoadLibrary, cffi's ffi.dlopen, numpy's ctypeslib.load_library, torch.ops.load_library,
-ctypes.util.find_library), and ctypes' attribute loaders (`ctypes.windll.cublas64_12`,
-`cdll["libcudnn.so.9"]`). The name is what the source spells, evaluated without running anything:
-string literals, f-strings and `%`/`.format` templates with their fields left empty, `+`,
-os.path.join / Path's last part, conditional expressions, and names bound to such values anywhere
-in the module (an assignment, or a `for` over a literal list). A name computed at run time (read
-from a file, a glob) is not judged: torch's CPU wheel keeps its CUDA names in a table handed to
-glob, which loads nothing there.
+cdll.LoadLibrary, cffi's ffi.dlopen, numpy's, torch's and TensorFlow's load_library,
+ctypes.util.find_library, ...), under its own name or another (`import as`, an assignment,
+`getattr`), ctypes' attribute loaders (`ctypes.windll.cublas64_12`, `cdll["libcudnn.so.9"]`),
+and the same in code given to exec/eval/compile as a string. The name is what the source spells,
+evaluated without running anything: string literals, f-strings and `%`/`.format` templates with
+their fields left empty, `+`, os.path.join / Path's last part, conditional expressions, and names
+bound to such values anywhere in the module (an assignment, or a `for` over a literal list). A
+name computed at run time (read from a file, a glob) is not judged: torch's CPU wheel keeps its
+CUDA names in a table handed to glob, which loads nothing there.
 
-Bounded and inert: the file is parsed with `ast` (never compiled or run) up to MAX_SOURCE_BYTES;
-a file that does not parse as Python 3 (Python 2 code, a template) is read by pattern instead
-(a warning says so), so a load in it is still seen.
+Bounded and inert: the file is parsed with `ast` (never compiled or run) up to MAX_PARSED_BYTES;
+a larger one, or one that does not parse as Python 3 (Python 2 code, a template), is read by
+pattern instead (a warning says so), so a load in it is still seen; past MAX_SOURCE_BYTES it is
+an error.
 """
 
 from __future__ import annotations
