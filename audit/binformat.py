@@ -1,6 +1,7 @@
-"""What kind of binary a file is, from its first bytes: the formats the audit reads (ELF) and
-the native or device-code formats it does not read yet, which must never be skipped as if they
-were data.
+"""What kind of binary a file is, from its first bytes: the formats the audit reads (ELF, PE,
+Mach-O, COFF, static archives) and the native or device-code formats and archives it does not
+read yet (an RPM, a 7-Zip or cpio archive, ...), which must never be skipped as if they were data.
+Zip archives and Debian packages are containers the inputs open (is_zip, is_deb).
 
     kind = identify(first_bytes, size)   # first_bytes: at least HEAD_BYTES of the file, or all of it
 
@@ -29,6 +30,13 @@ class Kind(Enum):
     CLANG_OFFLOAD_BUNDLE = "clang offload bundle"
     CLANG_OFFLOAD_BUNDLE_COMPRESSED = "compressed clang offload bundle (CCOB)"
     NVIDIA_FATBIN = "NVIDIA fatbin"
+    # archives the audit cannot open yet: they may hold binaries, so never data
+    RPM_PACKAGE = "RPM package"
+    SEVEN_ZIP = "7-Zip archive"
+    CABINET = "Microsoft cabinet archive"
+    CPIO = "cpio archive"
+    SQUASHFS = "squashfs image"
+    XAR = "xar archive (macOS installer package)"
     NOT_BINARY = "not a binary"
 
     @property
@@ -80,11 +88,25 @@ def identify(head: bytes, size: int | None = None) -> Kind:
             return Kind.CLANG_OFFLOAD_BUNDLE_COMPRESSED
     if head[:4] == b"\x50\xed\x55\xba":  # 0xBA55ED50, little-endian
         return Kind.NVIDIA_FATBIN
+    archive = _opaque_archive(head)
+    if archive is not None:
+        return archive
     if head[:2] == b"MZ":
         return _pe(head)
     if head[:4] == b"\0\0\xff\xff":
         return _anon_object(head, size)
     return _coff_object(head, size)
+
+
+_OPAQUE = ((b"\xed\xab\xee\xdb", Kind.RPM_PACKAGE), (b"7z\xbc\xaf\x27\x1c", Kind.SEVEN_ZIP),
+           (b"MSCF\0\0\0\0", Kind.CABINET), (b"070701", Kind.CPIO),
+           (b"070702", Kind.CPIO), (b"070707", Kind.CPIO), (b"hsqs", Kind.SQUASHFS), (b"sqsh", Kind.SQUASHFS),
+           (b"xar!\x00\x1c", Kind.XAR))
+
+
+def _opaque_archive(head: bytes) -> Kind | None:
+    """An archive format whose members the audit cannot list yet, by its magic."""
+    return next((kind for magic, kind in _OPAQUE if head.startswith(magic)), None)
 
 
 def _anon_object(head: bytes, size: int) -> Kind:

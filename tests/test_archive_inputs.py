@@ -257,3 +257,57 @@ def test_a_tar_member_given_twice_is_the_last_one(tmp_path):
     (tmp_path / "d" / "demo.tar.gz").write_bytes(buf.getvalue())
     report = audit(tmp_path / "d")
     assert report.files == [] and report.skipped.get("compressed_tar") == 1
+
+
+def _rpm(tmp_path, lib: Path) -> Path:
+    top = tmp_path / "rpmbuild"
+    spec = tmp_path / "fk.spec"
+    spec.write_text(f"Name: fk\nVersion: 1.0\nRelease: 1\nSummary: fk\nLicense: MIT\nBuildArch: x86_64\n"
+                    f"%description\nfk\n%install\nmkdir -p %{{buildroot}}/usr/lib\n"
+                    f"cp {lib} %{{buildroot}}/usr/lib/libfk.so\n%files\n/usr/lib/libfk.so\n")
+    import subprocess
+
+    subprocess.run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", "--define", "debug_package %{nil}",
+                    "--define", "__strip /bin/true", str(spec)], check=True, capture_output=True)
+    (rpm,) = top.glob("RPMS/*/*.rpm")
+    return rpm
+
+
+# archive formats the audit cannot open yet, each made by its own tool around a gcc-built library
+OPAQUE = {
+    "cpio": ("bsdtar", "cpio archive", lambda d, lib: _bsdtar(d, lib, "cpio", "lib.cpio")),
+    "7-zip": ("bsdtar", "7-Zip archive", lambda d, lib: _bsdtar(d, lib, "7zip", "lib.7z")),
+    "xar": ("bsdtar", "xar archive (macOS installer package)", lambda d, lib: _bsdtar(d, lib, "xar", "lib.pkg")),
+    "cab": ("gcab", "Microsoft cabinet archive", lambda d, lib: _run_tool(d, "lib.cab", ["gcab", "-c", "-n", "lib.cab", str(lib)])),
+    "squashfs": ("mksquashfs", "squashfs image",
+                 lambda d, lib: _run_tool(d, "lib.sqsh", ["mksquashfs", str(lib.parent), "lib.sqsh", "-quiet", "-noappend"])),
+    "rpm": ("rpmbuild", "RPM package", lambda d, lib: _rpm(d, lib)),
+}
+
+
+def _run_tool(d: Path, out: str, cmd: list[str]) -> Path:
+    import subprocess
+
+    subprocess.run(cmd, cwd=d, check=True, capture_output=True)
+    return d / out
+
+
+def _bsdtar(d: Path, lib: Path, fmt: str, out: str) -> Path:
+    return _run_tool(d, out, ["bsdtar", "--format", fmt, "-cf", out, "-C", str(lib.parent), lib.name])
+
+
+@pytest.mark.parametrize("fmt", sorted(OPAQUE))
+def test_an_archive_the_audit_cannot_open_is_an_error_never_data(jni, tmp_path, fmt):
+    """Before, each of these passed in a folder as data, whatever it held."""
+    tool, name, make = OPAQUE[fmt]
+    require_tool(tool)
+    src = tmp_path / "src"
+    src.mkdir()
+    lib = src / "libjnicudnn.so"
+    lib.write_bytes(jni["cudnn"])
+    made = make(tmp_path, lib)
+    (tmp_path / "dist").mkdir()
+    placed = tmp_path / "dist" / made.name
+    made.rename(placed)
+    report = audit(tmp_path / "dist")
+    assert [(f.path, f.verdict, f.error) for f in report.files] == [(str(placed), "error", f"{name}: format not audited")]
