@@ -311,3 +311,16 @@ def test_an_archive_the_audit_cannot_open_is_an_error_never_data(jni, tmp_path, 
     made.rename(placed)
     report = audit(tmp_path / "dist")
     assert [(f.path, f.verdict, f.error) for f in report.files] == [(str(placed), "error", f"{name}: format not audited")]
+
+
+def test_an_image_inside_a_wheel_is_an_error_not_loose_files(tmp_path):
+    """A docker save tar inside a wheel: its layers are not audited as loose files of the wheel."""
+    from tests.image_fixtures import docker_archive, layer_tar
+
+    image = docker_archive(tmp_path / "app.tar", [layer_tar([("file", "README", b"x\n")])])
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("demo/app.tar", image.read_bytes())
+    report = audit(whl)
+    assert [(f.path, f.verdict, f.error) for f in report.files] == [
+        (f"{whl}!/demo/app.tar", "error", "a container image inside an archive: audit it as a file of its own")]

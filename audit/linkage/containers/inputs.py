@@ -541,7 +541,8 @@ class Inputs:
             return
         if image:  # its layers would be audited as loose files, resolved on this machine
             yield Input(report, None, True, "a compressed container image: decompress it first (an image tar is "
-                                            "read in place, so it must be uncompressed)")
+                                            "read in place, so it must be uncompressed)" if why == "compressed_tar"
+                        else "a container image inside an archive: audit it as a file of its own")
             return
         yield from errors
         if not written and not errors:
