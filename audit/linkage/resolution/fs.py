@@ -96,8 +96,8 @@ def on_host(fs) -> bool:
 
 
 class ConfinedFS(HostFS):
-    """The files under one folder of this machine and nothing else: a zip archive found in a
-    container image, written out and unpacked there. Its members resolve among themselves; the
+    """The files under one folder of this machine and nothing else: an archive found in a
+    container image (a jar, a tarball, a .deb), written out and unpacked there. Its members resolve among themselves; the
     image's libraries are not searched, and this machine's are never seen (a path whose real
     location lies outside the folder does not exist here)."""
 
