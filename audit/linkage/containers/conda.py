@@ -86,7 +86,8 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         kind = identify(head, m.size)
                         source = not kind.binary and is_python_source(name)  # written, kept if it calls a loader
                         archive = not kind.binary and is_zip(head)  # a jar, an egg: written, read as a wheel
-                        if kind not in AUDITED and not source and not archive:  # ELF, PE (Library/bin/*.dll), Mach-O (lib/*.dylib)
+                        # ELF, PE (Library/bin/*.dll), Mach-O (lib/*.dylib), and the two above
+                        if kind not in AUDITED and not source and not archive:
                             tree.add(name, _Node("file"))  # replaces what was there; not written
                             if kind.binary:
                                 out.append(Extracted(name, None, False, f"{kind.value}: format not audited", kind))

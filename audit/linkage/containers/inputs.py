@@ -327,7 +327,7 @@ class Inputs:
                 yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
                 continue
             yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
-        for path, entry, kind in tree.archives():  # jars, eggs, wheels, tarballs: their members, resolved among themselves
+        for path, entry, kind in tree.archives():  # jars, wheels, tarballs, .debs: members resolved among themselves
             found += 1
             why = self.limits.refuse(entry.size, entry.size)  # read whole into memory, as an ELF file is
             if why:
@@ -347,11 +347,14 @@ class Inputs:
         inside that folder only (ConfinedFS), never on this machine."""
         folder = tempfile.mkdtemp(prefix="archive-", dir=self._archive_tmp())
         conda = is_conda(report) and kind == "zip"
-        host = os.path.join(folder, "package.conda" if conda else "archive.zip" if kind == "zip" else "package.deb"
-                            if kind == "deb" else "archive" + next((s for s in _COMPRESSED_TAR if report.endswith(s)), ".tar"))
+        suffix = next((s for s in _COMPRESSED_TAR if report.endswith(s)), ".tar")
+        name = "package.conda" if conda else "archive.zip" if kind == "zip" else "package.deb" if kind == "deb" \
+            else "archive" + suffix
+        host = os.path.join(folder, name)
         with open(host, "wb") as fh:
             fh.write(tree._bytes(entry))
-        scope, layer, before = Scope(ConfinedFS(folder, read_binary), own_system=True), tree.layer_of(entry), self._under
+        scope = Scope(ConfinedFS(folder, read_binary), own_system=True)
+        layer, before = tree.layer_of(entry), self._under
         self._under = folder
         read = self._conda if conda else self._wheel if kind == "zip" else self._deb if kind == "deb" else \
             (lambda r, h: self._tar_files(r, h, "compressed_tar" if h.endswith(_COMPRESSED_TAR) else "tar"))
@@ -450,14 +453,16 @@ class Inputs:
             with open(host, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 data = [m for m in read_members(mm, report) if m.name.startswith("data.tar")]
                 if len(data) != 1:
-                    yield Input(report, None, True, f"not a Debian package: {len(data)} data.tar members (one expected)")
+                    yield Input(report, None, True,
+                                f"not a Debian package: {len(data)} data.tar members (one expected)")
                     return
                 why = self.limits.refuse(data[0].size, data[0].size)
                 if why:
                     yield Input(report, None, True, why)
                     return
                 folder = tempfile.mkdtemp(prefix="deb-", dir=self._under or self._archive_tmp())
-                tarball = os.path.join(folder, "data" + next((s for s in _COMPRESSED_TAR if data[0].name.endswith(s)), ".tar"))
+                suffix = next((s for s in _COMPRESSED_TAR if data[0].name.endswith(s)), ".tar")
+                tarball = os.path.join(folder, "data" + suffix)
                 with open(tarball, "wb") as out:
                     for at in range(data[0].offset, data[0].offset + data[0].size, 1 << 20):
                         out.write(mm[at:min(at + (1 << 20), data[0].offset + data[0].size)])

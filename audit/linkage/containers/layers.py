@@ -31,7 +31,8 @@ _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header pro
 _KEEP = 32 << 20  # small files kept whole from compressed layers (_kept): ld.so.conf, dpkg's records
 _KEEP_TOTAL = 256 << 20  # all of them, in one image (dpkg keeps one file list per package)
 _MAX_ENTRIES = 2_000_000
-_TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.zst", ".tar.bz2")  # a tar's head lies past what a compressed layer keeps
+# a tar is known by its name here: its magic lies at byte 257, past what a compressed layer keeps
+_TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.zst", ".tar.bz2")
 _RATIO_FLOOR = 64 << 20  # a layer may inflate to this whatever its ratio (as an archive member)
 
 

@@ -97,9 +97,9 @@ def on_host(fs) -> bool:
 
 class ConfinedFS(HostFS):
     """The files under one folder of this machine and nothing else: an archive found in a
-    container image (a jar, a tarball, a .deb), written out and unpacked there. Its members resolve among themselves; the
-    image's libraries are not searched, and this machine's are never seen (a path whose real
-    location lies outside the folder does not exist here)."""
+    container image (a jar, a tarball, a .deb), written out and unpacked there. Its members
+    resolve among themselves; the image's libraries are not searched, and this machine's are
+    never seen (a path whose real location lies outside the folder does not exist here)."""
 
     on_host = True  # the paths are this machine's: reports name them as archive members, not image paths
 
