@@ -259,9 +259,9 @@ class Inputs:
             yield from _members_of(arg, self._wheel(arg, arg))
         elif is_conda(arg):
             yield from _members_of(arg, self._conda(arg, arg))
-        elif _zip_file(arg):  # a jar, egg, zip, ...: its members audited as a wheel's
+        elif _starts_as(arg, is_zip):  # a jar, egg, zip, ...: its members audited as a wheel's
             yield from _members_of(arg, self._wheel(arg, arg))
-        elif _deb_file(arg):  # a Debian package: its data.tar's members
+        elif _starts_as(arg, is_deb):  # a Debian package: its data.tar's members
             yield from _members_of(arg, self._deb(arg, arg))
         elif arg.endswith(_COMPRESSED_TAR):  # an sdist, a build's tarball (a compressed image: an error)
             yield from _members_of(arg, self._tar_files(arg, arg, "compressed_tar", explicit=True))
@@ -955,16 +955,10 @@ def _category(head: bytes, size: int, name: str) -> str | Kind | None:
     return "python" if is_python_source(name) else None
 
 
-def _deb_file(path: str) -> bool:
+def _starts_as(path: str, test) -> bool:
+    """Whether the file's first bytes pass `test` (is_zip, is_deb); False where it cannot be read."""
     try:
-        return is_deb(_head(path)[0])
-    except OSError:  # reported where the file is read
-        return False
-
-
-def _zip_file(path: str) -> bool:
-    try:
-        return is_zip(_head(path)[0])
+        return test(_head(path)[0])
     except OSError:  # reported where the file is read
         return False
 

@@ -126,6 +126,7 @@ class ImageTree:
         self._parsed: dict[tuple[int, int], ElfInfo | Exception] = {}
         self._pattern = None
         self._kept_bytes = 0  # of the files kept whole (_kept), within _KEEP_TOTAL
+        self._python: list[tuple[str, Entry]] | None = None  # python_sources(), once found
         # every blob is hashed on its own thread (hashlib releases the GIL) while the layers'
         # headers are read; nothing read is kept unless its blob's digest checks out
         with ThreadPoolExecutor(max_workers=max(1, min(len(image.layers), os.cpu_count() or 1))) as pool:
@@ -304,7 +305,13 @@ class ImageTree:
 
     def python_sources(self) -> list[tuple[str, Entry]]:
         """(path, entry) of every regular Python file of the final tree that holds a library
-        loader's name (audit/python_source), sorted by path; one name of each hard-linked set."""
+        loader's name (audit/python_source), sorted by path; one name of each hard-linked set.
+        Found once (the tree no longer changes): the inputs ask, then each compressed layer."""
+        if self._python is None:
+            self._python = self._find_python_sources()
+        return self._python
+
+    def _find_python_sources(self) -> list[tuple[str, Entry]]:
         out, seen = [], set()
         for p in sorted(self.entries):
             e = self.entries[p]
