@@ -361,11 +361,14 @@ class Library:
             raise KernelError(f"{'fk_naive_forward' if naive else 'fk_flash_forward'} failed: {name}: "
                               f"{self.last_error()}", status)
 
-    def fp8_attention(self, q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False):
+    def fp8_attention(self, q, k, v, scale=None, layout: str = "bhnd", return_lse: bool = False,
+                      workspace=None):
         """precision="fp8" through the library's FP8 kernel (flash_kernel.fp8's numerics): a new
-        output shaped like q (and the lse, as `attention`), the workspace the library names
-        allocated on q's device for the call. A library or device without the kernel refuses it
-        (KernelError, status FK_ERR_PRECISION); nothing falls back to exact attention."""
+        output shaped like q (and the lse, as `attention`). The workspace the library names is
+        allocated on q's device for the call, or `workspace` (a contiguous uint8 tensor on q's
+        device, 16-byte aligned, at least that large) is used, so a caller can reuse it or read
+        the quantized operands the kernel left there. A library or device without the kernel
+        refuses it (KernelError, status FK_ERR_PRECISION); nothing falls back to exact attention."""
         import torch
 
         if self._workspace_bytes is None:
@@ -382,7 +385,13 @@ class Library:
         if status != FK_OK:
             raise KernelError(f"fk_workspace_bytes failed: {STATUS_NAMES.get(status, status)}: {self.last_error()}",
                               status)
-        workspace = torch.empty(max(int(need.value), 1), dtype=torch.uint8, device=q.device)
+        if workspace is None:
+            workspace = torch.empty(max(int(need.value), 1), dtype=torch.uint8, device=q.device)
+        elif not (isinstance(workspace, torch.Tensor) and workspace.dtype == torch.uint8
+                  and workspace.device == q.device and workspace.is_contiguous()
+                  and workspace.numel() >= need.value and workspace.data_ptr() % 16 == 0):
+            raise KernelError(f"workspace must be a contiguous, 16-byte aligned uint8 tensor on {q.device} "
+                              f"of at least {int(need.value)} bytes", FK_ERR_WORKSPACE)
         args.workspace, args.workspace_bytes = workspace.data_ptr(), int(need.value)
         self._invoke(args, q.device, False)
         return (o, lse) if return_lse else o

@@ -24,7 +24,7 @@ pytestmark = [
 ]
 
 import flash_kernel  # noqa: E402
-from flash_kernel import _binding, fp8  # noqa: E402
+from flash_kernel import _binding, fp8, fp8_workspace  # noqa: E402
 from audit.evidence.precision import FP8_DIT_GATES, FP8_GATES  # noqa: E402
 from test_kernel_gpu import _assert_built_from_this_tree, _build  # noqa: E402
 
@@ -64,8 +64,9 @@ def _inputs(b, h, nq, nk, d, dtype, gen, dit=False):
     return tuple(torch.randn(b, h, n, d, generator=gen).to(dtype).cuda() for n in (nq, nk, nk))
 
 
-def _fp8_into(lib, q, k, v, layout="bhnd", lse=False, scale=None):
-    """The FP8 call into NaN-poisoned outputs (the binding's own call allocates fresh ones)."""
+def _fp8_into(lib, q, k, v, layout="bhnd", lse=False, scale=None, keep=None):
+    """The FP8 call into NaN-poisoned outputs (the binding's own call allocates fresh ones);
+    `keep`, a list, gets the workspace (poisoned with 0xA5 first)."""
     o = torch.full_like(q, float("nan"))
     out_lse = None
     args = _binding.fill_args(q, k, v, o, layout, _binding.resolve_scale(scale, q.shape[-1]), None)
@@ -78,7 +79,9 @@ def _fp8_into(lib, q, k, v, layout="bhnd", lse=False, scale=None):
     args.precision = _binding.FK_PRECISION_FP8
     need = ctypes.c_int64(0)
     assert lib._workspace_bytes(ctypes.byref(args), ctypes.byref(need)) == 0, lib.last_error()
-    ws = torch.empty(int(need.value), dtype=torch.uint8, device=q.device)
+    ws = torch.full((int(need.value),), 0xA5, dtype=torch.uint8, device=q.device)
+    if keep is not None:
+        keep.append(ws)
     args.workspace, args.workspace_bytes = ws.data_ptr(), int(need.value)
     lib._invoke(args, q.device, False)
     torch.cuda.synchronize()
@@ -111,6 +114,44 @@ def _check(out, q, k, v, gates, scale=None):
     to_ref, ref_err = _rel(out, ref), _rel(ref, exact)
     assert to_ref <= 0.5 * ref_err + 1e-3, f"kernel vs the fp8 reference {to_ref:.3e}, reference vs float64 {ref_err:.3e}"
     assert _rel(out, exact) <= gates.rel_l2 and _cos(out, exact) >= gates.cosine
+
+
+def expected_operands(q, k, v, gpu_mean):
+    """What the quantization stage must leave for (BH, N, D) float32 CPU inputs, from fp8.py's
+    own functions; K is smoothed by the kernel's mean (its sum order is not torch's, and a
+    one-ulp difference in the mean may move a rounding)."""
+    d = q.shape[-1]
+    qv, qs = fp8.quantize_blocks(q, fp8.Q_BLOCK, "int8")
+    kv, ks = fp8.quantize_blocks(k - gpu_mean[:, None, :d], fp8_workspace.BN, "int8")
+    sv = fp8.scales_for(v.abs().amax(dim=-2), fp8.E4M3_MAX)
+    vv = fp8.to_e4m3(v / sv[:, None, :]).view(torch.uint8)
+    return qv, qs, kv, ks, vv, sv
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 300, 700), (2, 1, 64, 128), (1, 1, 129, 1100)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("d", [40, 64, 72, 128])
+def test_quantization_stage_leaves_fp8_py_operands(lib, shape, d):
+    """The workspace after a call, decoded (flash_kernel.fp8_workspace), holds exactly fp8.py's
+    quantized Q, K and V, their scales and K's mean, and zeros wherever a tile runs past the
+    data: a failure here is the quantization stage's, not the attention kernel's."""
+    b, h, nq, nk = shape
+    gen = _fresh()
+    q, k, v = _inputs(b, h, nq, nk, d, torch.bfloat16, gen)
+    keep = []
+    _fp8_into(lib, q, k, v, keep=keep)
+    got = fp8_workspace.read(keep[0], fp8_workspace.layout(b * h, nq, nk, d))
+    qf, kf, vf = (t.float().cpu().reshape(b * h, -1, d) for t in (q, k, v))
+    assert torch.allclose(got.k_mean[:, :d], kf.mean(dim=1), rtol=1e-5, atol=1e-6)
+    assert (got.k_mean[:, d:] == 0).all()
+    qv, qs, kv, ks, vv, sv = expected_operands(qf, kf, vf, got.k_mean)
+    assert torch.equal(got.q_scale, qs) and torch.equal(got.k_scale, ks)
+    assert torch.equal(got.v_scale[:, :d], sv) and (got.v_scale[:, d:] == 1).all()
+    assert torch.equal(got.q[:, :nq, :d], qv), "Q's INT8 image"
+    assert torch.equal(got.k[:, :nk, :d], kv), "K's INT8 image"
+    assert torch.equal(got.v[:, :nk, :d], vv), "V's e4m3 image (transposed, keys permuted)"
+    for pad in (got.q[:, nq:], got.q[:, :, d:], got.k[:, nk:], got.k[:, :, d:], got.v[:, nk:], got.v[:, :, d:]):
+        assert (pad == 0).all(), "a tile's padding is not zero"
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
