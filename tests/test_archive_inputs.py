@@ -242,6 +242,39 @@ def test_a_debian_package_in_an_image_is_audited_inside_itself_only(jni, tmp_pat
         (f"{image}!/var/cache/x_1_amd64.deb!/usr/lib/libjnicudnn.so", True)]
 
 
+def test_a_conda_package_s_tarball_and_deb_are_audited(jni, tmp_path):
+    """A conda package reads its members as every other container does: a tarball or a .deb it
+    ships is opened and its libraries audited (they were skipped as data)."""
+    import io
+    import subprocess
+    import tarfile
+
+    from tests.test_conda import BUILDERS
+
+    require_tool("dpkg-deb")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        ti = tarfile.TarInfo("sdk/lib/libjnicudnn.so")
+        ti.size = len(jni["cudnn"])
+        tf.addfile(ti, io.BytesIO(jni["cudnn"]))
+    root = tmp_path / "debroot"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text("Package: x\nVersion: 1\nArchitecture: amd64\nMaintainer: n <n@x>\n"
+                                             "Description: x\n")
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "usr" / "lib" / "libjnicudnn.so").write_bytes(jni["cudnn"])
+    deb = tmp_path / "x_1_amd64.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    for fmt, build in BUILDERS.items():
+        pkg = build(tmp_path, [("share/sdk.tar.gz", "file", buf.getvalue()),
+                               ("share/debs/x_1_amd64.deb", "file", deb.read_bytes())])
+        report = audit(pkg)
+        assert sorted((f.path, cudnn_needed(f)) for f in report.files) == [
+            (f"{pkg}!/share/debs/x_1_amd64.deb!/usr/lib/libjnicudnn.so", True),
+            (f"{pkg}!/share/sdk.tar.gz!/sdk/lib/libjnicudnn.so", True)], fmt
+        assert report.verdict == "fail"
+
+
 def test_a_tar_member_given_twice_is_the_last_one(tmp_path):
     """As extraction leaves it: a Python loader replaced by a later member of the same name that
     loads nothing is not judged (and not reported unreadable)."""

@@ -19,11 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from audit.binformat import HEAD_BYTES, Kind, identify, is_zip
+from audit.binformat import HEAD_BYTES, Kind, identify
+from audit.linkage.containers.category import READ, member_category
 from audit.errors import InputError
 from audit.linkage.containers.tars import bounded_members
-from audit.linkage.resolution.native import AUDITED
-from audit.python_source.reader import is_python_source, stream_may_load
+from audit.python_source.reader import stream_may_load
 
 _MAX_MEMBERS = 500_000
 _MAX_HOPS = 40  # symlinks followed in one path, as ld.so's kernel allows (ELOOP)
@@ -83,13 +83,13 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                     elif m.isreg():
                         fh = tf.extractfile(m)
                         head = fh.read(HEAD_BYTES)
-                        kind = identify(head, m.size)
-                        source = not kind.binary and is_python_source(name)  # written, kept if it calls a loader
-                        archive = not kind.binary and is_zip(head)  # a jar, an egg: written, read as a wheel
-                        # ELF, PE (Library/bin/*.dll), Mach-O (lib/*.dylib), and the two above
-                        if kind not in AUDITED and not source and not archive:
+                        # as every container's members: ELF, PE (Library/bin/*.dll), Mach-O
+                        # (lib/*.dylib), Python loaders, zips (jars), tarballs and .debs are written
+                        category = member_category(head, m.size, name)
+                        if category not in READ or category == "static":
                             tree.add(name, _Node("file"))  # replaces what was there; not written
-                            if kind.binary:
+                            if isinstance(category, Kind) or category == "static":  # static: read again later
+                                kind = identify(head, m.size)
                                 out.append(Extracted(name, None, False, f"{kind.value}: format not audited", kind))
                             continue
                         total += m.size
@@ -103,14 +103,14 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         with open(blob, "xb") as w:
                             w.write(head)
                             shutil.copyfileobj(fh, w, 1 << 20)
-                        if source:
+                        if category == "python":  # kept where it calls a loader
                             with open(blob, "rb") as r:
                                 if not stream_may_load(r):
                                     os.unlink(blob)
                                     total -= m.size
                                     tree.add(name, _Node("file"))
                                     continue
-                        tree.add(name, _Node("file", blob=blob, source=source, archive=archive))
+                        tree.add(name, _Node("file", blob=blob, category=category))
                     else:  # a device or FIFO: never created
                         tree.add(name, _Node("file"))
         except InputError:
@@ -139,17 +139,15 @@ class Extracted:
     audited: bool  # an ELF file's first name (its other names are found by name only)
     error: str | None = None  # why it is an error (a binary whose format is not audited)
     kind: Kind = Kind.ELF
-    source: bool = False  # a Python source that calls a library loader, not a binary
-    archive: bool = False  # a zip archive (jar, egg), read as a wheel is
+    category: str = "binary"  # member_category's: binary, python (calls a loader), zip, tar or deb
 
 
 @dataclass
 class _Node:
     kind: str  # "dir" | "file" | "link"
     target: str | None = None  # of a link
-    blob: str | None = None  # of an ELF file: where its bytes wait (a hard link shares them); others are not written
-    source: bool = False  # a Python source that calls a library loader (written, audited like a binary)
-    archive: bool = False  # a zip archive (jar, egg): written, its members audited
+    blob: str | None = None  # of a member to read: where its bytes wait (a hard link shares them); others are not written
+    category: str = "binary"  # of a written file (member_category)
 
 
 class _Tree:
@@ -271,7 +269,7 @@ class _Tree:
                 else:
                     os.rename(node.blob, target)
                     placed[node.blob] = target
-                    out.append(Extracted(key, target, True, source=node.source, archive=node.archive))
+                    out.append(Extracted(key, target, True, category=node.category))
             elif node.kind == "link" and not node.target.startswith("/"):  # an absolute one names the host
                 os.symlink(node.target, target)
                 out.append(Extracted(key, target, False))

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_zip
 from audit.errors import InputError
+from audit.linkage.containers.category import COMPRESSED_TAR, member_category
 from audit.linkage.containers.conda import _package_tar, extract_conda, is_conda
 from audit.linkage.containers.conda import _safe as _conda_safe
 from audit.linkage.resolution.fs import HOST, ConfinedFS, FileSystem
@@ -38,7 +39,6 @@ from audit.python_source.reader import is_python_source, stream_may_load
 _MAX_WHEEL_MEMBERS = 200_000
 MAX_ZIP_DEPTH = 4  # zip archives inside zip archives (a jar in a wheel, a jar in a jar), read this deep
 MAX_NESTED_ZIPS = 4096  # and this many in one run (pyspark's wheel holds ~250 jars)
-_COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
 _PARALLEL_UNPACK_BYTES = 16 << 20  # compressed bytes below which one process unpacks a wheel
 # Members smaller than this may compress as well as they like: they cannot fill a disk, and real
 # ones do (cuDNN 9's libcudnn_engines_tensor_ir.so.9: 2 MB at 327:1).
@@ -263,7 +263,7 @@ class Inputs:
             yield from _members_of(arg, self._wheel(arg, arg))
         elif _starts_as(arg, is_deb):  # a Debian package: its data.tar's members
             yield from _members_of(arg, self._deb(arg, arg))
-        elif arg.endswith(_COMPRESSED_TAR):  # an sdist, a build's tarball (a compressed image: an error)
+        elif arg.endswith(COMPRESSED_TAR):  # an sdist, a build's tarball (a compressed image: an error)
             yield from _members_of(arg, self._tar_files(arg, arg, "compressed_tar", explicit=True))
         elif _is_tar(arg):
             yield from (self._image(arg) if tar_kind(arg) == "image" else
@@ -347,7 +347,7 @@ class Inputs:
         inside that folder only (ConfinedFS), never on this machine."""
         folder = tempfile.mkdtemp(prefix="archive-", dir=self._archive_tmp())
         conda = is_conda(report) and kind == "zip"
-        suffix = next((s for s in _COMPRESSED_TAR if report.endswith(s)), ".tar")
+        suffix = next((s for s in COMPRESSED_TAR if report.endswith(s)), ".tar")
         name = "package.conda" if conda else "archive.zip" if kind == "zip" else "package.deb" if kind == "deb" \
             else "archive" + suffix
         host = os.path.join(folder, name)
@@ -357,7 +357,7 @@ class Inputs:
         layer, before = tree.layer_of(entry), self._under
         self._under = folder
         read = self._conda if conda else self._wheel if kind == "zip" else self._deb if kind == "deb" else \
-            (lambda r, h: self._tar_files(r, h, "compressed_tar" if h.endswith(_COMPRESSED_TAR) else "tar"))
+            (lambda r, h: self._tar_files(r, h, "compressed_tar" if h.endswith(COMPRESSED_TAR) else "tar"))
         try:
             for inp in read(report, host):
                 inp.layer = layer
@@ -402,7 +402,7 @@ class Inputs:
             return
         self.seen.add(real)
         kind = identify(head, size)
-        if not explicit and not kind.binary and host.endswith(_COMPRESSED_TAR):
+        if not explicit and not kind.binary and host.endswith(COMPRESSED_TAR):
             # an sdist, or a tarball of a build: its members that need reading are audited
             self.seen.discard(real)
             yield from _members_of(report, self._tar_files(report, host, "compressed_tar"))
@@ -461,7 +461,7 @@ class Inputs:
                     yield Input(report, None, True, why)
                     return
                 folder = tempfile.mkdtemp(prefix="deb-", dir=self._under or self._archive_tmp())
-                suffix = next((s for s in _COMPRESSED_TAR if data[0].name.endswith(s)), ".tar")
+                suffix = next((s for s in COMPRESSED_TAR if data[0].name.endswith(s)), ".tar")
                 tarball = os.path.join(folder, "data" + suffix)
                 with open(tarball, "wb") as out:
                     for at in range(data[0].offset, data[0].offset + data[0].size, 1 << 20):
@@ -504,7 +504,7 @@ class Inputs:
                             image = True
                             break
                     head = src.read(HEAD_BYTES)
-                    category = _category(head, m.size, m.name)
+                    category = member_category(head, m.size, m.name)
                     written.pop(name, None)  # a later member of a name replaces the earlier, as extraction does
                     if category is None:  # data: whatever its name
                         continue
@@ -639,7 +639,7 @@ class Inputs:
                 return
             # Which members are ELF files: each member's first bytes, read on every core.
             chunks = [members[i::jobs] for i in range(jobs)] if jobs > 1 and len(members) > 256 else [members]
-            wanted: dict[str, str] = {}  # member -> its category (_category): each is unpacked, then read
+            wanted: dict[str, str] = {}  # member -> its category (member_category): each is unpacked, then read
             unreadable: dict[str, str] = {}
             for got, bad in map_ordered(_ElfSniffer(host, self.limits), chunks, jobs):
                 wanted.update(got)
@@ -713,7 +713,7 @@ class Inputs:
             elif kind == "deb":
                 yield from self._deb(report, host)
             else:
-                yield from self._tar_files(report, host, "compressed_tar" if host.endswith(_COMPRESSED_TAR) else "tar")
+                yield from self._tar_files(report, host, "compressed_tar" if host.endswith(COMPRESSED_TAR) else "tar")
         finally:
             self._zip_depth -= 1
 
@@ -733,7 +733,7 @@ class Inputs:
             yield Input(report, None, True, exc.message)
             return
         members = MemberSet(report, (Member(x.written, f"{report}{WHEEL_SEP}{x.name}")
-                                     for x in extracted if x.written and not x.source and not x.archive))
+                                     for x in extracted if x.written and x.category == "binary"))
         prefix = self.conda_prefix
         scope = Scope(fallback=[("conda-prefix", os.path.join(prefix, "lib"))]) if prefix else None
         archives = [x.name for x in extracted if x.kind is Kind.STATIC_ARCHIVE]
@@ -744,11 +744,13 @@ class Inputs:
                 continue
             elif x.error:
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", None, True, x.error)
-            elif x.archive and x.audited:  # a jar, an egg: its members audited in turn
-                yield from self._nested(f"{report}{WHEEL_SEP}{x.name}", x.written, "zip")
-            elif x.audited:
+            elif not x.audited:  # another name of a member (a link): found by name only
+                continue
+            elif x.category == "binary":
                 self.seen.add(self._real(x.written))
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", x.written, True, members=members, scope=scope)
+            else:  # a Python loader; a jar, tarball or .deb, whose members are audited in turn
+                yield from self._unpacked(report, [(f"{report}{WHEEL_SEP}{x.name}", x.written, x.category)])
 
     def _conda_archives(self, report: str, host: str, names: list[str]):
         """The static archives of a conda package (extract_conda writes ELF files only): the
@@ -837,7 +839,7 @@ def _member_error(exc: BaseException) -> str:
 
 
 class _ElfSniffer:
-    """What each member (of one chunk) needs, from its first bytes (_category): the members to
+    """What each member (of one chunk) needs, from its first bytes (member_category): the members to
     unpack and read, each with its category; and why each other member is an error (its start
     cannot be read, it is a binary of a format not audited, a Python source past the limits).
     A Python source is read whole, in chunks, and wanted only where it names a library loader."""
@@ -852,7 +854,7 @@ class _ElfSniffer:
             try:
                 with zf.open(m) as fh:
                     head = fh.read(HEAD_BYTES)
-                category = _category(head, m.file_size, m.filename)
+                category = member_category(head, m.file_size, m.filename)
                 if isinstance(category, Kind):  # reported as an error: a binary the audit cannot read yet
                     bad[m.filename] = not_audited(category)
                 elif category == "python":
@@ -933,26 +935,6 @@ _COFF_MAGICS = (b"\x64\x86", b"\x64\xaa", b"\x4c\x01", b"\x41\xa6")  # x86-64, a
 
 def not_audited(kind: Kind) -> str:
     return f"{kind.value}: format not audited"
-
-
-def _category(head: bytes, size: int, name: str) -> str | Kind | None:
-    """What an archive member whose first bytes are `head` needs: "binary", "static", "deb",
-    "zip", "tar", "python" (read if it calls a loader), the Kind of a binary the audit does not read
-    (an error), or None (data)."""
-    kind = identify(head, size)
-    if kind in AUDITED:
-        return "binary"
-    if is_deb(head):
-        return "deb"
-    if kind is Kind.STATIC_ARCHIVE:
-        return "static"
-    if kind.binary:
-        return kind
-    if is_zip(head):
-        return "zip"
-    if looks_like_tar(head) or name.endswith(_COMPRESSED_TAR):
-        return "tar"
-    return "python" if is_python_source(name) else None
 
 
 def _starts_as(path: str, test) -> bool:
