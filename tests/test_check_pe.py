@@ -218,6 +218,22 @@ def test_mixed_folder_elf_and_dll(pe_libs, tmp_path, capsys):
 
 
 
+def test_inspect_counts_what_it_read_by_format(pe_libs, tmp_path):
+    """inspect's last line counts the files of each format it read (it said "ELF file(s)" of DLLs)."""
+    import sys
+
+    gcc = require_tool("gcc")
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "clean.c").write_text("int fk_clean(void) { return 1; }\n")
+    run([gcc, "-shared", "-fPIC", "-o", "libclean.so", "clean.c"], cwd=d)
+    (d / "clean.c").unlink()
+    shutil.copy(pe_libs["app"], d / "fkapp.dll")
+    (d / "notes.txt").write_text("not a binary\n")
+    r = subprocess.run([sys.executable, "-m", "audit", "inspect", str(d)], capture_output=True, text=True, timeout=300)
+    assert r.stdout.splitlines()[-1] == "2 file(s) read (1 PE, 1 ELF), 0 unreadable, 1 skipped (nothing to audit)"
+
+
 @pytest.mark.parametrize("fmt", ["json", "sarif", "junit", "github", "text"])
 def test_every_output_format_on_a_pe_finding(pe_libs, tmp_path, capsys, fmt):
     app = alone(pe_libs["app"], tmp_path)

@@ -126,7 +126,7 @@ def test_a_folder_without_elf_files_exits_3_as_check_does(tmp_path):
     r = inspect(tmp_path)
     assert r.returncode == 3
     assert r.stderr.splitlines() == [f"error: no ELF file found in {tmp_path}: nothing was read"]
-    assert r.stdout.splitlines()[-1] == "0 ELF file(s) read, 0 unreadable, 2 non-ELF skipped"
+    assert r.stdout.splitlines()[-1] == "0 file(s) read, 0 unreadable, 2 skipped (nothing to audit)"
     doc = json.loads(inspect("--json", tmp_path).stdout)
     assert doc["files"] == [] and [e["error"] for e in doc["errors"]] == [
         f"no ELF file found in {tmp_path}: nothing was read"]

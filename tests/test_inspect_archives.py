@@ -81,7 +81,7 @@ def test_inspect_reports_a_bad_archive_member_in_one_line(libs, tmp_path, capsys
     rc, out, err = cli(capsys, "inspect", evil)
     assert rc == EXIT_INPUT
     assert err == f"error: {evil}!/../../outside/libapp.so: unsafe member path in wheel\n"
-    assert out.endswith("0 ELF file(s) read, 1 unreadable, 0 non-ELF skipped\n")
+    assert out.endswith("0 file(s) read, 1 unreadable, 0 skipped (nothing to audit)\n")
     assert not (tmp_path.parent / "outside").exists()
 
 

@@ -357,10 +357,23 @@ def render_text(result: InspectResult) -> str:
             lines += [f"  warning: {esc(w)}" for w in result.tree_warnings.get(f.path, [])]
             text += "\n" + "\n".join(lines)
         parts.append(text)
-    tail = f"{len(result.files)} ELF file(s) read, {len(result.errors)} unreadable, {result.skipped} non-ELF skipped"
+    tail = f"{len(result.files)} file(s) read{_by_format(result.files)}, {len(result.errors)} unreadable, " \
+           f"{result.skipped} skipped (nothing to audit)"
     if result.entry_errors:
         tail += f"; {len(result.entry_errors)} device-code entr{'y' if len(result.entry_errors) == 1 else 'ies'} unreadable"
     return no_commands("\n\n".join(parts + [tail]))
+
+
+_FORMAT_NAMES = {"elf": "ELF", "pe": "PE", "macho": "Mach-O", "python": "Python"}
+
+
+def _by_format(files) -> str:
+    """" (2 ELF, 1 PE)": how many of each format were read (ELF, PE, Mach-O, Python source)."""
+    counts: dict[str, int] = {}
+    for f in files:
+        name = _FORMAT_NAMES.get(getattr(f, "format", "elf"), str(getattr(f, "format", "elf")))
+        counts[name] = counts.get(name, 0) + 1
+    return f" ({', '.join(f'{n} {name}' for name, n in counts.items())})" if counts else ""
 
 
 def _load_policy(path: str | None):
