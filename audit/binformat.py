@@ -1,7 +1,7 @@
 """What kind of binary a file is, from its first bytes: the formats the audit reads (ELF, PE,
 Mach-O, COFF, static archives) and the native or device-code formats and archives it does not
-read yet (an RPM, a 7-Zip or cpio archive, ...), which must never be skipped as if they were data.
-Zip archives and Debian packages are containers the inputs open (is_zip, is_deb).
+read yet (a 7-Zip or cpio archive, ...), which must never be skipped as if they were data.
+Zip archives, Debian and RPM packages are containers the inputs open (is_zip, is_deb, is_rpm).
 
     kind = identify(first_bytes, size)   # first_bytes: at least HEAD_BYTES of the file, or all of it
 
@@ -30,8 +30,10 @@ class Kind(Enum):
     CLANG_OFFLOAD_BUNDLE = "clang offload bundle"
     CLANG_OFFLOAD_BUNDLE_COMPRESSED = "compressed clang offload bundle (CCOB)"
     NVIDIA_FATBIN = "NVIDIA fatbin"
-    # archives the audit cannot open yet: they may hold binaries, so never data
+    # a container the inputs open (is_rpm); still a binary, so that where one is not opened (a
+    # static archive's member) it is an error, never data, as a .deb is there (an ar archive)
     RPM_PACKAGE = "RPM package"
+    # archives the audit cannot open yet: they may hold binaries, so never data
     SEVEN_ZIP = "7-Zip archive"
     CABINET = "Microsoft cabinet archive"
     CPIO = "cpio archive"
@@ -66,6 +68,15 @@ def is_deb(head: bytes) -> bool:
     return head[:8] == b"!<arch>\n" and head[8:24].rstrip(b" /") == b"debian-binary"
 
 
+RPM_MAGIC = b"\xed\xab\xee\xdb"  # an RPM package's lead
+
+
+def is_rpm(head: bytes) -> bool:
+    """An RPM package (a container: the files its payload installs are opened,
+    audit/linkage/containers/rpm.py)."""
+    return head[:4] == RPM_MAGIC
+
+
 def identify(head: bytes, size: int | None = None) -> Kind:
     """The kind of a file whose first bytes are `head` (HEAD_BYTES of them, or the whole file)
     and whose size is `size` (None: len(head))."""
@@ -88,6 +99,8 @@ def identify(head: bytes, size: int | None = None) -> Kind:
             return Kind.CLANG_OFFLOAD_BUNDLE_COMPRESSED
     if head[:4] == b"\x50\xed\x55\xba":  # 0xBA55ED50, little-endian
         return Kind.NVIDIA_FATBIN
+    if is_rpm(head):
+        return Kind.RPM_PACKAGE
     archive = _opaque_archive(head)
     if archive is not None:
         return archive
@@ -98,7 +111,7 @@ def identify(head: bytes, size: int | None = None) -> Kind:
     return _coff_object(head, size)
 
 
-_OPAQUE = ((b"\xed\xab\xee\xdb", Kind.RPM_PACKAGE), (b"7z\xbc\xaf\x27\x1c", Kind.SEVEN_ZIP),
+_OPAQUE = ((b"7z\xbc\xaf\x27\x1c", Kind.SEVEN_ZIP),
            (b"MSCF\0\0\0\0", Kind.CABINET), (b"070701", Kind.CPIO),
            (b"070702", Kind.CPIO), (b"070707", Kind.CPIO), (b"hsqs", Kind.SQUASHFS), (b"sqsh", Kind.SQUASHFS),
            (b"xar!\x00\x1c", Kind.XAR))

@@ -1,8 +1,8 @@
 """Archives other than wheels are containers, never data: a zip archive (a Java archive with JNI
-libraries, an egg, a plain zip), a Debian package and a tarball. Named, found in a folder, inside a
-wheel, a conda package or a container image, their members are audited as a wheel's are. The
-libraries are gcc-built; a jar's native library NEEDs cuDNN as real JNI wrappers of CUDA libraries
-do; the .deb files are built by dpkg-deb."""
+libraries, an egg, a plain zip), a Debian package, an RPM package and a tarball. Named, found in a
+folder, inside a wheel, a conda package or a container image, their members are audited as a
+wheel's are. The libraries are gcc-built; a jar's native library NEEDs cuDNN as real JNI wrappers
+of CUDA libraries do; the .deb files are built by dpkg-deb, the .rpm files by rpmbuild."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from conftest import require_tool
 from linkage_fixtures import cc_shared
 
-from audit.errors import EXIT_INPUT, EXIT_VIOLATION
+from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 from audit.linkage.check import check_paths
 from audit.linkage.containers.inputs import MAX_ZIP_DEPTH
 from audit.linkage.judging.policy import load_policy
@@ -292,16 +292,23 @@ def test_a_tar_member_given_twice_is_the_last_one(tmp_path):
     assert report.files == [] and report.skipped.get("compressed_tar") == 1
 
 
-def _rpm(tmp_path, lib: Path) -> Path:
-    top = tmp_path / "rpmbuild"
-    spec = tmp_path / "fk.spec"
+def _rpm(tmp_path, lib: Path, payload: str | None = None, links: bool = False) -> Path:
+    """fk-1.0-1.x86_64.rpm, built by rpmbuild, installing `lib` as /usr/lib/libfk.so; its payload
+    compressed as `payload` says (rpm's `_binary_payload`, e.g. w2.xzdio; None: rpmbuild's
+    default); with `links`, also a hard link (/usr/lib/libfk-hard.so) and a symlink to it
+    (/usr/lib/libfk.so.1)."""
+    top = tmp_path / f"rpmbuild-{payload or 'default'}{'-links' if links else ''}"
+    spec = top.with_suffix(".spec")
+    more = ("ln %{buildroot}/usr/lib/libfk.so %{buildroot}/usr/lib/libfk-hard.so\n"
+            "ln -s libfk.so %{buildroot}/usr/lib/libfk.so.1\n") if links else ""
     spec.write_text(f"Name: fk\nVersion: 1.0\nRelease: 1\nSummary: fk\nLicense: MIT\nBuildArch: x86_64\n"
                     f"%description\nfk\n%install\nmkdir -p %{{buildroot}}/usr/lib\n"
-                    f"cp {lib} %{{buildroot}}/usr/lib/libfk.so\n%files\n/usr/lib/libfk.so\n")
+                    f"cp {lib} %{{buildroot}}/usr/lib/libfk.so\n{more}%files\n/usr/lib/libfk*\n")
     import subprocess
 
     subprocess.run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", "--define", "debug_package %{nil}",
-                    "--define", "__strip /bin/true", str(spec)], check=True, capture_output=True)
+                    "--define", "__strip /bin/true", *(["--define", f"_binary_payload {payload}"] if payload else []),
+                    str(spec)], check=True, capture_output=True)
     (rpm,) = top.glob("RPMS/*/*.rpm")
     return rpm
 
@@ -314,7 +321,6 @@ OPAQUE = {
     "cab": ("gcab", "Microsoft cabinet archive", lambda d, lib: _run_tool(d, "lib.cab", ["gcab", "-c", "-n", "lib.cab", str(lib)])),
     "squashfs": ("mksquashfs", "squashfs image",
                  lambda d, lib: _run_tool(d, "lib.sqsh", ["mksquashfs", str(lib.parent), "lib.sqsh", "-quiet", "-noappend"])),
-    "rpm": ("rpmbuild", "RPM package", lambda d, lib: _rpm(d, lib)),
 }
 
 
@@ -344,6 +350,141 @@ def test_an_archive_the_audit_cannot_open_is_an_error_never_data(jni, tmp_path, 
     made.rename(placed)
     report = audit(tmp_path / "dist")
     assert [(f.path, f.verdict, f.error) for f in report.files] == [(str(placed), "error", f"{name}: format not audited")]
+
+
+@pytest.fixture
+def rpm_of(jni, tmp_path):
+    """rpm_of(which="cudnn", **_rpm's options): an RPM built by rpmbuild holding the gcc-built
+    library that NEEDs libcudnn.so.9 (or the clean one), as /usr/lib/libfk.so."""
+    require_tool("rpmbuild")
+
+    def make(which: str = "cudnn", **kw) -> Path:
+        src = tmp_path / f"src-{which}"
+        src.mkdir(exist_ok=True)
+        (src / "libjni.so").write_bytes(jni[which])
+        return _rpm(tmp_path, src / "libjni.so", **kw)
+
+    return make
+
+
+def _placed(made: Path, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return made.rename(folder / made.name)
+
+
+def test_an_rpm_built_by_rpmbuild_is_audited_named_and_in_a_folder(rpm_of, tmp_path):
+    """The files an RPM's payload installs are audited, named from the package; before, the RPM
+    was an error ("RPM package: format not audited") and its library never read."""
+    rpm = _placed(rpm_of(), tmp_path / "dist")
+    for arg in (rpm, tmp_path / "dist"):
+        report = audit(arg)
+        assert [(f.path, f.verdict, cudnn_needed(f)) for f in report.files] == [
+            (f"{rpm}!/usr/lib/libfk.so", "fail", True)], arg
+        assert report.exit_code == EXIT_VIOLATION
+
+
+def test_a_clean_rpm_passes(rpm_of, tmp_path):
+    rpm = _placed(rpm_of("clean"), tmp_path / "dist")
+    report = audit(rpm)
+    assert [(f.path, f.verdict) for f in report.files] == [(f"{rpm}!/usr/lib/libfk.so", "pass")]
+    assert report.exit_code == EXIT_OK
+
+
+# rpm's payload compressors (`_binary_payload`) and the name its PAYLOADCOMPRESSOR tag gives each
+RPM_PAYLOADS = {"w9.gzdio": "gzip", "w2.xzdio": "xz", "w19.zstdio": "zstd", "w9.bzdio": "bzip2",
+                "w6.lzdio": "lzma", "w0.ufdio": "(none)"}
+
+
+@pytest.mark.parametrize("payload", sorted(RPM_PAYLOADS))
+def test_an_rpm_is_read_whatever_its_payload_compression(rpm_of, tmp_path, payload):
+    import subprocess
+
+    rpm_tool = require_tool("rpm")
+    try:
+        rpm = rpm_of(payload=payload)
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"this rpmbuild cannot write a {payload} payload: {exc.stderr.decode()[-200:]}")
+    used = subprocess.run([rpm_tool, "-qp", "--qf", "%{PAYLOADCOMPRESSOR}", str(rpm)], check=True,
+                          capture_output=True, text=True).stdout
+    if used != RPM_PAYLOADS[payload]:
+        pytest.skip(f"this rpmbuild wrote a {used} payload when asked for {payload}")
+    report = audit(rpm)
+    assert [(f.path, f.verdict, cudnn_needed(f)) for f in report.files] == [
+        (f"{rpm}!/usr/lib/libfk.so", "fail", True)]
+
+
+def test_an_rpm_s_hard_link_and_symlink_are_its_library_audited_once(rpm_of):
+    """In the payload a hard link's earlier names are empty (the data comes with the last one) and
+    a symlink holds its target: the library is audited once, under the name that carries it."""
+    rpm = rpm_of(links=True)
+    report = audit(rpm)
+    assert len(report.files) == 1 and cudnn_needed(report.files[0])
+    assert report.files[0].path in (f"{rpm}!/usr/lib/libfk.so", f"{rpm}!/usr/lib/libfk-hard.so")
+
+
+@pytest.mark.parametrize("cut", ["half", "payload"])
+def test_a_truncated_rpm_is_an_input_error_in_one_line(rpm_of, tmp_path, capsys, cut):
+    """rpmbuild's bytes cut in half (inside its headers) or 64 bytes short (inside its payload):
+    an input error (exit 3) saying it is truncated, never a pass, never a traceback."""
+    data = rpm_of().read_bytes()
+    bad = tmp_path / "dist" / "fk-cut.rpm"
+    bad.parent.mkdir()
+    bad.write_bytes(data[:len(data) // 2] if cut == "half" else data[:-64])
+    report = audit(bad)
+    (f,) = report.files
+    assert f.path == str(bad) and f.verdict == "error" and "truncated RPM" in f.error, f.error
+    assert report.exit_code == EXIT_INPUT
+    for arg in (bad, bad.parent):
+        rc, out, err = cli(capsys, "check", arg)
+        assert rc == EXIT_INPUT and "truncated RPM" in out and "Traceback" not in out + err
+
+
+def test_an_rpm_whose_payload_cannot_be_read_is_an_error_naming_its_compressor(rpm_of, tmp_path):
+    """rpmbuild's xz payload with its magic bytes zeroed: a compression this does not know is an
+    error naming what the package's header says, never data."""
+    data = bytearray(rpm_of(payload="w2.xzdio").read_bytes())
+    at = data.index(b"\xfd7zXZ\x00")  # the payload's first bytes (six bytes no header holds by chance)
+    data[at:at + 6] = bytes(6)
+    bad = tmp_path / "fk-damaged.rpm"
+    bad.write_bytes(bytes(data))
+    report = audit(bad)
+    assert [(f.path, f.verdict) for f in report.files] == [(str(bad), "error")]
+    assert "payload compressed with xz" in report.files[0].error and report.exit_code == EXIT_INPUT
+
+
+def test_an_rpm_in_an_image_is_audited_inside_itself_only(rpm_of, tmp_path):
+    from tests.image_fixtures import layer_tar, oci_layout
+
+    rpm = rpm_of()
+    layer = layer_tar([("dir", "var"), ("dir", "var/cache"), ("file", "var/cache/fk.rpm", rpm.read_bytes())])
+    image = oci_layout(tmp_path / "img", [layer], how="gzip")
+    report = audit(image)
+    assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{image}!/var/cache/fk.rpm!/usr/lib/libfk.so", True)]
+
+
+def test_an_rpm_in_a_wheel_a_tarball_and_a_conda_package_is_audited(rpm_of, tmp_path):
+    import tarfile
+
+    from tests.test_conda import BUILDERS
+
+    data = rpm_of().read_bytes()
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr("demo/fk.rpm", data)
+    tgz = tmp_path / "sdk.tar.gz"
+    with tarfile.open(tgz, mode="w:gz") as tf:
+        ti = tarfile.TarInfo("sdk/fk.rpm")
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+    for arg, inner in ((whl, "demo/fk.rpm"), (tgz, "sdk/fk.rpm")):
+        report = audit(arg)
+        assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{arg}!/{inner}!/usr/lib/libfk.so", True)]
+    for fmt, build in BUILDERS.items():
+        pkg = build(tmp_path, [("share/rpms/fk.rpm", "file", data)])
+        report = audit(pkg)
+        assert [(f.path, cudnn_needed(f)) for f in report.files] == [
+            (f"{pkg}!/share/rpms/fk.rpm!/usr/lib/libfk.so", True)], fmt
+        assert report.verdict == "fail"
 
 
 def test_an_image_inside_a_wheel_is_an_error_not_loose_files(tmp_path):

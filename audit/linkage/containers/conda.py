@@ -84,7 +84,7 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         fh = tf.extractfile(m)
                         head = fh.read(HEAD_BYTES)
                         # as every container's members: ELF, PE (Library/bin/*.dll), Mach-O
-                        # (lib/*.dylib), Python loaders, zips (jars), tarballs and .debs are written
+                        # (lib/*.dylib), Python loaders, zips (jars), tarballs, .debs and .rpms are written
                         category = member_category(head, m.size, name)
                         if category not in READ or category == "static":
                             tree.add(name, _Node("file"))  # replaces what was there; not written
@@ -139,7 +139,7 @@ class Extracted:
     audited: bool  # an ELF file's first name (its other names are found by name only)
     error: str | None = None  # why it is an error (a binary whose format is not audited)
     kind: Kind = Kind.ELF
-    category: str = "binary"  # member_category's: binary, python (calls a loader), zip, tar or deb
+    category: str = "binary"  # member_category's: binary, python (calls a loader), zip, tar, deb or rpm
 
 
 @dataclass

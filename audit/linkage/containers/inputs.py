@@ -1,6 +1,6 @@
 """The inputs of `check`: PATH arguments expanded into ELF files (files, directory trees, wheels,
-conda packages (conda.py), container images (image.py, layers.py), and the object files of the
-static archives named or met in any of them (static_archive.py)).
+conda packages (conda.py), RPM packages (rpm.py), container images (image.py, layers.py), and the
+object files of the static archives named or met in any of them (static_archive.py)).
 
 Nothing here judges a file; a member that cannot be read becomes an Input with an error.
 """
@@ -20,7 +20,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field, replace
 
-from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_zip
+from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_rpm, is_zip
 from audit.errors import InputError
 from audit.linkage.containers.category import COMPRESSED_TAR, member_category
 from audit.linkage.containers.conda import _package_tar, extract_conda, is_conda
@@ -32,6 +32,7 @@ from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.containers.identity import Container, PackageId, container, dpkg_owners, owner_of
 from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
+from audit.linkage.containers.rpm import rpm_members
 from audit.linkage.containers.static_archive import ArMember, read_members
 from audit.linkage.containers.tars import RATIO_FLOOR, safe_member, tar_members, tar_read_error
 from audit.python_source.reader import is_python_source, stream_may_load
@@ -263,6 +264,8 @@ class Inputs:
             yield from _members_of(arg, self._wheel(arg, arg))
         elif _starts_as(arg, is_deb):  # a Debian package: its data.tar's members
             yield from _members_of(arg, self._deb(arg, arg))
+        elif _starts_as(arg, is_rpm):  # an RPM package: its payload's members
+            yield from _members_of(arg, self._rpm(arg, arg))
         elif arg.endswith(COMPRESSED_TAR):  # an sdist, a build's tarball (a compressed image: an error)
             yield from _members_of(arg, self._tar_files(arg, arg, "compressed_tar", explicit=True))
         elif _is_tar(arg):
@@ -327,7 +330,7 @@ class Inputs:
                 yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
                 continue
             yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
-        for path, entry, kind in tree.archives():  # jars, wheels, tarballs, .debs: members resolved among themselves
+        for path, entry, kind in tree.archives():  # jars, wheels, tarballs, .debs, .rpms: resolved among themselves
             found += 1
             why = self.limits.refuse(entry.size, entry.size)  # read whole into memory, as an ELF file is
             if why:
@@ -349,7 +352,7 @@ class Inputs:
         conda = is_conda(report) and kind == "zip"
         suffix = next((s for s in COMPRESSED_TAR if report.endswith(s)), ".tar")
         name = "package.conda" if conda else "archive.zip" if kind == "zip" else "package.deb" if kind == "deb" \
-            else "archive" + suffix
+            else "package.rpm" if kind == "rpm" else "archive" + suffix
         host = os.path.join(folder, name)
         with open(host, "wb") as fh:
             fh.write(tree._bytes(entry))
@@ -357,6 +360,7 @@ class Inputs:
         layer, before = tree.layer_of(entry), self._under
         self._under = folder
         read = self._conda if conda else self._wheel if kind == "zip" else self._deb if kind == "deb" else \
+            self._rpm if kind == "rpm" else \
             (lambda r, h: self._tar_files(r, h, "compressed_tar" if h.endswith(COMPRESSED_TAR) else "tar"))
         try:
             for inp in read(report, host):
@@ -399,6 +403,9 @@ class Inputs:
             return
         if not explicit and is_deb(head):  # a Debian package met in a folder
             yield from _members_of(report, self._deb(report, host))
+            return
+        if not explicit and is_rpm(head):  # an RPM package met in a folder
+            yield from _members_of(report, self._rpm(report, host))
             return
         self.seen.add(real)
         kind = identify(head, size)
@@ -474,13 +481,20 @@ class Inputs:
             return
         yield from self._tar_files(report, tarball, "tar")
 
-    def _tar_files(self, report: str, host: str, why: str, explicit: bool = False):
+    def _rpm(self, report: str, host: str):
+        """An RPM package: the files its cpio payload installs (rpm.py), read in place as a
+        tarball's members are, named from the package (`libx.rpm!/usr/lib64/libx.so.1`). One
+        with nothing to read is counted as skipped (`rpm`)."""
+        yield from self._tar_files(report, host, "rpm", read=rpm_members)
+
+    def _tar_files(self, report: str, host: str, why: str, explicit: bool = False, read=tar_members):
         """A tar that is not an image (an sdist, a tarball of a build; plain, gzip, xz, bzip2 or
         zstd): every regular member that needs reading (a binary, a static archive, a zip archive
         or tar inside, a Python source that calls a library loader) is written out under its own
         name and audited as a wheel's members are; links are not created (members are found by
         name, as a wheel's). One with nothing to read is counted as skipped (`why`), or, named on
-        the command line, an error."""
+        the command line, an error. `read` lists the members: tar_members, or rpm_members for an
+        RPM's payload (the same (TarInfo, stream) pairs)."""
         if self._again(host):
             return
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-tar-", dir=self._under)
@@ -492,8 +506,7 @@ class Inputs:
         total, image, marks = 0, False, set()
         try:
             with open(host, "rb") as fh:
-                for m, src in tar_members(fh, os.fstat(fh.fileno()).st_size, self.limits.ratio,
-                                          self.limits.total_bytes):
+                for m, src in read(fh, os.fstat(fh.fileno()).st_size, self.limits.ratio, self.limits.total_bytes):
                     inner = f"{report}{WHEEL_SEP}{m.name}"
                     name = safe_member(m.name)
                     if name is not None:  # docker save's manifest.json beside its layer tars, OCI's oci-layout
@@ -561,9 +574,9 @@ class Inputs:
 
     def _unpacked(self, report: str, members: list[tuple[str, str, str]]):
         """The inputs of an archive's members written out: (name as reported, where written,
-        category: "binary", "python", "static", "zip" or "tar")."""
+        category: "binary", "python", "static", "zip", "tar", "deb" or "rpm")."""
         binaries = MemberSet(report, (Member(dest, inner) for inner, dest, c in members if c == "binary"))
-        for wanted in ("binary", "python", "static", "zip", "tar", "deb"):  # binaries first: the others may need them
+        for wanted in ("binary", "python", "static", "zip", "tar", "deb", "rpm"):  # binaries first: others may need them
             for inner, dest, category in members:
                 if category != wanted:
                     continue
@@ -696,9 +709,9 @@ class Inputs:
         yield from self._unpacked(report, unpacked)
 
     def _nested(self, report: str, host: str, kind: str):
-        """A zip archive or tar that is a member of another archive (a jar in a wheel, a jar in a
-        jar, a tarball in a wheel): read as when met in a folder, MAX_ZIP_DEPTH deep at most, all of
-        them within one byte budget."""
+        """A zip archive, tar, .deb or .rpm that is a member of another archive (a jar in a wheel, a
+        jar in a jar, a tarball in a wheel): read as when met in a folder, MAX_ZIP_DEPTH deep at
+        most, all of them within one byte budget."""
         if self._zip_depth >= MAX_ZIP_DEPTH:
             yield Input(report, None, True, f"zip archive nested more than {MAX_ZIP_DEPTH} deep: not read")
             return
@@ -712,6 +725,8 @@ class Inputs:
                 yield from self._wheel(report, host)
             elif kind == "deb":
                 yield from self._deb(report, host)
+            elif kind == "rpm":
+                yield from self._rpm(report, host)
             else:
                 yield from self._tar_files(report, host, "compressed_tar" if host.endswith(COMPRESSED_TAR) else "tar")
         finally:
@@ -749,7 +764,7 @@ class Inputs:
             elif x.category == "binary":
                 self.seen.add(self._real(x.written))
                 yield Input(f"{report}{WHEEL_SEP}{x.name}", x.written, True, members=members, scope=scope)
-            else:  # a Python loader; a jar, tarball or .deb, whose members are audited in turn
+            else:  # a Python loader; a jar, tarball, .deb or .rpm, whose members are audited in turn
                 yield from self._unpacked(report, [(f"{report}{WHEEL_SEP}{x.name}", x.written, x.category)])
 
     def _conda_archives(self, report: str, host: str, names: list[str]):
@@ -938,7 +953,7 @@ def not_audited(kind: Kind) -> str:
 
 
 def _starts_as(path: str, test) -> bool:
-    """Whether the file's first bytes pass `test` (is_zip, is_deb); False where it cannot be read."""
+    """Whether the file's first bytes pass `test` (is_zip, is_deb, is_rpm); False where it cannot be read."""
     try:
         return test(_head(path)[0])
     except OSError:  # reported where the file is read

@@ -19,7 +19,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_zip
+from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_rpm, is_zip
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
 from audit.linkage.containers.image import Image, LayerRef, Region, verify_blob
@@ -288,8 +288,8 @@ class ImageTree:
         return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
 
     def archives(self) -> list[tuple[str, Entry, str]]:
-        """(path, entry, "zip" | "tar" | "deb") of every regular file of the final tree that is a
-        zip archive (a jar, an egg, a wheel, a .conda package), a Debian package or a tar (by its name: `.tar`,
+        """(path, entry, "zip" | "tar" | "deb" | "rpm") of every regular file of the final tree that is a
+        zip archive (a jar, an egg, a wheel, a .conda package), a Debian or RPM package or a tar (by its name: `.tar`,
         `.tar.gz`, `.tgz`, `.tar.xz`, `.tar.zst`), sorted by path; one name of each hard-linked set."""
         out, seen = [], set()
         for p in sorted(self.entries):
@@ -297,8 +297,9 @@ class ImageTree:
             if e.kind != "file" or (e.layer, e.member) in seen:
                 continue
             head = self._head(e, 24)
-            kind = "deb" if is_deb(head) else "zip" if is_zip(head) else "tar" if p.endswith(_TAR_NAMES) else None
-            if kind == "deb" or kind and self._kind(e) is Kind.NOT_BINARY:
+            kind = "deb" if is_deb(head) else "rpm" if is_rpm(head) else "zip" if is_zip(head) \
+                else "tar" if p.endswith(_TAR_NAMES) else None
+            if kind in ("deb", "rpm") or kind and self._kind(e) is Kind.NOT_BINARY:
                 seen.add((e.layer, e.member))
                 out.append((p, e, kind))
         return out
@@ -335,7 +336,8 @@ class ImageTree:
             if e.kind != "file" or (e.layer, e.member) in seen:
                 continue
             kind = self._kind(e)
-            if kind.binary and kind not in AUDITED and not is_deb(self._head(e, 24)):  # a .deb: archives()
+            if kind.binary and kind not in AUDITED and kind is not Kind.RPM_PACKAGE \
+                    and not is_deb(self._head(e, 24)):  # a .deb or .rpm: archives()
                 seen.add((e.layer, e.member))
                 out.append((p, e, kind))
         return out
