@@ -5,6 +5,7 @@ another reads."""
 from __future__ import annotations
 
 from audit.binformat import Kind, identify, is_deb, is_rpm, is_zip
+from audit.linkage.containers.compressed import compression
 from audit.linkage.containers.image import looks_like_tar
 from audit.linkage.resolution.native import AUDITED
 from audit.python_source.reader import is_python_source
@@ -12,13 +13,13 @@ from audit.python_source.reader import is_python_source
 COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.zst", ".tar.xz")  # an image must be an uncompressed tar
 
 # the categories that are written out and read (a Kind is a binary the audit does not read: an error)
-READ = ("binary", "python", "static", "zip", "tar", "deb", "rpm")
+READ = ("binary", "python", "static", "zip", "tar", "deb", "rpm", "compressed")
 
 
 def member_category(head: bytes, size: int, name: str) -> str | Kind | None:
-    """What a member whose first bytes are `head` needs: "binary", "static", "deb", "rpm", "zip", "tar",
-    "python" (read if it calls a loader), the Kind of a binary the audit does not read (an error),
-    or None (data)."""
+    """What a member whose first bytes are `head` needs: "binary", "static", "deb", "rpm", "zip",
+    "tar", "python" (read if it calls a loader), "compressed" (a file compressed on its own), the
+    Kind of a binary the audit does not read (an error), or None (data)."""
     kind = identify(head, size)
     if kind in AUDITED:
         return "binary"
@@ -34,4 +35,6 @@ def member_category(head: bytes, size: int, name: str) -> str | Kind | None:
         return "zip"
     if looks_like_tar(head) or name.endswith(COMPRESSED_TAR):
         return "tar"
+    if compression(head):  # libx.so.gz: decompressed, then read as what it holds (compressed.py)
+        return "compressed"
     return "python" if is_python_source(name) else None

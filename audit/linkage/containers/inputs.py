@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, replace
 
 from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_rpm, is_zip
 from audit.errors import InputError
-from audit.linkage.containers.category import COMPRESSED_TAR, member_category
+from audit.linkage.containers.category import COMPRESSED_TAR, READ, member_category
+from audit.linkage.containers.compressed import compression, decompress, inner_name, peek
 from audit.linkage.containers.conda import _package_tar, extract_conda, is_conda
 from audit.linkage.containers.conda import _safe as _conda_safe
 from audit.linkage.resolution.fs import HOST, ConfinedFS, FileSystem
@@ -330,7 +331,20 @@ class Inputs:
                 yield Input(f"{arg}!{path}", None, True, why, layer=tree.layer_of(entry))
                 continue
             yield Input(f"{arg}!{path}", None, True, not_audited(kind), scope=scope, layer=tree.layer_of(entry))
-        for path, entry, kind in tree.archives():  # jars, wheels, tarballs, .debs, .rpms: resolved among themselves
+        archives = tree.archives()  # jars, wheels, tarballs, .debs, .rpms: resolved among themselves
+        peeked = tree.peek_compressed([e for _, e, k in archives if k == "compressed"], HEAD_BYTES)
+        for path, entry, kind in archives:
+            if kind == "compressed":  # libx.so.gz: read only where it holds something to read
+                head = peeked[(entry.layer, entry.member)]
+                category = None if isinstance(head, InputError) else member_category(head, len(head), inner_name(path))
+                if isinstance(head, InputError) or isinstance(category, Kind):
+                    found += 1
+                    yield Input(f"{arg}!{path}", None, True, head.message if isinstance(head, InputError)
+                                else not_audited(category), layer=tree.layer_of(entry))
+                    continue
+                if category is None:
+                    self.skip("compressed_data")
+                    continue
             found += 1
             why = self.limits.refuse(entry.size, entry.size)  # read whole into memory, as an ELF file is
             if why:
@@ -352,7 +366,7 @@ class Inputs:
         conda = is_conda(report) and kind == "zip"
         suffix = next((s for s in COMPRESSED_TAR if report.endswith(s)), ".tar")
         name = "package.conda" if conda else "archive.zip" if kind == "zip" else "package.deb" if kind == "deb" \
-            else "package.rpm" if kind == "rpm" else "archive" + suffix
+            else "package.rpm" if kind == "rpm" else "compressed" if kind == "compressed" else "archive" + suffix
         host = os.path.join(folder, name)
         with open(host, "wb") as fh:
             fh.write(tree._bytes(entry))
@@ -360,7 +374,7 @@ class Inputs:
         layer, before = tree.layer_of(entry), self._under
         self._under = folder
         read = self._conda if conda else self._wheel if kind == "zip" else self._deb if kind == "deb" else \
-            self._rpm if kind == "rpm" else \
+            self._rpm if kind == "rpm" else self._decompressed if kind == "compressed" else \
             (lambda r, h: self._tar_files(r, h, "compressed_tar" if h.endswith(COMPRESSED_TAR) else "tar"))
         try:
             for inp in read(report, host):
@@ -413,6 +427,10 @@ class Inputs:
             # an sdist, or a tarball of a build: its members that need reading are audited
             self.seen.discard(real)
             yield from _members_of(report, self._tar_files(report, host, "compressed_tar"))
+            return
+        if not kind.binary and compression(head):  # libx.so.gz: what it inflates to is read
+            self.seen.discard(real)
+            yield from _members_of(report, self._decompressed(report, host, explicit))
             return
         if kind in AUDITED:  # ELF, PE (DLL, EXE, .pyd), Mach-O (thin or universal), COFF object
             yield Input(report, host, explicit)
@@ -576,7 +594,7 @@ class Inputs:
         """The inputs of an archive's members written out: (name as reported, where written,
         category: "binary", "python", "static", "zip", "tar", "deb" or "rpm")."""
         binaries = MemberSet(report, (Member(dest, inner) for inner, dest, c in members if c == "binary"))
-        for wanted in ("binary", "python", "static", "zip", "tar", "deb", "rpm"):  # binaries first: others may need them
+        for wanted in READ:  # binaries first: the others may need them
             for inner, dest, category in members:
                 if category != wanted:
                     continue
@@ -588,6 +606,8 @@ class Inputs:
                     yield Input(inner, dest, True)
                 elif category == "static":
                     yield from self._archive_file(inner, dest)
+                elif category == "compressed":
+                    yield from self._decompressed(inner, dest)
                 else:
                     yield from self._nested(inner, dest, category)
 
@@ -707,6 +727,48 @@ class Inputs:
                 continue
             unpacked.append((inner, os.path.join(tmp.name, *m.filename.split("/")), wanted[m.filename]))
         yield from self._unpacked(report, unpacked)
+
+    def _decompressed(self, report: str, host: str, explicit: bool = False):
+        """A file compressed on its own (gzip, xz, bzip2, zstd; compressed.py): its first bytes
+        decompressed say what it holds; one that holds something to read is decompressed (bounded
+        as a tar's stream) and read as that member would be (`libx.so.gz!/libx.so`); one of data
+        is counted as skipped (`compressed_data`), or, named, an error. Nested compression counts
+        toward MAX_ZIP_DEPTH."""
+        if self._again(host):
+            return
+        inner = inner_name(report)
+        try:
+            head = peek(host, HEAD_BYTES)
+        except InputError as exc:
+            yield Input(report, None, True, exc.message)
+            return
+        category = member_category(head, len(head), inner)
+        if isinstance(category, Kind):
+            yield Input(report, None, True, not_audited(category))
+            return
+        if category is None:
+            if explicit:
+                yield Input(report, None, True, "a compressed file holding nothing to audit")
+            else:
+                self.skip("compressed_data")
+            return
+        if self._zip_depth >= MAX_ZIP_DEPTH:
+            yield Input(report, None, True, f"compressed file nested more than {MAX_ZIP_DEPTH} deep: not read")
+            return
+        folder = tempfile.mkdtemp(prefix="inflate-", dir=self._under or self._archive_tmp())
+        for label in dict.fromkeys((folder, os.path.realpath(folder))):
+            self.labels.append((label, report))
+        dest = os.path.join(folder, inner)
+        try:
+            decompress(host, dest, self.limits.ratio, self.limits.total_bytes)
+        except InputError as exc:
+            yield Input(report, None, True, exc.message)
+            return
+        self._zip_depth += 1
+        try:
+            yield from self._unpacked(report, [(f"{report}{WHEEL_SEP}{inner}", dest, category)])
+        finally:
+            self._zip_depth -= 1
 
     def _nested(self, report: str, host: str, kind: str):
         """A zip archive, tar, .deb or .rpm that is a member of another archive (a jar in a wheel, a

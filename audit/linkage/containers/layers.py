@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_rpm, is_zip
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
+from audit.linkage.containers.compressed import compression, peek_stream
 from audit.linkage.containers.image import Image, LayerRef, Region, verify_blob
 from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED, MACHO_KINDS, PE_KINDS
@@ -101,6 +102,13 @@ def _compression(layer: LayerRef) -> str | None:
     if magic == b"\x28\xb5\x2f\xfd":
         return "zstd"
     return None
+
+
+def _peeked(fh, n: int) -> bytes | InputError:
+    try:
+        return peek_stream(fh, n)
+    except InputError as exc:
+        return exc
 
 
 def _decompressed(layer: LayerRef, kind: str):
@@ -288,9 +296,11 @@ class ImageTree:
         return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
 
     def archives(self) -> list[tuple[str, Entry, str]]:
-        """(path, entry, "zip" | "tar" | "deb" | "rpm") of every regular file of the final tree that is a
-        zip archive (a jar, an egg, a wheel, a .conda package), a Debian or RPM package or a tar (by its name: `.tar`,
-        `.tar.gz`, `.tgz`, `.tar.xz`, `.tar.zst`), sorted by path; one name of each hard-linked set."""
+        """(path, entry, "zip" | "tar" | "deb" | "rpm" | "compressed") of every regular file of the
+        final tree that is a zip archive (a jar, an egg, a wheel, a .conda package), a Debian or RPM
+        package, a tar (by its name: `.tar`, `.tar.gz`, `.tgz`, `.tar.xz`, `.tar.zst`) or a file
+        compressed on its own (libx.so.gz: peek_compressed says what it holds), sorted by path; one
+        name of each hard-linked set."""
         out, seen = [], set()
         for p in sorted(self.entries):
             e = self.entries[p]
@@ -298,10 +308,36 @@ class ImageTree:
                 continue
             head = self._head(e, 24)
             kind = "deb" if is_deb(head) else "rpm" if is_rpm(head) else "zip" if is_zip(head) \
-                else "tar" if p.endswith(_TAR_NAMES) else None
+                else "tar" if p.endswith(_TAR_NAMES) else "compressed" if compression(head) else None
             if kind in ("deb", "rpm") or kind and self._kind(e) is Kind.NOT_BINARY:
                 seen.add((e.layer, e.member))
                 out.append((p, e, kind))
+        return out
+
+    def peek_compressed(self, entries: list[Entry], n: int) -> dict[tuple[int, int], bytes | InputError]:
+        """The first `n` bytes, decompressed, of each file compressed on its own among `entries`
+        (or why they cannot be had), by (layer, member): a compressed layer is decompressed once
+        for all of its own, not once a file (most such files are data: man pages, changelogs)."""
+        out: dict[tuple[int, int], bytes | InputError] = {}
+        by_layer: dict[int, set[int]] = {}
+        for e in entries:
+            by_layer.setdefault(e.layer, set()).add(e.member)
+        for i, members in sorted(by_layer.items()):
+            blob = self.image.layers[i].blob
+            if self.compression[i] is None:
+                for e in entries:
+                    if e.layer == i:
+                        out[(i, e.member)] = _peeked(Region(blob.fd, blob.offset + e.offset, e.size), n)
+                continue
+            try:
+                with tarfile.open(fileobj=_decompressed(self.image.layers[i], self.compression[i]), mode="r|") as tf:
+                    for k, m in enumerate(tf):
+                        if k in members:
+                            out[(i, k)] = _peeked(tf.extractfile(m), n)
+            except Exception:  # noqa: BLE001  read once already; now unreadable: each left out is an error below
+                pass
+        for e in entries:
+            out.setdefault((e.layer, e.member), InputError("the layer could not be read again"))
         return out
 
     def python_sources(self) -> list[tuple[str, Entry]]:

@@ -1,0 +1,133 @@
+"""Files compressed on their own (`libx.so.gz`, a `.xz`, `.bz2` or `.zst` that is no tarball).
+
+A loader can inflate one at run time and load what comes out, so its bytes are never taken for
+data unseen: it is decompressed (bounded as a tar's stream is: the member ratio, the archive
+size) and what it holds is read as that member would be.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import os
+import zlib
+
+from audit.errors import InputError
+from audit.linkage.containers.tars import RATIO_FLOOR
+
+_MAGICS = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"\x28\xb5\x2f\xfd", "zstd"))
+_SUFFIXES = (".gz", ".xz", ".bz2", ".zst", ".zstd", ".z", ".Z")
+_CHUNK = 1 << 20
+
+
+def compression(head: bytes) -> str | None:
+    """The compression a file's first bytes name ("gzip", "xz", "bzip2", "zstd"), or None."""
+    return next((name for magic, name in _MAGICS if head.startswith(magic)), None)
+
+
+def inner_name(name: str) -> str:
+    """What the decompressed file is called: the name without its compression suffix."""
+    base = name.rsplit("/", 1)[-1]
+    for suffix in _SUFFIXES:
+        if base.endswith(suffix) and len(base) > len(suffix):
+            return base[:-len(suffix)]
+    return base + ".decompressed"
+
+
+def _reader(how: str, fh):
+    """A stream of fh's bytes decompressed, whose reads return at most what they ask for."""
+    if how == "gzip":
+        import gzip
+
+        return gzip.GzipFile(fileobj=fh, mode="rb")
+    if how == "xz":
+        return lzma.LZMAFile(fh)
+    if how == "bzip2":
+        return bz2.BZ2File(fh)
+    import zstandard
+
+    return zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+
+
+def peek(path: str, n: int) -> bytes:
+    """The first `n` bytes of the compressed file at `path`, decompressed (peek_stream)."""
+    with open(path, "rb") as fh:
+        return peek_stream(fh, n)
+
+
+def peek_stream(fh, n: int) -> bytes:
+    """The first `n` bytes of the compressed stream `fh` (read from where it is, forward only),
+    decompressed: never more, so a bomb costs no more than `n`. A stream cut short within them
+    gives what it holds (what a loader would get); InputError for one damaged before its first
+    byte."""
+    magic = fh.read(6)
+    how = compression(magic)
+    if how is None:
+        raise InputError("not a compressed file")
+    out = b""
+    try:
+        with _reader(how, _Prefixed(magic, fh)) as stream:
+            while len(out) < n and (data := stream.read(min(n - len(out), 512))):  # small: a cut keeps most
+                out += data
+            return out
+    except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
+        if out:
+            return out
+        raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split()) or type(exc).__name__}") \
+            from None
+    except Exception as exc:  # zstandard.ZstdError
+        if type(exc).__module__.startswith("zstandard"):
+            if out:
+                return out
+            raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split())}") from None
+        raise
+
+
+class _Prefixed:
+    """`prefix`, then the rest of `fh`: a stream whose first bytes were read to know it."""
+
+    def __init__(self, prefix: bytes, fh):
+        self.prefix, self.fh = prefix, fh
+
+    def read(self, n: int = -1) -> bytes:
+        if self.prefix:
+            head = self.prefix if n is None or n < 0 else self.prefix[:n]
+            self.prefix = self.prefix[len(head):]
+            return head
+        return self.fh.read(n)
+
+    def readable(self) -> bool:
+        return True
+
+
+def decompress(src: str, dest: str, ratio: float, total_bytes: int) -> None:
+    """Write `src` decompressed to `dest` (created), never more than the smaller of `ratio` times
+    its compressed size (at least RATIO_FLOOR) and `total_bytes`. Raises InputError for a stream
+    that is damaged, truncated or inflates past that."""
+    with open(src, "rb") as fh:
+        how = compression(fh.read(6))
+        if how is None:
+            raise InputError("not a compressed file")
+        size = os.fstat(fh.fileno()).st_size
+        fh.seek(0)
+        by_ratio = max(RATIO_FLOOR, int(ratio * max(size, 1)))
+        limit, why = ((by_ratio, f"{how} file inflates more than {ratio:g}:1 ({size} bytes compressed; "
+                                 "--max-member-ratio)") if by_ratio < total_bytes else
+                      (total_bytes, f"{how} file unpacks to more than {total_bytes} bytes (--max-archive-size)"))
+        written = 0
+        try:
+            with _reader(how, fh) as stream, open(dest, "xb") as out:
+                while data := stream.read(min(_CHUNK, limit - written + 1)):
+                    written += len(data)
+                    if written > limit:
+                        raise InputError(why)
+                    out.write(data)
+        except InputError:
+            raise
+        except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
+            raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split()) or type(exc).__name__}") \
+                from None
+        except Exception as exc:  # zstandard.ZstdError
+            if type(exc).__module__.startswith("zstandard"):
+                raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split())}") from None
+            raise
