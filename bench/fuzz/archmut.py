@@ -104,7 +104,7 @@ class Builder:
         self.seeds = seeds
         self.elfmut = elfmut
         self.canary = canary  # absolute path of the folder no run may open
-        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "clr", "deb", "baseline")]
+        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "clr", "deb", "rpm", "baseline")]
 
     # -- pieces
     def elf(self, case: Case, mutate: float = 0.5) -> bytes:
@@ -288,12 +288,40 @@ class Builder:
                 if "deb" in self.seeds:  # a Debian package, its data.tar damaged at times
                     deb = self.seeds["deb"]
                     case.files.append(("file", "d/fk_1.0_amd64.deb", self.damaged(case, deb, len(deb))))
+                if "rpm" in self.seeds:  # an RPM package, its headers or payload damaged at times
+                    rpm = self.seeds["rpm"]
+                    case.files.append(("file", "d/fk-1.0-1.x86_64.rpm", self.damaged(case, rpm, len(rpm))))
+                case.files.append(("file", "d/libz.so.gz", self.compressed(case)))
             else:
                 case.files.append(("file", "d/empty.so", b""))
                 case.files.append(("file", "d/short.so", b"\x7fELF\x02\x01"))
                 case.notes.append("empty and 6-byte ELF")
         case.inputs.append("d")
         return case
+
+    def compressed(self, case: Case) -> bytes:
+        """A mutated ELF compressed on its own (gzip, xz, bzip2 or zstd), at times compressed
+        twice, cut, damaged, or a bomb of zeros behind an ELF header."""
+        import bz2
+        import gzip
+        import lzma
+
+        import zstandard
+
+        r = self.rng.randrange(5)
+        # a bomb (past the 64 MiB floor) is made by the fast compressors only: bzip2 and xz of
+        # 70 MiB would cost seconds a case
+        how = self.rng.choice(["gzip", "zstd"] if r == 4 else ["gzip", "xz", "bzip2", "zstd"])
+        pack = {"gzip": gzip.compress, "xz": lzma.compress, "bzip2": bz2.compress,
+                "zstd": lambda b: zstandard.ZstdCompressor().compress(b)}[how]
+        body = self.elf(case) + (bytes(70 << 20) if r == 4 else b"")
+        data = pack(pack(body) if r == 1 else body)
+        if r == 2:
+            data = data[:self.rng.randrange(1, max(2, len(data)))]
+        elif r == 3:
+            data = self.damaged(case, data)
+        case.notes.append(f"a {how} file ({['plain', 'twice', 'cut', 'damaged', 'bomb'][r]})")
+        return data
 
     def python_source(self, case: Case) -> bytes:
         """A Python module that hands library names to ctypes, mutated: bytes flipped, cut, or

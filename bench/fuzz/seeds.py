@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 DEVICE_SRC = TESTS / "fixtures" / "device"
-STAMP = "seeds-v5.json"
+STAMP = "seeds-v6.json"
 
 DEP_C = "int fk_dep_value(void) { return 42; }\n"
 STATIC_CUBLAS_C = "int cublasSgemm_v2(void){return 0;}\nint cublasCreate_v2(void){return 0;}\n"
@@ -225,6 +225,21 @@ def build(cache: Path, log=print) -> dict:
             seeds["deb"] = "elf/fk.deb"
         else:
             notes.append(f"dpkg-deb seed not built: {' '.join(err.split())[:160]}")
+    if shutil.which("rpmbuild") and "dlopen_cudnn" in seeds:  # an RPM package holding a library
+        top = d / "rpmbuild"
+        spec = d / "fk.spec"
+        spec.write_text(f"Name: fk\nVersion: 1.0\nRelease: 1\nSummary: fk\nLicense: MIT\nBuildArch: x86_64\n"
+                        f"%description\nfk\n%install\nmkdir -p %{{buildroot}}/usr/lib\n"
+                        f"cp {cache / seeds['dlopen_cudnn']} %{{buildroot}}/usr/lib/libfkrpm.so\n"
+                        f"%files\n/usr/lib/libfkrpm.so\n")
+        err = _run(["rpmbuild", "-bb", "--quiet", "--define", f"_topdir {top}", "--define", "debug_package %{nil}",
+                    "--define", "__strip /bin/true", str(spec)], d)
+        built = sorted(top.glob("RPMS/*/*.rpm"))
+        if err is None and built:
+            shutil.copy(built[0], d / "fk.rpm")
+            seeds["rpm"] = "elf/fk.rpm"
+        else:
+            notes.append(f"rpmbuild seed not built: {' '.join((err or 'no package').split())[:160]}")
     if "pe" not in seeds:
         (d / "fk.dll").write_bytes(_minimal_pe())
         seeds["pe"] = "elf/fk.dll"
