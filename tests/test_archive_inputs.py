@@ -44,6 +44,36 @@ def jar(members: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
+def tarball(members: dict[str, bytes], mode: str = "w:gz") -> bytes:
+    """A tar (gzip by default) of regular files, written by tarfile."""
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tf:
+        for name, data in members.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def dpkg_deb(tmp_path: Path, files: dict[str, bytes], name: str = "x_1_amd64.deb") -> Path:
+    """A Debian package built by dpkg-deb installing `files` (path under / -> bytes)."""
+    import subprocess
+
+    require_tool("dpkg-deb")
+    root = tmp_path / f"debroot-{name}"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text("Package: x\nVersion: 1\nArchitecture: amd64\nMaintainer: n <n@x>\n"
+                                             "Description: x\n")
+    for path, data in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+    deb = tmp_path / name
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    return deb
+
+
 def audit(*paths):
     return check_paths([str(p) for p in paths], load_policy(None), ResolveOptions.from_cli())
 
@@ -182,17 +212,9 @@ def test_too_many_zip_archives_inside_archives_are_an_error(jni, tmp_path, monke
 
 
 def test_an_image_s_tarball_is_audited_inside_itself_only(jni, tmp_path):
-    import io
-    import tarfile
-
     from tests.image_fixtures import layer_tar, oci_layout
 
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        ti = tarfile.TarInfo("sdk/lib/libjnicudnn.so")
-        ti.size = len(jni["cudnn"])
-        tf.addfile(ti, io.BytesIO(jni["cudnn"]))
-    layer = layer_tar([("dir", "opt"), ("file", "opt/sdk.tar.gz", buf.getvalue())])
+    layer = layer_tar([("dir", "opt"), ("file", "opt/sdk.tar.gz", tarball({"sdk/lib/libjnicudnn.so": jni["cudnn"]}))])
     image = oci_layout(tmp_path / "img", [layer], how="gzip")
     report = audit(image)
     assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{image}!/opt/sdk.tar.gz!/sdk/lib/libjnicudnn.so", True)]
@@ -222,19 +244,9 @@ def test_a_debian_package_built_by_dpkg_deb_is_audited(jni, tmp_path):
 
 
 def test_a_debian_package_in_an_image_is_audited_inside_itself_only(jni, tmp_path):
-    import subprocess
-
     from tests.image_fixtures import layer_tar, oci_layout
 
-    require_tool("dpkg-deb")
-    root = tmp_path / "pkg"
-    (root / "DEBIAN").mkdir(parents=True)
-    (root / "DEBIAN" / "control").write_text("Package: x\nVersion: 1\nArchitecture: amd64\nMaintainer: n <n@x>\n"
-                                             "Description: x\n")
-    (root / "usr" / "lib").mkdir(parents=True)
-    (root / "usr" / "lib" / "libjnicudnn.so").write_bytes(jni["cudnn"])
-    deb = tmp_path / "x_1_amd64.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    deb = dpkg_deb(tmp_path, {"usr/lib/libjnicudnn.so": jni["cudnn"]})
     layer = layer_tar([("dir", "var"), ("dir", "var/cache"), ("file", "var/cache/x_1_amd64.deb", deb.read_bytes())])
     image = oci_layout(tmp_path / "img", [layer], how="gzip")
     report = audit(image)
@@ -245,28 +257,12 @@ def test_a_debian_package_in_an_image_is_audited_inside_itself_only(jni, tmp_pat
 def test_a_conda_package_s_tarball_and_deb_are_audited(jni, tmp_path):
     """A conda package reads its members as every other container does: a tarball or a .deb it
     ships is opened and its libraries audited (they were skipped as data)."""
-    import io
-    import subprocess
-    import tarfile
-
     from tests.test_conda import BUILDERS
 
-    require_tool("dpkg-deb")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        ti = tarfile.TarInfo("sdk/lib/libjnicudnn.so")
-        ti.size = len(jni["cudnn"])
-        tf.addfile(ti, io.BytesIO(jni["cudnn"]))
-    root = tmp_path / "debroot"
-    (root / "DEBIAN").mkdir(parents=True)
-    (root / "DEBIAN" / "control").write_text("Package: x\nVersion: 1\nArchitecture: amd64\nMaintainer: n <n@x>\n"
-                                             "Description: x\n")
-    (root / "usr" / "lib").mkdir(parents=True)
-    (root / "usr" / "lib" / "libjnicudnn.so").write_bytes(jni["cudnn"])
-    deb = tmp_path / "x_1_amd64.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    sdk = tarball({"sdk/lib/libjnicudnn.so": jni["cudnn"]})
+    deb = dpkg_deb(tmp_path, {"usr/lib/libjnicudnn.so": jni["cudnn"]})
     for fmt, build in BUILDERS.items():
-        pkg = build(tmp_path, [("share/sdk.tar.gz", "file", buf.getvalue()),
+        pkg = build(tmp_path, [("share/sdk.tar.gz", "file", sdk),
                                ("share/debs/x_1_amd64.deb", "file", deb.read_bytes())])
         report = audit(pkg)
         assert sorted((f.path, cudnn_needed(f)) for f in report.files) == [
@@ -463,8 +459,6 @@ def test_an_rpm_in_an_image_is_audited_inside_itself_only(rpm_of, tmp_path):
 
 
 def test_an_rpm_in_a_wheel_a_tarball_and_a_conda_package_is_audited(rpm_of, tmp_path):
-    import tarfile
-
     from tests.test_conda import BUILDERS
 
     data = rpm_of().read_bytes()
@@ -472,10 +466,7 @@ def test_an_rpm_in_a_wheel_a_tarball_and_a_conda_package_is_audited(rpm_of, tmp_
     with zipfile.ZipFile(whl, "w") as zf:
         zf.writestr("demo/fk.rpm", data)
     tgz = tmp_path / "sdk.tar.gz"
-    with tarfile.open(tgz, mode="w:gz") as tf:
-        ti = tarfile.TarInfo("sdk/fk.rpm")
-        ti.size = len(data)
-        tf.addfile(ti, io.BytesIO(data))
+    tgz.write_bytes(tarball({"sdk/fk.rpm": data}))
     for arg, inner in ((whl, "demo/fk.rpm"), (tgz, "sdk/fk.rpm")):
         report = audit(arg)
         assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{arg}!/{inner}!/usr/lib/libfk.so", True)]

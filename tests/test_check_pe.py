@@ -202,7 +202,8 @@ def test_clean_dll_with_system_imports_passes(pe_more, tmp_path, capsys):
     assert {c["status"] for c in f["resolved"]["children"]} == {"trusted"}
 
 
-def test_mixed_folder_elf_and_dll(pe_libs, tmp_path, capsys):
+def _mixed_folder(pe_libs, tmp_path) -> Path:
+    """A folder of a gcc-built clean ELF library and the MinGW-built DLL that imports cuBLAS."""
     gcc = require_tool("gcc")
     d = tmp_path / "mixed"
     d.mkdir()
@@ -210,6 +211,11 @@ def test_mixed_folder_elf_and_dll(pe_libs, tmp_path, capsys):
     run([gcc, "-shared", "-fPIC", "-o", "libclean.so", "clean.c"], cwd=d)
     (d / "clean.c").unlink()
     shutil.copy(pe_libs["app"], d / "fkapp.dll")
+    return d
+
+
+def test_mixed_folder_elf_and_dll(pe_libs, tmp_path, capsys):
+    d = _mixed_folder(pe_libs, tmp_path)
     rc, data, _ = check_json(capsys, d)
     assert rc == 1
     verdicts = {Path(f["path"]).name: f["verdict"] for f in data["files"]}
@@ -222,13 +228,7 @@ def test_inspect_counts_what_it_read_by_format(pe_libs, tmp_path):
     """inspect's last line counts the files of each format it read (it said "ELF file(s)" of DLLs)."""
     import sys
 
-    gcc = require_tool("gcc")
-    d = tmp_path / "mixed"
-    d.mkdir()
-    (d / "clean.c").write_text("int fk_clean(void) { return 1; }\n")
-    run([gcc, "-shared", "-fPIC", "-o", "libclean.so", "clean.c"], cwd=d)
-    (d / "clean.c").unlink()
-    shutil.copy(pe_libs["app"], d / "fkapp.dll")
+    d = _mixed_folder(pe_libs, tmp_path)
     (d / "notes.txt").write_text("not a binary\n")
     r = subprocess.run([sys.executable, "-m", "audit", "inspect", str(d)], capture_output=True, text=True, timeout=300)
     assert r.stdout.splitlines()[-1] == "2 file(s) read (1 PE, 1 ELF), 0 unreadable, 1 skipped (nothing to audit)"

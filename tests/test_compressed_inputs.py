@@ -6,15 +6,12 @@ page) is counted as skipped; a damaged or bomb-like one is an error."""
 
 from __future__ import annotations
 
-import io
 import subprocess
-import tarfile
 import zipfile
-from pathlib import Path
 
 import pytest
 from conftest import require_tool
-from test_archive_inputs import audit, cudnn_needed, jni  # noqa: F401  (jni: the fixture)
+from test_archive_inputs import audit, cudnn_needed, jni, tarball  # noqa: F401  (jni: the fixture)
 
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 from tests.cli_runner import cli
@@ -71,10 +68,7 @@ def test_in_a_wheel_a_tarball_and_a_conda_package(jni, tmp_path):  # noqa: F811
         zf.writestr("demo/libjnicudnn.so.gz", gz)
         zf.writestr("demo-1.0.dist-info/RECORD", "")
     tgz = tmp_path / "sdk.tar.gz"
-    with tarfile.open(tgz, "w:gz") as tf:
-        ti = tarfile.TarInfo("sdk/libjnicudnn.so.gz")
-        ti.size = len(gz)
-        tf.addfile(ti, io.BytesIO(gz))
+    tgz.write_bytes(tarball({"sdk/libjnicudnn.so.gz": gz}))
     for arg, inner in ((whl, "demo/libjnicudnn.so.gz"), (tgz, "sdk/libjnicudnn.so.gz")):
         report = audit(arg)
         assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{arg}!/{inner}!/libjnicudnn.so", True)]
@@ -88,14 +82,9 @@ def test_in_a_wheel_a_tarball_and_a_conda_package(jni, tmp_path):  # noqa: F811
 def test_a_compressed_tar_by_any_name_and_nesting(jni, tmp_path):  # noqa: F811
     """A gzip holding a tar, named neither .tar.gz nor .tgz, is read as the tar it is; a .gz of
     a .gz is read through both."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        ti = tarfile.TarInfo("lib/libjnicudnn.so")
-        ti.size = len(jni["cudnn"])
-        tf.addfile(ti, io.BytesIO(jni["cudnn"]))
     d = tmp_path / "d"
     d.mkdir()
-    (d / "payload.gz").write_bytes(compress(buf.getvalue(), "gz"))
+    (d / "payload.gz").write_bytes(compress(tarball({"lib/libjnicudnn.so": jni["cudnn"]}, "w"), "gz"))
     (d / "libtwice.so.gz.gz").write_bytes(compress(compress(jni["cudnn"], "gz"), "gz"))
     report = audit(d)
     assert sorted((f.path, cudnn_needed(f)) for f in report.files) == [
