@@ -386,6 +386,36 @@ def test_conda_package_named_by_its_index_json(capsys, tmp_path, fmt):
     assert [c["name"] for c in top["components"]] == ["libpkg.so.1.2"]
 
 
+@pytest.mark.parametrize("fmt", ["deb", "rpm", "tar"])
+def test_debian_rpm_and_tar_packages_are_containers_named_by_their_metadata(capsys, tmp_path, fmt):
+    """A .deb (dpkg-deb) is named by its control file, an .rpm (rpmbuild) by its header, a
+    tarball by its digest; each CONTAINS the library it installs (they were left out)."""
+    from conftest import require_tool
+    from test_archive_inputs import _rpm, dpkg_deb, tarball
+
+    lib = cc_shared(tmp_path / "src" / "libfk.so", "int fk(void){return 1;}\n")
+    if fmt == "deb":
+        pkg = dpkg_deb(tmp_path, {"usr/lib/libfk.so": lib.read_bytes()})
+        want = ("pkg:deb/x@1?arch=amd64", "usr/lib/libfk.so")
+    elif fmt == "rpm":
+        require_tool("rpmbuild")
+        pkg = _rpm(tmp_path, lib)
+        want = ("pkg:rpm/fk@1.0-1?arch=x86_64", "usr/lib/libfk.so")
+    else:
+        pkg = tmp_path / "fk-1.0.tar.gz"
+        pkg.write_bytes(tarball({"fk/libfk.so": lib.read_bytes()}))
+        want = (None, "fk/libfk.so")
+    rc, cdx, spdx, err = sboms(capsys, tmp_path, pkg)
+    assert rc == 0, err
+    doc = validate_cyclonedx(cdx.read_text())
+    validate_spdx(spdx)
+    top = doc["components"][0]
+    assert top["bom-ref"] == f"container:{pkg}" and props(top, "container") == [fmt]
+    assert top.get("purl") == want[0]
+    assert top["hashes"] == [{"alg": "SHA-256", "content": hashlib.sha256(pkg.read_bytes()).hexdigest()}]
+    assert [c["bom-ref"] for c in top["components"]] == [f"{pkg}!/{want[1]}"]
+
+
 def test_a_finding_in_a_dependency_is_on_the_dependency(capsys, tmp_path):
     """libapp.so (audited) needs libmid.so (found through its RUNPATH, not audited), which
     imports CBLAS from OpenBLAS: the finding and its edge start at libmid's component."""

@@ -4,6 +4,9 @@
     (the name normalised as PEP 503 and the purl spec say: lower case, runs of -_. as -);
   - a conda package: its `info/index.json` (name, version, build, subdir) ->
     pkg:conda/name@version?build=...&subdir=...&type=conda|tar.bz2;
+  - a Debian package: its control.tar's `control` -> pkg:deb/name@version?arch=...;
+  - an RPM package: its header's name, version, release, arch -> pkg:rpm/name@version-release?arch=...;
+  - a tarball: its digest only;
   - a container image: the digest of its config (the image ID); no purl (a saved image
     carries no registry name it could be looked up by);
   - a binary's `.note.package` (audit.elf.notes): pkg:deb/os/name@version?arch=... (rpm,
@@ -45,7 +48,7 @@ class PackageId:
     name: str
     version: str | None = None
     purl: str | None = None
-    source: str = ""  # "METADATA" | "info/index.json" | ".note.package" | "dpkg"
+    source: str = ""  # "METADATA" | "info/index.json" | "control" (.deb) | "header" (.rpm) | ".note.package" | "dpkg"
 
     def to_dict(self) -> dict:
         return {"name": self.name, "version": self.version, "purl": self.purl, "source": self.source}
@@ -57,7 +60,7 @@ class Container:
     (their reported paths start with `path` and "!")."""
 
     path: str  # as given or found, as reports name it
-    kind: str  # "wheel" | "zip" (a jar, an egg) | "conda" | "image" | "static-archive"
+    kind: str  # "wheel" | "zip" (a jar, an egg) | "conda" | "deb" | "rpm" | "tar" | "image" | "static-archive"
     sha256: str | None = None  # of the file (a wheel, a conda package, an archive); None for an image
     size: int | None = None
     package: PackageId | None = None
@@ -159,6 +162,54 @@ def conda_package(path: str) -> PackageId | None:
     return PackageId(name, version, purl("conda", name.lower(), version, qualifiers=quals), "info/index.json")
 
 
+def deb_package(path: str) -> PackageId | None:
+    """Package, Version and Architecture from the .deb's control.tar `control` file ->
+    pkg:deb/name@version?arch=... (no namespace: a .deb alone does not say its distribution)."""
+    import mmap
+
+    from audit.linkage.containers.static_archive import read_members
+    from audit.linkage.containers.tars import tar_members
+
+    try:
+        with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            control = [m for m in read_members(mm, path) if m.name.startswith("control.tar")]
+            if len(control) != 1 or control[0].size > _INFO_STREAM:
+                return None
+            import io
+
+            blob = io.BytesIO(bytes(mm[control[0].offset:control[0].offset + control[0].size]))
+        text = None
+        for m, data in tar_members(blob, len(blob.getvalue()), 100.0, _INFO_STREAM):
+            if m.name.lstrip("./") == "control" and m.size <= _MAX_METADATA:
+                text = data.read(_MAX_METADATA).decode("utf-8", "replace")
+                break
+    except Exception:  # noqa: BLE001  metadata only: an unreadable one names nothing
+        return None
+    fields = next(iter(_paragraphs(text)), {}) if text else {}
+    name, version = _field(fields.get("Package")), _field(fields.get("Version"))
+    if not name:
+        return None
+    return PackageId(name, version, purl("deb", name, version, qualifiers={"arch": _field(fields.get("Architecture"))}),
+                     "control")
+
+
+def rpm_package(path: str) -> PackageId | None:
+    """Name, version, release and arch from the RPM's main header -> pkg:rpm/name@version-release
+    ?arch=... (no namespace: an RPM alone does not say its distribution)."""
+    from audit.linkage.containers.rpm import package_tags
+
+    try:
+        with open(path, "rb") as fh:
+            tags = package_tags(fh, os.fstat(fh.fileno()).st_size)
+    except Exception:  # noqa: BLE001  metadata only: an unreadable one names nothing
+        return None
+    name, version, release = _field(tags.get("name")), _field(tags.get("version")), _field(tags.get("release"))
+    if not name:
+        return None
+    full = f"{version}-{release}" if version and release else version
+    return PackageId(name, full, purl("rpm", name, full, qualifiers={"arch": _field(tags.get("arch"))}), "header")
+
+
 def note_package(note: dict | None) -> PackageId | None:
     """A binary's .note.package object as a PackageId."""
     if not note:
@@ -193,7 +244,8 @@ def container(path: str, kind: str, image_digest: str | None = None) -> Containe
     if kind == "image":
         return Container(path, kind, digest=f"sha256:{image_digest}" if image_digest else None)
     got = file_digest(path)
-    package = wheel_package(path) if kind == "wheel" else conda_package(path) if kind == "conda" else None
+    readers = {"wheel": wheel_package, "conda": conda_package, "deb": deb_package, "rpm": rpm_package}
+    package = readers[kind](path) if kind in readers else None
     return Container(path, kind, sha256=got[0] if got else None, size=got[1] if got else None, package=package)
 
 

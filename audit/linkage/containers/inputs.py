@@ -474,6 +474,8 @@ class Inputs:
         package (`libx.deb!/usr/lib/x86_64-linux-gnu/libx.so.1`)."""
         if self._again(host):
             return
+        if self.identify:
+            self.containers[report] = container(host, "deb")
         try:
             with open(host, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 data = [m for m in read_members(mm, report) if m.name.startswith("data.tar")]
@@ -503,6 +505,8 @@ class Inputs:
         """An RPM package: the files its cpio payload installs (rpm.py), read in place as a
         tarball's members are, named from the package (`libx.rpm!/usr/lib64/libx.so.1`). One
         with nothing to read is counted as skipped (`rpm`)."""
+        if self.identify and report not in self.containers:
+            self.containers[report] = container(host, "rpm")
         yield from self._tar_files(report, host, "rpm", read=rpm_members)
 
     def _tar_files(self, report: str, host: str, why: str, explicit: bool = False, read=tar_members):
@@ -515,6 +519,8 @@ class Inputs:
         RPM's payload (the same (TarInfo, stream) pairs)."""
         if self._again(host):
             return
+        if self.identify and report not in self.containers:  # a .deb or .rpm named itself already
+            self.containers[report] = container(host, "tar")
         tmp = tempfile.TemporaryDirectory(prefix="sovereign-audit-tar-", dir=self._under)
         self.tmpdirs.append(tmp)
         for folder in dict.fromkeys((tmp.name, os.path.realpath(tmp.name))):

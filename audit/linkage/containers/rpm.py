@@ -82,6 +82,23 @@ def _payload_start(fh: BinaryIO, size: int) -> tuple[int, dict[int, str]]:
     return end, tags
 
 
+_NAME, _VERSION, _RELEASE, _ARCH = 1000, 1001, 1002, 1022
+
+
+def package_tags(fh: BinaryIO, size: int) -> dict[str, str]:
+    """What the package says it is: name, version, release and arch from its main header (for an
+    SBOM; raises InputError as rpm_members does for a package it cannot read)."""
+    fh.seek(0)
+    lead = fh.read(LEAD_BYTES)
+    if lead[:4] != RPM_MAGIC or len(lead) < LEAD_BYTES:
+        raise InputError("not an RPM package")
+    end, _ = _header(fh, LEAD_BYTES, size, "signature header", ())
+    end += -end % 8
+    _, tags = _header(fh, end, size, "header", (_NAME, _VERSION, _RELEASE, _ARCH))
+    return {key: tags[tag] for key, tag in (("name", _NAME), ("version", _VERSION), ("release", _RELEASE),
+                                              ("arch", _ARCH)) if tag in tags}
+
+
 def _header(fh: BinaryIO, at: int, size: int, what: str, wanted: tuple[int, ...]) -> tuple[int, dict[int, str]]:
     """The header structure at `at`: where it ends, and the string tags of `wanted` it holds.
     Only the index is read whole (16 bytes a tag, capped); a wanted string is read from its

@@ -44,8 +44,8 @@ _FINDING_EDGES = {"dlopen-string": "dlopen", "assembled-name": "dlopen", "dlsym-
                   "static-string": "static-copy", "device-kernel": "embedded-device-code"}
 _NAMED = {"dlopen-string", "assembled-name"}  # the finding's subject is a library's file name
 _SHARED = {"ET_DYN", "MH_DYLIB", "MH_BUNDLE"}
-_CONTAINER_TYPES = {"wheel": "library", "conda": "library", "zip": "library", "image": "container",
-                    "static-archive": "library"}
+_CONTAINER_TYPES = {"wheel": "library", "conda": "library", "zip": "library", "deb": "library", "rpm": "library",
+                    "tar": "file", "image": "container", "static-archive": "library"}
 
 
 @dataclass
