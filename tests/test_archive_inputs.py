@@ -220,6 +220,21 @@ def test_an_image_s_tarball_is_audited_inside_itself_only(jni, tmp_path):
     assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{image}!/opt/sdk.tar.gz!/sdk/lib/libjnicudnn.so", True)]
 
 
+@pytest.mark.parametrize("how", [None, "gzip"])
+def test_an_image_s_plain_tar_is_known_by_its_magic_whatever_its_name(jni, tmp_path, how):
+    """A plain tar named neither .tar nor .tar.*: in a compressed layer only the first 64 bytes
+    of a file were kept, too few to see the "ustar" at byte 257, so it passed as data."""
+    from tests.image_fixtures import layer_tar, oci_layout
+
+    payload = tarball({"sdk/lib/libjnicudnn.so": jni["cudnn"]}, mode="w")
+    layer = layer_tar([("dir", "opt"), ("file", "opt/payload.bin", payload),
+                       ("file", "opt/notes.txt", b"plain text\n" * 100)])
+    image = oci_layout(tmp_path / f"img-{how}", [layer], how=how)
+    report = audit(image)
+    assert [(f.path, cudnn_needed(f)) for f in report.files] == [
+        (f"{image}!/opt/payload.bin!/sdk/lib/libjnicudnn.so", True)]
+
+
 def test_a_debian_package_built_by_dpkg_deb_is_audited(jni, tmp_path):
     """A .deb (an ar archive: debian-binary, control.tar, data.tar) named, and one met in a folder:
     the files its data.tar installs are audited, named from the package."""

@@ -23,12 +23,20 @@ from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_rpm, is_zip
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
 from audit.linkage.containers.compressed import compression, peek_stream
-from audit.linkage.containers.image import Image, LayerRef, Region, verify_blob
+from audit.linkage.containers.image import Image, LayerRef, Region, looks_like_tar, verify_blob
 from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED, MACHO_KINDS, PE_KINDS
 from audit.python_source.reader import is_python_source, read_python_buffer, stream_may_load
 
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
+_TAR_HEAD = 262  # of one that may be a tar, whatever its name: its "ustar" magic ends here
+
+
+def _may_be_tar(head: bytes, size: int) -> bool:
+    """Whether a file may be a tar (its size a whole number of 512-byte blocks, its first bytes
+    a member name padded with NULs): only those are read as far as the tar magic."""
+    return size >= 1024 and size % 512 == 0 and 32 <= head[:1][0] < 127 and b"\0" in head[:100] \
+        if head else False
 _KEEP = 32 << 20  # small files kept whole from compressed layers (_kept): ld.so.conf, dpkg's records
 _KEEP_TOTAL = 256 << 20  # all of them, in one image (dpkg keeps one file list per package)
 _MAX_ENTRIES = 2_000_000
@@ -208,6 +216,8 @@ class ImageTree:
                 entry.head = fh.read(_HEAD)
                 if entry.head[:2] == b"MZ":  # a PE header lies further in: enough to tell it
                     entry.head += fh.read(HEAD_BYTES - _HEAD)
+                elif _may_be_tar(entry.head, m.size):  # a tar's "ustar" lies at byte 257
+                    entry.head += fh.read(_TAR_HEAD - _HEAD)
                 if _kept(path) and m.size <= _KEEP and self._kept_bytes + m.size <= _KEEP_TOTAL:
                     self._kept_bytes += m.size
                     entry.data = entry.head + fh.read()
@@ -306,9 +316,10 @@ class ImageTree:
             e = self.entries[p]
             if e.kind != "file" or (e.layer, e.member) in seen:
                 continue
-            head = self._head(e, 24)
+            head = self._head(e, _TAR_HEAD if _may_be_tar(self._head(e, _HEAD), e.size) else 24)
             kind = "deb" if is_deb(head) else "rpm" if is_rpm(head) else "zip" if is_zip(head) \
-                else "tar" if p.endswith(_TAR_NAMES) else "compressed" if compression(head) else None
+                else "tar" if p.endswith(_TAR_NAMES) or looks_like_tar(head) \
+                else "compressed" if compression(head) else None
             if kind in ("deb", "rpm") or kind and self._kind(e) is Kind.NOT_BINARY:
                 seen.add((e.layer, e.member))
                 out.append((p, e, kind))
