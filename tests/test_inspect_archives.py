@@ -125,3 +125,28 @@ def test_a_wheel_in_a_folder_is_opened_as_check_opens_it(wheel, libs, tmp_path, 
                                 str(folder / "libcudnn.so.9")])
     rc, out, _ = cli(capsys, "check", "--format", "json", folder)
     assert sorted(f["path"] for f in json.loads(out)["files"]) == inspected
+
+
+def test_inspect_reads_a_folder_s_packages_as_check_does(libs, tmp_path, capsys):
+    """A folder holding a .deb (dpkg-deb), a jar, a gzipped library and a source tarball: inspect
+    reads the members `check` reads, named alike (it read ELF files and wheels only, and counted
+    the rest as non-ELF)."""
+    import gzip
+
+    from test_archive_inputs import dpkg_deb, jar, tarball
+
+    d = tmp_path / "dist"
+    d.mkdir()
+    app = libs["app"].read_bytes()
+    deb = dpkg_deb(tmp_path, {"usr/lib/libapp.so": app}).rename(d / "x_1_amd64.deb")
+    (d / "app.jar").write_bytes(jar({"native/libapp.so": app}))
+    (d / "libapp.so.gz").write_bytes(gzip.compress(app))
+    (d / "src-1.0.tar.gz").write_bytes(tarball({"src/README": b"no binary here\n"}))
+    rc, out, err = cli(capsys, "inspect", "--json", d)
+    assert rc == EXIT_OK, err
+    doc = json.loads(out)
+    inspected = sorted(f["path"] for f in doc["files"])
+    assert inspected == sorted([f"{deb}!/usr/lib/libapp.so", f"{d}/app.jar!/native/libapp.so",
+                                f"{d}/libapp.so.gz!/libapp.so"])
+    rc, out, _ = cli(capsys, "check", "--format", "json", d)
+    assert sorted(f["path"] for f in json.loads(out)["files"]) == inspected

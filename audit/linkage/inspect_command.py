@@ -65,10 +65,13 @@ class InspectResult:
                 "skipped_non_elf": self.skipped}
 
 
-def expand_paths(paths: list[str], result: InspectResult, archives: list[str] | None = None) -> list[str]:
+def expand_paths(paths: list[str], result: InspectResult, archives: list[str] | None = None,
+                 found: list[str] | None = None) -> list[str]:
     """Files to read: named files as given, directories walked (sorted, deduplicated by real path).
     Wheels, conda packages and container images (tars, OCI layout folders) met in a directory go
-    to `archives` (opened as `check` opens them)."""
+    to `archives` (opened as `check` opens them); with `found`, every other file there that is
+    not an ELF or native binary goes to it (read as `check` reads a file met in a folder: other
+    archives, packages, tarballs, compressed files, Python loaders; data is counted skipped)."""
     out: list[str] = []
     seen: set[str] = set()
 
@@ -99,6 +102,9 @@ def expand_paths(paths: list[str], result: InspectResult, archives: list[str] | 
                     if archives is not None and stat.S_ISREG(st.st_mode) and _packaged(p):
                         archives.append(p)
                         continue
+                    if found is not None and stat.S_ISREG(st.st_mode) and not (is_elf(p) or _native(p)):
+                        found.append(p)
+                        continue
                     if not stat.S_ISREG(st.st_mode) or not (is_elf(p) or _native(p)):
                         result.skipped += 1
                         continue
@@ -118,7 +124,8 @@ def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
     resolver = _resolver(policy, resolve_options) if policy is not None else None
     plain = [p for p in paths if not _is_archive(p)]
     archives = [p for p in paths if _is_archive(p)]
-    for p in expand_paths(plain, result, archives):
+    found: list[str] = []
+    for p in expand_paths(plain, result, archives, found):
         try:
             got = read_binary(p, symbol_pattern)
         except InputError as exc:
@@ -128,8 +135,8 @@ def inspect_paths(paths: list[str], symbol_pattern: re.Pattern[bytes] | None,
             result.files.append(info)
             if resolver is not None:
                 _add_tree(result, resolver, info, p)
-    if archives:
-        _inspect_archives(archives, result, symbol_pattern, policy, resolve_options)
+    if archives or found:
+        _inspect_archives(archives, result, symbol_pattern, policy, resolve_options, found)
     if not result.files and not result.errors:  # every input read, and none held an ELF file
         result.nothing_found = f"no ELF file found in {', '.join(paths)}: nothing was read"
     return result
@@ -208,9 +215,11 @@ def _is_archive(path: str) -> bool:
         return False
 
 
-def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, policy, options) -> None:
+def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, policy, options,
+                      found: list[str] = ()) -> None:
     """The members `check` would audit, read the same way (an image's files in place, through
-    its layers), each named as `check` names it."""
+    its layers), each named as `check` names it: of `paths` as named, of `found` as met in a
+    folder."""
     from audit.linkage.resolution.fs import HOST
     from audit.linkage.containers.inputs import Inputs
     from audit.linkage.resolution.ldso import Resolver, ResolveOptions
@@ -219,8 +228,8 @@ def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, p
     inputs = Inputs(conda_prefix=options.conda_prefix)
     resolvers: dict = {}
     try:
-        for arg in paths:
-            for inp in inputs.expand(arg):
+        for arg, named in [(p, True) for p in paths] + [(p, False) for p in found]:
+            for inp in (inputs.expand(arg) if named else inputs.expand_found(arg)):
                 if inp.read_from is None:
                     result.errors.append((inp.shown, inputs.relabel(inp.error)))
                     continue
@@ -240,7 +249,7 @@ def _inspect_archives(paths: list[str], result: InspectResult, symbol_pattern, p
                         scoped = options if inp.scope is None else inp.scope.options(options)
                         resolvers[inp.scope] = Resolver(scoped, policy, lambda p, read=read: read(p), fs)
                     _add_tree(result, resolvers[inp.scope], info, inp.read_from, inp.members, inputs.relabel)
-        result.skipped += inputs.skipped.get("non_elf", 0)
+        result.skipped += sum(n for why, n in inputs.skipped.items() if why != "duplicate")
     finally:
         inputs.cleanup()
 

@@ -245,6 +245,16 @@ class Inputs:
         except (OSError, ValueError) as exc:
             yield Input(report, None, True, f"cannot read: {getattr(exc, 'strerror', None) or exc}")
 
+    def expand_found(self, path: str):
+        """A regular file met in a folder, read as the walk of a folder reads it (a tarball or
+        compressed file with nothing to read is counted skipped, never an error)."""
+        if path.endswith(".whl"):
+            yield from _members_of(path, self._wheel(path, path))
+        elif is_conda(path):
+            yield from _members_of(path, self._conda(path, path))
+        else:
+            yield from self._file(path, path, explicit=False)
+
     def expand(self, arg: str):
         try:
             st = os.stat(arg)
