@@ -71,8 +71,9 @@ def _fp8_into(lib, q, k, v, layout="bhnd", lse=False, scale=None, keep=None):
     out_lse = None
     args = _binding.fill_args(q, k, v, o, layout, _binding.resolve_scale(scale, q.shape[-1]), None)
     if lse:
-        out_lse = torch.full(q.shape[:3] if layout == "bhnd" else (q.shape[0], q.shape[2], q.shape[1]),
-                             float("nan"), device=q.device)
+        # stored as q's rows are: (B, H, N) for bhnd, (B, N, H) for bnhd; the strides below
+        # address it as (b, h, n)
+        out_lse = torch.full(q.shape[:3], float("nan"), device=q.device)
         args.lse = out_lse.data_ptr()
         args.lse_stride[:] = out_lse.stride() if layout == "bhnd" else (out_lse.stride(0), out_lse.stride(2),
                                                                         out_lse.stride(1))
@@ -178,11 +179,16 @@ def test_dit_shaped_inputs(lib, d):
     _check(_fp8_into(lib, q, k, v), q, k, v, FP8_DIT_GATES)
 
 
+@pytest.mark.parametrize("dit", [False, True], ids=["random", "dit-shaped"])
 @pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
-def test_layout_lse_and_scale(lib, layout):
-    """(B, N, H, D) memory, an explicit scale and the log-sum-exp (with the K-mean shift added back)."""
+def test_layout_lse_and_scale(lib, layout, dit):
+    """(B, N, H, D) memory, an explicit scale and the log-sum-exp (with the K-mean shift added
+    back). The kernel's lse is the scheme's (fp8.reference) to 1e-2 on both inputs. Against
+    float64 it is held to 5e-2 on random inputs only: on DiT-shaped ones (10x query rows) the
+    scheme's own lse error reaches ~0.3 (one Q scale per 64 rows is set by the large rows; the
+    outputs stay within their gates), a limit of the scheme, not of the kernel (docs/kernel.md)."""
     gen = _fresh()
-    q, k, v = _inputs(2, 3, 333, 555, 128, torch.bfloat16, gen, dit=True)
+    q, k, v = _inputs(2, 3, 333, 555, 128, torch.bfloat16, gen, dit=dit)
     scale = 0.07
     if layout == "bnhd":
         qm, km, vm = (t.transpose(1, 2).contiguous() for t in (q, k, v))
@@ -190,12 +196,14 @@ def test_layout_lse_and_scale(lib, layout):
         out = out.transpose(1, 2)
     else:
         out, lse = _fp8_into(lib, q, k, v, layout, lse=True, scale=scale)
-    _check(out, q, k, v, FP8_DIT_GATES, scale)
+    _check(out, q, k, v, FP8_DIT_GATES if dit else FP8_GATES, scale)
     _, ref_lse = fp8.reference(q.cpu(), k.cpu(), v.cpu(), scale, return_lse=True)
     _, exact_lse = _f64(q, k, v, scale)
     assert torch.isfinite(lse).all()
-    assert (lse.double().cpu() - ref_lse.double()).abs().max().item() < 1e-2
-    assert (lse.double().cpu() - exact_lse).abs().max().item() < 5e-2
+    got = lse.double().cpu()
+    assert (got - ref_lse.double()).abs().max().item() < 1e-2  # the kernel runs the scheme
+    if not dit:
+        assert (got - exact_lse).abs().max().item() < 5e-2
 
 
 def test_long_keys(lib):
