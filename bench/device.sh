@@ -1355,7 +1355,9 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 # ==================================================================================================
 # fp8
 # The FP8 kernel (precision="fp8": INT8 Q K^T with K smoothed, e4m3 P V) on one cc 9.0 GPU:
-#   1. a smoke call per bucket (head dims 64 and 128) under a 60 s limit, so a hang shows at once;
+#   1. a smoke call per bucket (head dims 64 and 128) under a 60 s limit, so a hang shows at once,
+#      then bench/fp8_probe.py (the workspace against fp8.py's operands, the output per row block
+#      and column group, V = I): a wrong kernel stops after its tests and memcheck;
 #   2. its GPU tests (tests/test_fp8_gpu.py: against flash_kernel.fp8.reference and float64 at every
 #      head dim 32..128, dtypes, layouts, the lse, DiT-shaped inputs, Nk 32k, B*H past 65535);
 #   3. memcheck and racecheck over the driver's fp8 calls (FK_DRIVER_FP8, exact-size workspaces)
