@@ -108,3 +108,17 @@ def test_an_image_s_compressed_files(jni, tmp_path, how):  # noqa: F811
     assert cudnn_needed(files[f"{image}!/usr/lib/libjnicudnn.so.zst!/libjnicudnn.so"])
     assert files[f"{image}!/usr/lib/libclean.so"].verdict == "pass"
     assert len(files) == 2 and report.skipped.get("compressed_data") == 1
+
+
+def test_compressed_files_share_one_byte_budget(jni, tmp_path, capsys):  # noqa: F811
+    """Each file may inflate to 64 MiB whatever its ratio; all of them together no further than
+    --max-archive-size, so many small bombs cannot fill the runner's disk."""
+    d = tmp_path / "d"
+    d.mkdir()
+    body = jni["cudnn"] + bytes(60 << 20)  # an ELF, then 60 MiB of zeros: ~60 KiB compressed
+    for name in ("liba.so.gz", "libb.so.gz"):
+        (d / name).write_bytes(compress(body, "gz"))
+    rc, out, err = cli(capsys, "check", d, "--max-archive-size", str(100 << 20))
+    assert rc == EXIT_INPUT, out + err
+    assert "liba.so.gz!/liba.so" in out and "FAIL" in out  # the first read
+    assert "unpacks to more than" in out + err  # the second past what is left of the budget

@@ -753,6 +753,8 @@ class Inputs:
         if self._again(host):
             return
         inner = inner_name(report)
+        if inner in (".", ".."):  # a name of dots: never a path out of the folder it is written to
+            inner = "decompressed"
         try:
             head = peek(host, HEAD_BYTES)
         except InputError as exc:
@@ -771,14 +773,29 @@ class Inputs:
         if self._zip_depth >= MAX_ZIP_DEPTH:
             yield Input(report, None, True, f"compressed file nested more than {MAX_ZIP_DEPTH} deep: not read")
             return
+        # every compressed file of the run shares the nested archives' count and byte budget: ten
+        # thousand small bombs, each within its own ratio, must not fill the runner's disk
+        self._nested_count += 1
+        left = self.limits.total_bytes - self._nested_bytes
+        if self._nested_count > MAX_NESTED_ZIPS or left <= 0:
+            yield Input(report, None, True, f"more than {MAX_NESTED_ZIPS} archives or compressed files inside "
+                                            f"archives, or more than {self.limits.total_bytes} bytes unpacked from "
+                                            "them (--max-archive-size): not read")
+            return
         folder = tempfile.mkdtemp(prefix="inflate-", dir=self._under or self._archive_tmp())
         for label in dict.fromkeys((folder, os.path.realpath(folder))):
             self.labels.append((label, report))
         dest = os.path.join(folder, inner)
+        why = None
         try:
-            decompress(host, dest, self.limits.ratio, self.limits.total_bytes)
+            decompress(host, dest, self.limits.ratio, left)
         except InputError as exc:
-            yield Input(report, None, True, exc.message)
+            why = exc.message
+        self._nested_bytes += os.path.getsize(dest) if os.path.isfile(dest) else 0
+        if why is not None:
+            if os.path.isfile(dest):
+                os.unlink(dest)  # a bomb's first bytes: nothing to keep on the runner's disk
+            yield Input(report, None, True, why)
             return
         self._zip_depth += 1
         try:
