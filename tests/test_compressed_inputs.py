@@ -122,3 +122,15 @@ def test_compressed_files_share_one_byte_budget(jni, tmp_path, capsys):  # noqa:
     assert rc == EXIT_INPUT, out + err
     assert "liba.so.gz!/liba.so" in out and "FAIL" in out  # the first read
     assert "unpacks to more than" in out + err  # the second past what is left of the budget
+
+
+def test_text_that_starts_like_a_compressor_s_magic_is_data(jni, tmp_path):  # noqa: F811
+    """Only a real stream header counts: a note that starts "BZh" (bzip2's first three bytes) or
+    with gzip's two is data, not a damaged compressed file (an error)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "libclean.so").write_bytes(jni["clean"])
+    (d / "NOTES").write_bytes(b"BZh, said the build: see below\n" * 4)
+    (d / "blob.bin").write_bytes(b"\x1f\x8b" + b"not deflate" * 8)
+    report = audit(d)
+    assert [(f.path, f.verdict) for f in report.files] == [(f"{d}/libclean.so", "pass")]

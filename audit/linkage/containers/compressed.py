@@ -15,13 +15,18 @@ import zlib
 from audit.errors import InputError
 from audit.linkage.containers.tars import RATIO_FLOOR
 
-_MAGICS = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"\x28\xb5\x2f\xfd", "zstd"))
+_MAGICS = ((b"\x1f\x8b\x08", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 _SUFFIXES = (".gz", ".xz", ".bz2", ".zst", ".zstd", ".z", ".Z")
 _CHUNK = 1 << 20
 
 
 def compression(head: bytes) -> str | None:
-    """The compression a file's first bytes name ("gzip", "xz", "bzip2", "zstd"), or None."""
+    """The compression a file's first bytes name ("gzip", "xz", "bzip2", "zstd"), or None. gzip
+    must say deflate and bzip2 its level and first block (or end) magic: a text file that starts
+    "BZh" is not taken for one."""
+    if head[:3] == b"BZh" and head[3:4].isdigit() and head[3:4] != b"0" \
+            and head[4:10] in (b"1AY&SY", b"\x17\x72\x45\x38\x50\x90"):
+        return "bzip2"
     return next((name for magic, name in _MAGICS if head.startswith(magic)), None)
 
 
@@ -60,7 +65,7 @@ def peek_stream(fh, n: int) -> bytes:
     decompressed: never more, so a bomb costs no more than `n`. A stream cut short within them
     gives what it holds (what a loader would get); InputError for one damaged before its first
     byte."""
-    magic = fh.read(6)
+    magic = fh.read(10)
     how = compression(magic)
     if how is None:
         raise InputError("not a compressed file")
@@ -105,7 +110,7 @@ def decompress(src: str, dest: str, ratio: float, total_bytes: int) -> None:
     its compressed size (at least RATIO_FLOOR) and `total_bytes`. Raises InputError for a stream
     that is damaged, truncated or inflates past that."""
     with open(src, "rb") as fh:
-        how = compression(fh.read(6))
+        how = compression(fh.read(10))
         if how is None:
             raise InputError("not a compressed file")
         size = os.fstat(fh.fileno()).st_size
