@@ -7,7 +7,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # hipcc/libamdhip64/rocm-device-libs: build gfx* objects here; llvm-15: AMDGPU disassembly and the
 # offload bundler; libopenblas-dev: the vendor library the tests link on purpose; patchelf: the
 # verneed fixture; chromium: the report is rendered in a real browser.
-APT_PACKAGES := hipcc libamdhip64-dev rocm-device-libs libopenblas-dev patchelf llvm-15 chromium g++ openssl jq gcc-aarch64-linux-gnu gcc-mingw-w64-x86-64 clang-15 lld-15 mono-mcs libarchive-tools gcab squashfs-tools rpm  # mingw, clang/lld: the PE and Mach-O fixtures; mcs: .NET assemblies; bsdtar, gcab, mksquashfs, rpmbuild: archives the audit cannot open
+APT_PACKAGES := hipcc libamdhip64-dev rocm-device-libs libopenblas-dev patchelf llvm-15 chromium g++ openssl jq gcc-aarch64-linux-gnu gcc-mingw-w64-x86-64 clang-15 lld-15 mono-mcs libarchive-tools gcab squashfs-tools rpm zstd xz-utils bzip2  # mingw, clang/lld: the PE and Mach-O fixtures; mcs: .NET assemblies; bsdtar, gcab, mksquashfs: archives the audit cannot open; rpmbuild: RPM packages; zstd, xz, bzip2: compressed files
 STAMP := .make
 
 .PHONY: all setup apt pip demo test bench corpus fuzz clean
