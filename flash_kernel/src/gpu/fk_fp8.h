@@ -153,6 +153,23 @@ FK_DEVICE uint32_t int8x4(float a, float b, float c, float d, float scale) {
     return int8_of(a, scale) | (int8_of(b, scale) << 8) | (int8_of(c, scale) << 16) | (int8_of(d, scale) << 24);
 }
 
+// An INT8 Q K^T sum as a float, exactly. A sum of at most 128 products of two values in
+// [-127, 127] lies within +-2^21, and an integer x with |x| < 2^22 added to the bits of 1.5 * 2^23
+// is the float 1.5 * 2^23 + x, so one integer add and one float subtract give float(x) exactly.
+// I2F instead shares its 16-a-clock pipe with exp2 (MUFU), and the softmax issues one of each per
+// score: FK_FP8_EXACT_I2F=1 keeps the plain conversion (a variant to time against).
+#ifndef FK_FP8_EXACT_I2F
+#define FK_FP8_EXACT_I2F 0
+#endif
+FK_DEVICE float qk_to_float(uint32_t bits) {
+#if FK_FP8_EXACT_I2F
+    return float(int32_t(bits));
+#else
+    constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23, bits 0x4B400000
+    return __uint_as_float(bits + 0x4B400000u) - kMagic;
+#endif
+}
+
 // Block-wide maximum of non-negative floats (every thread gets it). `red`: 32 floats of shared memory.
 FK_DEVICE float block_max(float x, float *red) {
 #pragma unroll
@@ -432,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     // S(j) to 448 P (fp32 bits, in si) against the new running maxima; a0, a1: the rescale factors.
     // The row maxima are taken on the int32 sums (the dequantizing factor f is positive, so the
     // largest sum is the largest score), and each 448 P = 2^(f * sum - m + log2 448) is one
-    // convert, one fma and one exp2. l sums 448 P unrounded (fp8.reference sums P, unrounded).
+    // exact convert (qk_to_float: an add and a subtract), one fma and one exp2. l sums 448 P unrounded (fp8.reference sums P, unrounded).
     auto probs = [&](int j, float kscale_j, float &a0, float &a1) {
         const float f = f0 * kscale_j;
         const int n0 = j * BN;
@@ -467,7 +484,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
         for (int t = 0; t < BN / 8; ++t) {
             float e[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) e[i] = mma::ex2(fmaf(float(int32_t(si[4 * t + i])), f, i < 2 ? b0 : b1));
+            for (int i = 0; i < 4; ++i) e[i] = mma::ex2(fmaf(qk_to_float(si[4 * t + i]), f, i < 2 ? b0 : b1));
             if (ragged) {  // exactly 0 (f * INT_MIN need not be far below the maximum)
                 const int col = n0 + t * 8 + t2;
                 if (col >= p.nk) e[0] = e[2] = 0.0f;
