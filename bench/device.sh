@@ -1365,11 +1365,19 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 #   4. its speed beside ours exact and SDPA-cuDNN at every --preset dit shape and the long video
 #      presets (kernel_bench --fp8: TFLOP/s dense-equivalent, quantization inside the timed call;
 #      "fp8 speedup" lines: median ours / median ours_fp8 with the 95 % interval).
+#   5. FP8_VARIANTS (default "i2f:-DFK_FP8_EXACT_I2F=1": the INT8 scores converted by I2F, as
+#      before) built beside it and timed in the same kernel_bench call ("fp8 NAME at" lines: the
+#      variant's median over ours_fp8's, 95 % interval); FP8_VARIANTS= builds none.
 #   OUT=/tmp/fp8 PREBUILT=1 bash bench/device.sh fp8     # BUDGET_S (default 570)
 register fp8 'the FP8 kernel on one cc 9.0 GPU: a smoke call, its GPU tests, memcheck and racecheck, then its speed beside ours exact and SDPA-cuDNN (kernel_bench --fp8)'
 run_fp8() {
 begin_run /tmp/fp8_out 570
 build_unless_prebuilt sm_90a cpu
+# FP8_VARIANTS ("name:-DFLAG ...;..."; default: the old I2F conversion of the INT8 scores): built
+# now in the background, timed beside ours_fp8 in the same kernel_bench call ("fp8 NAME at" lines)
+VB=build/variants LOG=$OUT PIDS=() LIBS=()
+IFS=';' read -r -a FP8_VARS <<< "${FP8_VARIANTS-i2f:-DFK_FP8_EXACT_I2F=1}"
+build_variants 240 "${FP8_VARS[@]}"
 timeout -k 5 60 python3 - >"$OUT/smoke.txt" 2>&1 <<'PY'
 import torch, flash_kernel
 from flash_kernel import fp8
@@ -1411,11 +1419,16 @@ FK_BUILD=build FK_LIBS=sm_90a FK_STAGES=racecheck FK_RACECHECK_LIBS=sm_90a FK_RA
     FK_DRIVER_DIMS=${SANITIZE_DIMS:-32,64,72,128} FK_DRIVER_MAX_N=77 OUT="$OUT/racecheck" bash bench/device.sh kernel \
     >"$OUT/racecheck.log" 2>&1
 grep -hE "^(memcheck|racecheck)" "$OUT/memcheck/summary.txt" "$OUT/racecheck/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
+VARIANT_ARGS=()
+for i in "${!PIDS[@]}"; do  # a variant that did not build is left out, with its log's last line
+    if wait "${PIDS[$i]}"; then VARIANT_ARGS+=(--lib "${LIBS[$i]}")
+    else note "variant ${LIBS[$i]%%=*} did not build: $(tail -1 "$LOG/build-${LIBS[$i]%%=*}.log")"; fi
+done
 timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py --preset dit --preset hunyuanvideo-720p --preset mochi \
     --preset cogvideox-5b --preset ltx-video --fp8 --torch-methods sdpa_cudnn --repeats 10 --warmup 2 \
-    --json "$OUT/fp8_bench.json" >"$OUT/fp8_bench.txt" 2>&1
+    "${VARIANT_ARGS[@]}" --json "$OUT/fp8_bench.json" >"$OUT/fp8_bench.txt" 2>&1
 note "kernel_bench --fp8 rc=$? ($(el) s)"
-grep -E "ours_fp8|fp8 speedup" "$OUT/fp8_bench.txt" | tee -a "$SUMMARY"
+grep -E "ours_fp8|fp8 speedup|^fp8 " "$OUT/fp8_bench.txt" | tee -a "$SUMMARY"
 }  # end of run_fp8
 
 # ==================================================================================================

@@ -263,6 +263,9 @@ def main(argv=None) -> int:
             ap.error(f"--lib {spec!r}: head dims after @ must be integers")
         lib = flash_kernel.load(path)
         methods.append((name, lib.attention, args.repeats, only, lib))
+        if args.fp8:  # a variant's FP8 kernel beside ours_fp8 (its quantization inside the call too)
+            methods.append((f"{name}_fp8", lambda q, k, v, lib=lib: lib.fp8_attention(q, k, v), args.repeats,
+                            only, lib))
     baselines = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                  "eager": lambda q, k, v: eager(q, k, v, 1 / math.sqrt(q.shape[-1]), args.eager_gib * 2**30)}
     for name in filter(None, args.torch_methods.split(",")):
@@ -285,6 +288,9 @@ def main(argv=None) -> int:
         result["lse_cost"] = pair_ratios(result["rows"], "ours_lse", "ours")
     if args.fp8:
         result["fp8_speedup"] = pair_ratios(result["rows"], "ours", "ours_fp8")
+        # each variant's FP8 kernel against ours: its median time over ours_fp8's (below 1.0: faster)
+        result["fp8_variants"] = {spec.partition("=")[0].partition("@")[0]: pair_ratios(
+            result["rows"], f"{spec.partition('=')[0].partition('@')[0]}_fp8", "ours_fp8") for spec in args.lib}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     c = result["ceilings"]
@@ -299,13 +305,19 @@ def main(argv=None) -> int:
         lo, hi = c["ci95"]
         print(f"fp8 speedup at {','.join(map(str, c['shape']))}: {c['ratio']:.3f}x ours (exact) "
               f"[{lo:.3f}, {hi:.3f}]")
+    for name, ratios in result.get("fp8_variants", {}).items():
+        for c in ratios:
+            lo, hi = c["ci95"]
+            print(f"fp8 {name} at {','.join(map(str, c['shape']))}: {c['ratio']:.3f}x the time of ours_fp8 "
+                  f"[{lo:.3f}, {hi:.3f}]")
     return 0
 
 
 def pair_ratios(rows, num: str, den: str) -> list[dict]:
     """Per shape timed both ways: median time of method `num` / median of `den`, with its 95 %
     bootstrap interval, from the raw times the two took in turns (--lse: ours_lse / ours, 1.0 is
-    no cost; --fp8: ours / ours_fp8, the FP8 kernel's speedup)."""
+    no cost; --fp8: ours / ours_fp8, the FP8 kernel's speedup; NAME_fp8 / ours_fp8, a --lib
+    variant's FP8 kernel against ours)."""
     out = []
     by_shape: dict[tuple, dict] = {}
     for r in rows:
