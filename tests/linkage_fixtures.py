@@ -18,6 +18,20 @@ from conftest import require_tool
 OPENBLAS = "libopenblas.so.0"
 
 
+def tarball(members: dict[str, bytes], mode: str = "w:gz") -> bytes:
+    """A tar (gzip by default) of regular files, written by tarfile."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tf:
+        for name, data in members.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
 def run(*cmd, cwd=None):
     proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True)
     if proc.returncode != 0:

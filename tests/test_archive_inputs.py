@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import require_tool
-from linkage_fixtures import cc_shared
+from linkage_fixtures import cc_shared, tarball
 
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 from audit.linkage.check import check_paths
@@ -44,19 +44,6 @@ def jar(members: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def tarball(members: dict[str, bytes], mode: str = "w:gz") -> bytes:
-    """A tar (gzip by default) of regular files, written by tarfile."""
-    import tarfile
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode=mode) as tf:
-        for name, data in members.items():
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def dpkg_deb(tmp_path: Path, files: dict[str, bytes], name: str = "x_1_amd64.deb") -> Path:
     """A Debian package built by dpkg-deb installing `files` (path under / -> bytes)."""
     import subprocess
@@ -72,6 +59,21 @@ def dpkg_deb(tmp_path: Path, files: dict[str, bytes], name: str = "x_1_amd64.deb
     deb = tmp_path / name
     subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
     return deb
+
+
+def in_wheel_tarball_and_conda(tmp_path: Path, name: str, data: bytes) -> list[tuple[Path, str]]:
+    """`data` as member `name` of a wheel, a .tar.gz and both conda formats: (container, the
+    member's name in it)."""
+    from tests.test_conda import BUILDERS
+
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr(f"demo/{name}", data)
+        zf.writestr("demo-1.0.dist-info/RECORD", "")
+    tgz = tmp_path / "sdk.tar.gz"
+    tgz.write_bytes(tarball({f"sdk/{name}": data}))
+    out = [(whl, f"demo/{name}"), (tgz, f"sdk/{name}")]
+    return out + [(build(tmp_path, [(f"share/{name}", "file", data)]), f"share/{name}") for build in BUILDERS.values()]
 
 
 def audit(*paths):
@@ -474,22 +476,9 @@ def test_an_rpm_in_an_image_is_audited_inside_itself_only(rpm_of, tmp_path):
 
 
 def test_an_rpm_in_a_wheel_a_tarball_and_a_conda_package_is_audited(rpm_of, tmp_path):
-    from tests.test_conda import BUILDERS
-
-    data = rpm_of().read_bytes()
-    whl = tmp_path / "demo-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(whl, "w") as zf:
-        zf.writestr("demo/fk.rpm", data)
-    tgz = tmp_path / "sdk.tar.gz"
-    tgz.write_bytes(tarball({"sdk/fk.rpm": data}))
-    for arg, inner in ((whl, "demo/fk.rpm"), (tgz, "sdk/fk.rpm")):
+    for arg, inner in in_wheel_tarball_and_conda(tmp_path, "fk.rpm", rpm_of().read_bytes()):
         report = audit(arg)
         assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{arg}!/{inner}!/usr/lib/libfk.so", True)]
-    for fmt, build in BUILDERS.items():
-        pkg = build(tmp_path, [("share/rpms/fk.rpm", "file", data)])
-        report = audit(pkg)
-        assert [(f.path, cudnn_needed(f)) for f in report.files] == [
-            (f"{pkg}!/share/rpms/fk.rpm!/usr/lib/libfk.so", True)], fmt
         assert report.verdict == "fail"
 
 

@@ -7,11 +7,11 @@ page) is counted as skipped; a damaged or bomb-like one is an error."""
 from __future__ import annotations
 
 import subprocess
-import zipfile
 
 import pytest
 from conftest import require_tool
-from test_archive_inputs import audit, cudnn_needed, jni, tarball  # noqa: F401  (jni: the fixture)
+from linkage_fixtures import tarball
+from test_archive_inputs import audit, cudnn_needed, in_wheel_tarball_and_conda, jni  # noqa: F401  (jni: the fixture)
 
 from audit.errors import EXIT_INPUT, EXIT_OK, EXIT_VIOLATION
 from tests.cli_runner import cli
@@ -60,23 +60,10 @@ def test_a_cut_or_bomb_like_compressed_file_is_an_error(jni, tmp_path, capsys): 
 
 
 def test_in_a_wheel_a_tarball_and_a_conda_package(jni, tmp_path):  # noqa: F811
-    from tests.test_conda import BUILDERS
-
     gz = compress(jni["cudnn"], "gz")
-    whl = tmp_path / "demo-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(whl, "w") as zf:
-        zf.writestr("demo/libjnicudnn.so.gz", gz)
-        zf.writestr("demo-1.0.dist-info/RECORD", "")
-    tgz = tmp_path / "sdk.tar.gz"
-    tgz.write_bytes(tarball({"sdk/libjnicudnn.so.gz": gz}))
-    for arg, inner in ((whl, "demo/libjnicudnn.so.gz"), (tgz, "sdk/libjnicudnn.so.gz")):
+    for arg, inner in in_wheel_tarball_and_conda(tmp_path, "libjnicudnn.so.gz", gz):
         report = audit(arg)
         assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{arg}!/{inner}!/libjnicudnn.so", True)]
-    for fmt, build in BUILDERS.items():
-        pkg = build(tmp_path, [("lib/libjnicudnn.so.gz", "file", gz)])
-        report = audit(pkg)
-        assert [(f.path, cudnn_needed(f)) for f in report.files] == [
-            (f"{pkg}!/lib/libjnicudnn.so.gz!/libjnicudnn.so", True)], fmt
 
 
 def test_a_compressed_tar_by_any_name_and_nesting(jni, tmp_path):  # noqa: F811

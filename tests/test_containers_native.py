@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from image_fixtures import docker_archive, layer_tar, oci_layout
-from linkage_fixtures import cc_shared
+from linkage_fixtures import cc_shared, tarball
 from platform_fixtures import macho_libs, pe_libs  # noqa: F401  (fixtures)
 from test_check import cli
 from test_check_pe import pe_more  # noqa: F401  (fixture)
@@ -127,16 +127,6 @@ def test_dll_in_an_image_layer_is_audited_inside_the_image(pe_libs, pe_more, tmp
 
 # -- tars met in a folder or wheel ---------------------------------------------------------------
 
-def _tar(entries: dict[str, bytes], mode: str = "w:gz") -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode=mode) as tf:
-        for name, data in entries.items():
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
-    return buf.getvalue()
-
-
 SDIST = {"fk-1.0/PKG-INFO": b"Metadata-Version: 2.1\nName: fk\n", "fk-1.0/fk/__init__.py": b"x = 1\n",
          "fk-1.0/src/fk.c": b"int fk(void) { return 0; }\n"}
 
@@ -150,8 +140,8 @@ def test_sdist_of_sources_beside_a_clean_library_passes(clean_so, tmp_path, caps
     dist = tmp_path / "dist"
     dist.mkdir()
     (dist / "libfkclean.so").write_bytes(clean_so.read_bytes())
-    (dist / "fk-1.0.tar.gz").write_bytes(_tar(SDIST))
-    (dist / "notes.tar").write_bytes(_tar(SDIST, "w"))
+    (dist / "fk-1.0.tar.gz").write_bytes(tarball(SDIST))
+    (dist / "notes.tar").write_bytes(tarball(SDIST, "w"))
     rc, data, err = check_json(capsys, dist)
     assert rc == EXIT_OK, err
     assert data["summary"]["skipped"]["compressed_tar"] == 1 and data["summary"]["skipped"]["tar"] == 1
@@ -166,7 +156,7 @@ def test_a_tar_s_libraries_are_audited(clean_so, tmp_path, capsys, name, mode):
     dist = tmp_path / "dist"
     dist.mkdir()
     (dist / "libfkclean.so").write_bytes(clean_so.read_bytes())
-    (dist / name).write_bytes(_tar({**SDIST, "fk-1.0/fk/libcublas.so.12": clean_so.read_bytes(),
+    (dist / name).write_bytes(tarball({**SDIST, "fk-1.0/fk/libcublas.so.12": clean_so.read_bytes(),
                                     "fk-1.0/fk/libother.so": clean_so.read_bytes()}, mode))
     rc, data, err = check_json(capsys, dist)
     assert rc == EXIT_VIOLATION and "Traceback" not in err
@@ -181,7 +171,7 @@ def test_a_zstd_tar_s_library_is_audited(clean_so, tmp_path, capsys):
 
     dist = tmp_path / "dist"
     dist.mkdir()
-    data = _tar({**SDIST, "fk/libcublas.so.12": clean_so.read_bytes()}, "w")
+    data = tarball({**SDIST, "fk/libcublas.so.12": clean_so.read_bytes()}, "w")
     (dist / "fk-1.0.tar.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
     rc, out, err = cli(capsys, "check", str(dist))
     assert rc == EXIT_VIOLATION and "fk-1.0.tar.zst!/fk/libcublas.so.12" in out
@@ -191,8 +181,8 @@ def test_tar_in_a_wheel(clean_so, tmp_path, capsys):
     whl = tmp_path / "fk-1.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as zf:
         zf.writestr("fk/__init__.py", "")
-        zf.writestr("fk/data/sources.tar.gz", _tar(SDIST))
-        zf.writestr("fk/data/vendor.tar.gz", _tar({"lib/libcublas.so.12": clean_so.read_bytes()}))
+        zf.writestr("fk/data/sources.tar.gz", tarball(SDIST))
+        zf.writestr("fk/data/vendor.tar.gz", tarball({"lib/libcublas.so.12": clean_so.read_bytes()}))
     rc, data, _ = check_json(capsys, whl)
     assert rc == EXIT_VIOLATION
     bad = result(data, f"{whl}!/fk/data/vendor.tar.gz!/lib/libcublas.so.12")
@@ -228,7 +218,7 @@ def test_damaged_tar_gz_is_an_error(clean_so, tmp_path, capsys):
     dist = tmp_path / "dist"
     dist.mkdir()
     (dist / "libfkclean.so").write_bytes(clean_so.read_bytes())
-    good = _tar(SDIST)
+    good = tarball(SDIST)
     (dist / "fk-1.0.tar.gz").write_bytes(good[:len(good) // 2])
     rc, out, err = cli(capsys, "check", str(dist))
     assert rc == EXIT_INPUT and "fk-1.0.tar.gz" in out + err and "cannot read tar" in out + err
@@ -240,14 +230,9 @@ def test_a_tar_s_unsafe_names_are_errors_only_where_a_member_needs_reading(clean
     binary, nothing where it is data."""
     dist = tmp_path / "dist"
     dist.mkdir()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for name, data in {"/etc/notes.txt": b"data\n", "../up/README": b"data\n",
-                           "../../escape/libfk.so": clean_so.read_bytes(), "ok/libfk.so": clean_so.read_bytes()}.items():
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
-    (dist / "build.tar.gz").write_bytes(buf.getvalue())
+    (dist / "build.tar.gz").write_bytes(tarball({"/etc/notes.txt": b"data\n", "../up/README": b"data\n",
+                                                 "../../escape/libfk.so": clean_so.read_bytes(),
+                                                 "ok/libfk.so": clean_so.read_bytes()}))
     rc, data, err = check_json(capsys, dist)
     assert rc == EXIT_INPUT and "Traceback" not in err
     by = {f["path"]: f for f in data["files"]}
@@ -259,10 +244,10 @@ def test_a_tar_s_unsafe_names_are_errors_only_where_a_member_needs_reading(clean
 
 def test_a_named_tarball_is_read_and_one_with_nothing_to_audit_is_an_error(clean_so, tmp_path, capsys):
     sdist = tmp_path / "fk-1.0.tar.gz"
-    sdist.write_bytes(_tar({**SDIST, "fk-1.0/fk/libcublas.so.12": clean_so.read_bytes()}))
+    sdist.write_bytes(tarball({**SDIST, "fk-1.0/fk/libcublas.so.12": clean_so.read_bytes()}))
     rc, data, _ = check_json(capsys, sdist)
     assert rc == EXIT_VIOLATION and [f["path"] for f in data["files"]] == [f"{sdist}!/fk-1.0/fk/libcublas.so.12"]
     sources = tmp_path / "src-1.0.tar.gz"
-    sources.write_bytes(_tar(SDIST))
+    sources.write_bytes(tarball(SDIST))
     rc, out, _ = cli(capsys, "check", sources)
     assert rc == EXIT_INPUT and "not a container image, and nothing in it to audit" in out

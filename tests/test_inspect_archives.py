@@ -133,7 +133,8 @@ def test_inspect_reads_a_folder_s_packages_as_check_does(libs, tmp_path, capsys)
     the rest as non-ELF)."""
     import gzip
 
-    from test_archive_inputs import dpkg_deb, jar, tarball
+    from linkage_fixtures import tarball
+    from test_archive_inputs import dpkg_deb, jar
 
     d = tmp_path / "dist"
     d.mkdir()

@@ -391,7 +391,8 @@ def test_debian_rpm_and_tar_packages_are_containers_named_by_their_metadata(caps
     """A .deb (dpkg-deb) is named by its control file, an .rpm (rpmbuild) by its header, a
     tarball by its digest; each CONTAINS the library it installs (they were left out)."""
     from conftest import require_tool
-    from test_archive_inputs import _rpm, dpkg_deb, tarball
+    from linkage_fixtures import tarball
+    from test_archive_inputs import _rpm, dpkg_deb
 
     lib = cc_shared(tmp_path / "src" / "libfk.so", "int fk(void){return 1;}\n")
     if fmt == "deb":
