@@ -493,3 +493,16 @@ def test_an_image_inside_a_wheel_is_an_error_not_loose_files(tmp_path):
     report = audit(whl)
     assert [(f.path, f.verdict, f.error) for f in report.files] == [
         (f"{whl}!/demo/app.tar", "error", "a container image inside an archive: audit it as a file of its own")]
+
+
+def test_tarballs_inside_archives_share_one_byte_budget(jni, tmp_path, capsys):
+    """Each nested tarball was read within its own --max-archive-size: many of them could write
+    far more than one budget to the runner's disk. Now all nesting shares one, as zips do."""
+    member = jni["cudnn"] + bytes(60 << 20)  # an ELF, then 60 MiB of zeros: ~60 KiB compressed
+    whl = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as zf:
+        for k in ("a", "b"):
+            zf.writestr(f"demo/{k}.tar.gz", tarball({f"lib/lib{k}.so": member}))
+    rc, out, err = cli(capsys, "check", whl, "--max-archive-size", str(100 << 20))
+    assert rc == EXIT_INPUT, out + err
+    assert "a.tar.gz!/lib/liba.so" in out and "archives inside archives unpack to more than" in out + err

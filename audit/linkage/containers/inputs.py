@@ -562,6 +562,12 @@ class Inputs:
                         errors.append(Input(inner, None, True, not_audited(category)))
                         continue
                     refused, total = self.limits.refuse_in(m.size, total, "the tar's members to audit")
+                    if not refused and self._zip_depth:  # inside another archive: one budget for all the nesting
+                        if self._nested_bytes + m.size > self.limits.total_bytes:
+                            refused = (f"archives inside archives unpack to more than {self.limits.total_bytes} "
+                                       "bytes (--max-archive-size)")
+                        else:
+                            self._nested_bytes += m.size
                     if refused:
                         errors.append(Input(inner, None, True, refused))
                         continue
