@@ -77,6 +77,12 @@ def is_rpm(head: bytes) -> bool:
     return head[:4] == RPM_MAGIC
 
 
+def is_newc_cpio(head: bytes) -> bool:
+    """A cpio archive in the newc format (an initramfs; an RPM's payload's format): a container
+    the inputs open (rpm.cpio_members). The old binary and odc cpio formats stay Kind.CPIO, an error."""
+    return head[:6] in (b"070701", b"070702")
+
+
 def identify(head: bytes, size: int | None = None) -> Kind:
     """The kind of a file whose first bytes are `head` (HEAD_BYTES of them, or the whole file)
     and whose size is `size` (None: len(head))."""

@@ -506,3 +506,48 @@ def test_tarballs_inside_archives_share_one_byte_budget(jni, tmp_path, capsys):
     rc, out, err = cli(capsys, "check", whl, "--max-archive-size", str(100 << 20))
     assert rc == EXIT_INPUT, out + err
     assert "a.tar.gz!/lib/liba.so" in out and "archives inside archives unpack to more than" in out + err
+
+
+def _newc(tmp_path: Path, files: dict[str, bytes]) -> bytes:
+    """A cpio archive in the newc format (an initramfs's), written by bsdtar."""
+    import subprocess
+
+    require_tool("bsdtar")
+    root = tmp_path / "cpio-root"
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return subprocess.run(["bsdtar", "--format", "newc", "-cf", "-", "-C", str(root), *files],
+                          check=True, capture_output=True).stdout
+
+
+def test_a_newc_cpio_archive_is_read_named_in_a_folder_compressed_and_in_an_image(jni, tmp_path):
+    """A newc cpio (what an initramfs is; an RPM's payload format) was an error, "cpio archive:
+    format not audited"; its files are now audited as a tarball's are. The odc format stays an
+    error (the table above)."""
+    import gzip
+
+    from tests.image_fixtures import layer_tar, oci_layout
+
+    data = _newc(tmp_path, {"usr/lib/libjnicudnn.so": jni["cudnn"], "etc/hostname": b"box\n"})
+    d = tmp_path / "boot"
+    d.mkdir()
+    (d / "initrd.cpio").write_bytes(data)
+    (d / "initrd.img").write_bytes(gzip.compress(data))
+    report = audit(d / "initrd.cpio")
+    assert [(f.path, cudnn_needed(f)) for f in report.files] == [(f"{d}/initrd.cpio!/usr/lib/libjnicudnn.so", True)]
+    report = audit(d)
+    assert sorted((f.path, cudnn_needed(f)) for f in report.files) == [
+        (f"{d}/initrd.cpio!/usr/lib/libjnicudnn.so", True),
+        (f"{d}/initrd.img!/initrd.img.decompressed!/usr/lib/libjnicudnn.so", True)]
+    image = oci_layout(tmp_path / "img", [layer_tar([("dir", "boot"), ("file", "boot/initrd.cpio", data)])], how="gzip")
+    assert [(f.path, cudnn_needed(f)) for f in audit(image).files] == [
+        (f"{image}!/boot/initrd.cpio!/usr/lib/libjnicudnn.so", True)]
+
+
+def test_a_cut_newc_cpio_archive_is_an_error(jni, tmp_path, capsys):
+    data = _newc(tmp_path, {"usr/lib/libjnicudnn.so": jni["cudnn"]})
+    cut = tmp_path / "initrd.cpio"
+    cut.write_bytes(data[:len(data) // 2])
+    rc, out, err = cli(capsys, "check", cut)
+    assert rc == EXIT_INPUT and "truncated cpio archive" in out + err and "Traceback" not in out + err

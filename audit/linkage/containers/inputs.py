@@ -20,7 +20,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field, replace
 
-from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_rpm, is_zip
+from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_newc_cpio, is_rpm, is_zip
 from audit.errors import InputError
 from audit.linkage.containers.category import COMPRESSED_TAR, READ, member_category
 from audit.linkage.containers.compressed import compression, decompress, inner_name, peek
@@ -33,7 +33,7 @@ from audit.linkage.parallel import cpu_count, map_ordered
 from audit.linkage.containers.identity import Container, PackageId, container, dpkg_owners, owner_of
 from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, open_image, tar_kind
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
-from audit.linkage.containers.rpm import rpm_members
+from audit.linkage.containers.rpm import cpio_members, rpm_members
 from audit.linkage.containers.static_archive import ArMember, read_members
 from audit.linkage.containers.tars import RATIO_FLOOR, safe_member, tar_members, tar_read_error
 from audit.python_source.reader import is_python_source, stream_may_load
@@ -277,6 +277,8 @@ class Inputs:
             yield from _members_of(arg, self._deb(arg, arg))
         elif _starts_as(arg, is_rpm):  # an RPM package: its payload's members
             yield from _members_of(arg, self._rpm(arg, arg))
+        elif _starts_as(arg, is_newc_cpio):  # a cpio archive (an initramfs): its members
+            yield from _members_of(arg, self._cpio(arg, arg))
         elif arg.endswith(COMPRESSED_TAR):  # an sdist, a build's tarball (a compressed image: an error)
             yield from _members_of(arg, self._tar_files(arg, arg, "compressed_tar", explicit=True))
         elif _is_tar(arg):
@@ -376,7 +378,8 @@ class Inputs:
         conda = is_conda(report) and kind == "zip"
         suffix = next((s for s in COMPRESSED_TAR if report.endswith(s)), ".tar")
         name = "package.conda" if conda else "archive.zip" if kind == "zip" else "package.deb" if kind == "deb" \
-            else "package.rpm" if kind == "rpm" else "compressed" if kind == "compressed" else "archive" + suffix
+            else "package.rpm" if kind == "rpm" else "archive.cpio" if kind == "cpio" \
+            else "compressed" if kind == "compressed" else "archive" + suffix
         host = os.path.join(folder, name)
         with open(host, "wb") as fh:
             fh.write(tree._bytes(entry))
@@ -384,7 +387,8 @@ class Inputs:
         layer, before = tree.layer_of(entry), self._under
         self._under = folder
         read = self._conda if conda else self._wheel if kind == "zip" else self._deb if kind == "deb" else \
-            self._rpm if kind == "rpm" else self._decompressed if kind == "compressed" else \
+            self._rpm if kind == "rpm" else self._cpio if kind == "cpio" else \
+            self._decompressed if kind == "compressed" else \
             (lambda r, h: self._tar_files(r, h, "compressed_tar" if h.endswith(COMPRESSED_TAR) else "tar"))
         try:
             for inp in read(report, host):
@@ -430,6 +434,9 @@ class Inputs:
             return
         if not explicit and is_rpm(head):  # an RPM package met in a folder
             yield from _members_of(report, self._rpm(report, host))
+            return
+        if not explicit and is_newc_cpio(head):  # a cpio archive met in a folder
+            yield from _members_of(report, self._cpio(report, host))
             return
         self.seen.add(real)
         kind = identify(head, size)
@@ -518,6 +525,12 @@ class Inputs:
         if self.identify and report not in self.containers:
             self.containers[report] = container(host, "rpm")
         yield from self._tar_files(report, host, "rpm", read=rpm_members)
+
+    def _cpio(self, report: str, host: str):
+        """A cpio archive of the newc format (an initramfs): its regular files, read in place as a
+        tarball's members are (`initrd.cpio!/usr/lib/libx.so`). One with nothing to read is
+        counted as skipped (`cpio`)."""
+        yield from self._tar_files(report, host, "cpio", read=cpio_members)
 
     def _tar_files(self, report: str, host: str, why: str, explicit: bool = False, read=tar_members):
         """A tar that is not an image (an sdist, a tarball of a build; plain, gzip, xz, bzip2 or
@@ -614,7 +627,7 @@ class Inputs:
 
     def _unpacked(self, report: str, members: list[tuple[str, str, str]]):
         """The inputs of an archive's members written out: (name as reported, where written,
-        category: "binary", "python", "static", "zip", "tar", "deb" or "rpm")."""
+        category: "binary", "python", "static", "zip", "tar", "deb", "rpm", "cpio" or "compressed")."""
         binaries = MemberSet(report, (Member(dest, inner) for inner, dest, c in members if c == "binary"))
         for wanted in READ:  # binaries first: the others may need them
             for inner, dest, category in members:
@@ -810,7 +823,7 @@ class Inputs:
             self._zip_depth -= 1
 
     def _nested(self, report: str, host: str, kind: str):
-        """A zip archive, tar, .deb or .rpm that is a member of another archive (a jar in a wheel, a
+        """A zip archive, tar, .deb, .rpm or cpio archive that is a member of another archive (a jar in a wheel, a
         jar in a jar, a tarball in a wheel): read as when met in a folder, MAX_ZIP_DEPTH deep at
         most, all of them within one byte budget."""
         if self._zip_depth >= MAX_ZIP_DEPTH:
@@ -828,6 +841,8 @@ class Inputs:
                 yield from self._deb(report, host)
             elif kind == "rpm":
                 yield from self._rpm(report, host)
+            elif kind == "cpio":
+                yield from self._cpio(report, host)
             else:
                 yield from self._tar_files(report, host, "compressed_tar" if host.endswith(COMPRESSED_TAR) else "tar")
         finally:

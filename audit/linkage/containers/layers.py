@@ -19,7 +19,7 @@ import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_rpm, is_zip
+from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_newc_cpio, is_rpm, is_zip
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
 from audit.linkage.containers.compressed import compression, peek_stream
@@ -306,9 +306,9 @@ class ImageTree:
         return [(p, self.entries[p], first[(self.entries[p].layer, self.entries[p].member)] == p) for p in paths]
 
     def archives(self) -> list[tuple[str, Entry, str]]:
-        """(path, entry, "zip" | "tar" | "deb" | "rpm" | "compressed") of every regular file of the
+        """(path, entry, "zip" | "tar" | "deb" | "rpm" | "cpio" | "compressed") of every regular file of the
         final tree that is a zip archive (a jar, an egg, a wheel, a .conda package), a Debian or RPM
-        package, a tar (by its name: `.tar`, `.tar.gz`, `.tgz`, `.tar.xz`, `.tar.zst`) or a file
+        package, a newc cpio archive, a tar (by its name: `.tar`, `.tar.gz`, `.tgz`, `.tar.xz`, `.tar.zst`) or a file
         compressed on its own (libx.so.gz: peek_compressed says what it holds), sorted by path; one
         name of each hard-linked set."""
         out, seen = [], set()
@@ -317,10 +317,11 @@ class ImageTree:
             if e.kind != "file" or (e.layer, e.member) in seen:
                 continue
             head = self._head(e, _TAR_HEAD if _may_be_tar(self._head(e, _HEAD), e.size) else 24)
-            kind = "deb" if is_deb(head) else "rpm" if is_rpm(head) else "zip" if is_zip(head) \
+            kind = "deb" if is_deb(head) else "rpm" if is_rpm(head) else "cpio" if is_newc_cpio(head) \
+                else "zip" if is_zip(head) \
                 else "tar" if p.endswith(_TAR_NAMES) or looks_like_tar(head) \
                 else "compressed" if compression(head) else None
-            if kind in ("deb", "rpm") or kind and self._kind(e) is Kind.NOT_BINARY:
+            if kind in ("deb", "rpm", "cpio") or kind and self._kind(e) is Kind.NOT_BINARY:
                 seen.add((e.layer, e.member))
                 out.append((p, e, kind))
         return out
@@ -384,7 +385,7 @@ class ImageTree:
                 continue
             kind = self._kind(e)
             if kind.binary and kind not in AUDITED and kind is not Kind.RPM_PACKAGE \
-                    and not is_deb(self._head(e, 24)):  # a .deb or .rpm: archives()
+                    and not is_deb(head := self._head(e, 24)) and not is_newc_cpio(head):  # archives() has these
                 seen.add((e.layer, e.member))
                 out.append((p, e, kind))
         return out

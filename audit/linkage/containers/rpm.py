@@ -1,4 +1,5 @@
-"""RPM packages (v3/v4) as a stream of the files they install, read as a tar's members are.
+"""RPM packages (v3/v4) as a stream of the files they install, read as a tar's members are; and
+plain cpio archives of the newc format their payload uses (cpio_members).
 
     for info, data in rpm_members(fh, size, ratio, total_bytes):   # (tarfile.TarInfo, stream)
 
@@ -66,6 +67,15 @@ def rpm_members(fh: BinaryIO, size: int, ratio: float, total_bytes: int) -> Iter
         except Exception as exc:  # a decompressor that reads its header at once
             raise _read_error(exc, how) from None
     yield from _cpio(_Payload(raw, how), limit)
+
+
+def cpio_members(fh: BinaryIO, size: int, ratio: float = 0.0, total_bytes: int = 0) -> Iterator[tuple[tarfile.TarInfo, _Data]]:
+    """(TarInfo, its data stream) of each regular file of a cpio archive in the newc format (an
+    initramfs, a cpio made by `cpio -H newc` or `bsdtar --format newc`), read in place: its size
+    bounds it. The same reader as an RPM's payload (same signature as tar_members; a compressed
+    one is a file compressed on its own, read first by compressed.py)."""
+    fh.seek(0)
+    yield from _cpio(_Payload(fh, "uncompressed", "cpio archive"), size)
 
 
 def _payload_start(fh: BinaryIO, size: int) -> tuple[int, dict[int, str]]:
@@ -193,8 +203,8 @@ class _Payload:
     """The payload's cpio bytes, decompressed, read exactly: a read ends short only at the
     stream's end, and a decompressor's error is an InputError."""
 
-    def __init__(self, raw: BinaryIO | _Bounded, how: str):
-        self.raw, self.how, self.at = raw, how, 0
+    def __init__(self, raw: BinaryIO | _Bounded, how: str, label: str = "RPM payload"):
+        self.raw, self.how, self.at, self.label = raw, how, 0, label
 
     def read(self, n: int) -> bytes:
         parts, left = [], n
@@ -214,7 +224,7 @@ class _Payload:
     def exact(self, n: int, what: str) -> bytes:
         data = self.read(n)
         if len(data) < n:
-            raise InputError(f"truncated RPM payload: it ends inside {what}")
+            raise InputError(f"truncated {self.label}: it ends inside {what}")
         return data
 
 
@@ -240,30 +250,33 @@ def _cpio(payload: _Payload, limit: int) -> Iterator[tuple[tarfile.TarInfo, _Dat
     """The regular files of a newc cpio archive, up to its TRAILER!!! member."""
     for n in range(_MAX_MEMBERS + 1):
         if n == _MAX_MEMBERS:
-            raise InputError(f"RPM payload has more than {_MAX_MEMBERS} members")
+            raise InputError(f"{payload.label} has more than {_MAX_MEMBERS} members")
         header = payload.exact(110, "a member's header")
         if header[:6] == b"07070X":  # rpm >= 4.12 with a file of 4 GiB or more: names live in the header
-            raise InputError("RPM package: payload format 'stripped cpio' (07070X, files of 4 GiB or more) "
+            raise InputError(f"{payload.label}: format 'stripped cpio' (07070X, files of 4 GiB or more) "
                              "not audited")
         if header[:6] not in _CPIO_MAGIC or not _HEX.fullmatch(header, 6):
-            raise InputError(f"RPM payload: not a cpio (newc) archive at byte {payload.at - 110} "
+            raise InputError(f"{payload.label}: not a cpio (newc) archive at byte {payload.at - 110} "
                              f"(its header starts '{printable(header[:6].decode('latin-1'))}')")
         _ino, mode, _uid, _gid, nlink, _mtime, size, *_dev, namesize, _check = (
             int(header[at:at + 8], 16) for at in range(6, 110, 8))
         if not 1 <= namesize <= _MAX_NAME:
-            raise InputError(f"RPM payload: a member's name declares {namesize} bytes")
+            raise InputError(f"{payload.label}: a member's name declares {namesize} bytes")
         raw = payload.exact(namesize, "a member's name")
         payload.exact(-(110 + namesize) % 4, "a member's name")
         if raw[-1:] != b"\0":
-            raise InputError("RPM payload: a member's name does not end in NUL")
+            raise InputError(f"{payload.label}: a member's name does not end in NUL")
         name = raw[:-1].decode("utf-8", "surrogateescape")  # as tarfile decodes a tar's names
         if name == "TRAILER!!!":  # read on to the stream's end: a damaged or cut one is not passed
             while payload.read(1 << 20):
                 pass
             return
         if payload.at + size > limit:  # checked before it is stepped over, as a tar's members are
-            raise InputError(f"RPM payload: member {printable(name)} declares {size} bytes, past what "
-                             f"the payload may unpack to ({limit} bytes)")
+            if payload.how == "uncompressed":  # read in place: past the file's end is a cut file
+                raise InputError(f"truncated {payload.label}: member {printable(name)} declares {size} bytes, "
+                                 f"past its end ({limit} bytes)")
+            raise InputError(f"{payload.label}: member {printable(name)} declares {size} bytes, past what "
+                             f"it may unpack to ({limit} bytes)")
         data = _Data(payload, size, name)
         # a hard link's data comes with its last name; the earlier ones are empty and found by name
         if mode & _S_IFMT == _S_IFREG and (size or nlink <= 1):
