@@ -104,7 +104,7 @@ class Builder:
         self.seeds = seeds
         self.elfmut = elfmut
         self.canary = canary  # absolute path of the folder no run may open
-        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "clr", "deb", "rpm", "baseline")]
+        self.elf_names = [k for k in seeds if k not in ("pe", "coff", "clr", "deb", "rpm", "cpio", "baseline")]
 
     # -- pieces
     def elf(self, case: Case, mutate: float = 0.5) -> bytes:
@@ -291,6 +291,9 @@ class Builder:
                 if "rpm" in self.seeds:  # an RPM package, its headers or payload damaged at times
                     rpm = self.seeds["rpm"]
                     case.files.append(("file", "d/fk-1.0-1.x86_64.rpm", self.damaged(case, rpm, len(rpm))))
+                if "cpio" in self.seeds:  # a newc cpio archive, its headers damaged or cut at times
+                    cpio = self.seeds["cpio"]
+                    case.files.append(("file", "d/initrd.cpio", self.damaged(case, cpio, len(cpio))))
                 case.files.append(("file", "d/libz.so.gz", self.compressed(case)))
             else:
                 case.files.append(("file", "d/empty.so", b""))

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
 DEVICE_SRC = TESTS / "fixtures" / "device"
-STAMP = "seeds-v6.json"
+STAMP = "seeds-v7.json"
 
 DEP_C = "int fk_dep_value(void) { return 42; }\n"
 STATIC_CUBLAS_C = "int cublasSgemm_v2(void){return 0;}\nint cublasCreate_v2(void){return 0;}\n"
@@ -240,6 +240,15 @@ def build(cache: Path, log=print) -> dict:
             seeds["rpm"] = "elf/fk.rpm"
         else:
             notes.append(f"rpmbuild seed not built: {' '.join((err or 'no package').split())[:160]}")
+    if shutil.which("bsdtar") and "dlopen_cudnn" in seeds:  # a newc cpio archive (an initramfs's format)
+        root = d / "cpioroot" / "usr" / "lib"
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.copy(cache / seeds["dlopen_cudnn"], root / "libfkcpio.so")
+        err = _run(["bsdtar", "--format", "newc", "-cf", str(d / "fk.cpio"), "-C", str(d / "cpioroot"), "usr"], d)
+        if err is None:
+            seeds["cpio"] = "elf/fk.cpio"
+        else:
+            notes.append(f"bsdtar cpio seed not built: {' '.join(err.split())[:160]}")
     if "pe" not in seeds:
         (d / "fk.dll").write_bytes(_minimal_pe())
         seeds["pe"] = "elf/fk.dll"
