@@ -30,17 +30,10 @@ from audit.python_source.reader import is_python_source, read_python_buffer, str
 
 _HEAD = 64  # bytes kept of every file of a compressed layer (the ELF header probe needs 20)
 _TAR_HEAD = 262  # of one that may be a tar, whatever its name: its "ustar" magic ends here
-
-
-def _may_be_tar(head: bytes, size: int) -> bool:
-    """Whether a file may be a tar (its size a whole number of 512-byte blocks, its first bytes
-    a member name padded with NULs): only those are read as far as the tar magic."""
-    return size >= 1024 and size % 512 == 0 and 32 <= head[:1][0] < 127 and b"\0" in head[:100] \
-        if head else False
 _KEEP = 32 << 20  # small files kept whole from compressed layers (_kept): ld.so.conf, dpkg's records
 _KEEP_TOTAL = 256 << 20  # all of them, in one image (dpkg keeps one file list per package)
 _MAX_ENTRIES = 2_000_000
-# a tar is known by its name here: its magic lies at byte 257, past what a compressed layer keeps
+# a compressed tar is known by its name here (a plain one by its magic too: _may_be_tar)
 _TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.zst", ".tar.bz2")
 _RATIO_FLOOR = 64 << 20  # a layer may inflate to this whatever its ratio (as an archive member)
 
@@ -110,6 +103,13 @@ def _compression(layer: LayerRef) -> str | None:
     if magic == b"\x28\xb5\x2f\xfd":
         return "zstd"
     return None
+
+
+def _may_be_tar(head: bytes, size: int) -> bool:
+    """Whether a file may be a tar (its size a whole number of 512-byte blocks, its first bytes
+    a member name padded with NULs): only those are read as far as the tar magic."""
+    return size >= 1024 and size % 512 == 0 and 32 <= head[:1][0] < 127 and b"\0" in head[:100] \
+        if head else False
 
 
 def _peeked(fh, n: int) -> bytes | InputError:
