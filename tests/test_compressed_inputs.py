@@ -52,9 +52,13 @@ def test_a_cut_or_bomb_like_compressed_file_is_an_error(jni, tmp_path, capsys): 
     whole = compress(jni["cudnn"], "gz")
     cut = tmp_path / "libcut.so.gz"
     cut.write_bytes(whole[:len(whole) // 2])
+    zst = compress(jni["cudnn"], "zst")
+    zcut = tmp_path / "libcut.so.zst"  # zstandard's reader says nothing of a cut: the frames are walked
+    zcut.write_bytes(zst[:len(zst) // 2])
     bomb = tmp_path / "libbomb.so.gz"
     bomb.write_bytes(compress(jni["cudnn"] + bytes(200 << 20), "gz"))  # an ELF head, then 200 MiB of zeros
-    for path, why in ((cut, "ended before the end-of-stream marker"), (bomb, "inflates more than 100:1")):
+    for path, why in ((cut, "ended before the end-of-stream marker"), (zcut, "zstd stream ends early"),
+                      (bomb, "inflates more than 100:1")):
         rc, out, err = cli(capsys, "check", path)
         assert rc == EXIT_INPUT and why in out + err and "Traceback" not in out + err, out + err
 
@@ -121,3 +125,18 @@ def test_text_that_starts_like_a_compressor_s_magic_is_data(jni, tmp_path):  # n
     (d / "blob.bin").write_bytes(b"\x1f\x8b" + b"not deflate" * 8)
     report = audit(d)
     assert [(f.path, f.verdict) for f in report.files] == [(f"{d}/libclean.so", "pass")]
+
+
+def test_a_cut_compressed_file_in_a_folder_is_an_error_not_data(jni, tmp_path):  # noqa: F811
+    """Cut within the first bytes that say what it holds, it is never judged on part of them:
+    a cut gzip and a cut zstd file (its frames walked) are errors, not skipped as data."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "libclean.so").write_bytes(jni["clean"])
+    text = b"line of a changelog\n" * 400
+    (d / "changelog.gz").write_bytes(compress(text, "gz")[:40])
+    zst = compress(jni["cudnn"], "zst")
+    (d / "libx.so.zst").write_bytes(zst[:len(zst) - 3])
+    report = audit(d)
+    assert sorted((f.path, f.verdict) for f in report.files) == [
+        (f"{d}/changelog.gz", "error"), (f"{d}/libclean.so", "pass"), (f"{d}/libx.so.zst", "error")]

@@ -55,16 +55,19 @@ def _reader(how: str, fh):
 
 
 def peek(path: str, n: int) -> bytes:
-    """The first `n` bytes of the compressed file at `path`, decompressed (peek_stream)."""
+    """The first `n` bytes of the compressed file at `path`, decompressed (peek_stream); a zstd
+    file's frames are walked first (zstandard's reader says nothing of a cut one)."""
     with open(path, "rb") as fh:
+        if compression(fh.read(10)) == "zstd" and not _zstd_whole(fh, os.fstat(fh.fileno()).st_size):
+            raise InputError("zstd stream ends early or is damaged (truncated)")
+        fh.seek(0)
         return peek_stream(fh, n)
 
 
 def peek_stream(fh, n: int) -> bytes:
     """The first `n` bytes of the compressed stream `fh` (read from where it is, forward only),
-    decompressed: never more, so a bomb costs no more than `n`. A stream cut short within them
-    gives what it holds (what a loader would get); InputError for one damaged before its first
-    byte."""
+    decompressed: never more, so a bomb costs no more than `n`. InputError for a stream damaged
+    or cut within them: what it holds is never judged on part of it."""
     magic = fh.read(10)
     how = compression(magic)
     if how is None:
@@ -72,18 +75,14 @@ def peek_stream(fh, n: int) -> bytes:
     out = b""
     try:
         with _reader(how, _Prefixed(magic, fh)) as stream:
-            while len(out) < n and (data := stream.read(min(n - len(out), 512))):  # small: a cut keeps most
+            while len(out) < n and (data := stream.read(n - len(out))):
                 out += data
             return out
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
-        if out:
-            return out
         raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split()) or type(exc).__name__}") \
             from None
     except Exception as exc:  # zstandard.ZstdError
         if type(exc).__module__.startswith("zstandard"):
-            if out:
-                return out
             raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split())}") from None
         raise
 
@@ -105,6 +104,42 @@ class _Prefixed:
         return True
 
 
+def _zstd_whole(fh, size: int) -> bool:
+    """Whether the zstd frames in `fh` (of `size` bytes) end exactly at its end: each frame's
+    header, blocks (3-byte headers: last flag, type, size) and checksum walked by their sizes,
+    nothing decompressed. zstandard's reader says nothing of a cut stream; this does."""
+    at = 0
+    while at < size:
+        fh.seek(at)
+        magic = int.from_bytes(fh.read(4), "little")
+        if 0x184D2A50 <= magic <= 0x184D2A5F:  # a skippable frame: its size follows
+            at += 8 + int.from_bytes(fh.read(4), "little")
+            continue
+        if magic != 0xFD2FB528:
+            return False
+        desc = fh.read(1)
+        if not desc:
+            return False
+        d = desc[0]
+        single = bool(d & 0x20)
+        fcs = (0, 2, 4, 8)[d >> 6] or (1 if single else 0)
+        at += 4 + 1 + (0 if single else 1) + (0, 1, 2, 4)[d & 3] + fcs
+        while True:  # the blocks
+            fh.seek(at)
+            head = fh.read(3)
+            if len(head) < 3:
+                return False
+            h = int.from_bytes(head, "little")
+            kind, length = (h >> 1) & 3, h >> 3
+            if kind == 3:  # reserved
+                return False
+            at += 3 + (1 if kind == 1 else length)
+            if h & 1:
+                break
+        at += 4 if d & 0x04 else 0  # the content checksum
+    return at == size
+
+
 def decompress(src: str, dest: str, ratio: float, total_bytes: int) -> None:
     """Write `src` decompressed to `dest` (created), never more than the smaller of `ratio` times
     its compressed size (at least RATIO_FLOOR) and `total_bytes`. Raises InputError for a stream
@@ -114,6 +149,8 @@ def decompress(src: str, dest: str, ratio: float, total_bytes: int) -> None:
         if how is None:
             raise InputError("not a compressed file")
         size = os.fstat(fh.fileno()).st_size
+        if how == "zstd" and not _zstd_whole(fh, size):
+            raise InputError("zstd stream ends early or is damaged (truncated)")
         fh.seek(0)
         by_ratio = max(RATIO_FLOOR, int(ratio * max(size, 1)))
         limit, why = ((by_ratio, f"{how} file inflates more than {ratio:g}:1 ({size} bytes compressed; "
