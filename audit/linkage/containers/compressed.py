@@ -78,13 +78,19 @@ def peek_stream(fh, n: int) -> bytes:
             while len(out) < n and (data := stream.read(n - len(out))):
                 out += data
             return out
-    except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
-        raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split()) or type(exc).__name__}") \
-            from None
-    except Exception as exc:  # zstandard.ZstdError
-        if type(exc).__module__.startswith("zstandard"):
-            raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split())}") from None
-        raise
+    except Exception as exc:  # noqa: BLE001  mapped where it is the stream's, else raised as it is
+        raise _stream_error(exc, how) from None
+
+
+def _stream_error(exc: BaseException, how: str) -> BaseException:
+    """InputError for what a decompressor raises on a damaged or cut stream (zstandard's own
+    included); an InputError as it is; anything else (a bug) as it is."""
+    if isinstance(exc, InputError):
+        return exc
+    if isinstance(exc, (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)) \
+            or type(exc).__module__.startswith("zstandard"):
+        return InputError(f"cannot decompress {how} file: {' '.join(str(exc).split()) or type(exc).__name__}")
+    return exc
 
 
 class _Prefixed:
@@ -164,12 +170,5 @@ def decompress(src: str, dest: str, ratio: float, total_bytes: int) -> None:
                     if written > limit:
                         raise InputError(why)
                     out.write(data)
-        except InputError:
-            raise
-        except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as exc:
-            raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split()) or type(exc).__name__}") \
-                from None
-        except Exception as exc:  # zstandard.ZstdError
-            if type(exc).__module__.startswith("zstandard"):
-                raise InputError(f"cannot decompress {how} file: {' '.join(str(exc).split())}") from None
-            raise
+        except Exception as exc:  # noqa: BLE001  mapped where it is the stream's, else raised as it is
+            raise _stream_error(exc, how) from None
