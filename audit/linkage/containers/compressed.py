@@ -1,6 +1,9 @@
-"""Files compressed on their own (`libx.so.gz`, a `.xz`, `.bz2` or `.zst` that is no tarball).
+"""Compressed streams: what every container that inflates something shares (a tarball's stream,
+an RPM's payload, an image layer, a file compressed on its own): which compression a stream's
+first bytes name, a reader for it, and how far it may inflate.
 
-A loader can inflate one at run time and load what comes out, so its bytes are never taken for
+Files compressed on their own (`libx.so.gz`, a `.xz`, `.bz2` or `.zst` that is no tarball): a
+loader can inflate one at run time and load what comes out, so its bytes are never taken for
 data unseen: it is decompressed (bounded as a tar's stream is: the member ratio, the archive
 size) and what it holds is read as that member would be.
 """
@@ -13,7 +16,8 @@ import os
 import zlib
 
 from audit.errors import InputError
-from audit.linkage.containers.tars import RATIO_FLOOR
+
+RATIO_FLOOR = 64 << 20  # a member (or a tar's stream, a layer) may inflate to this whatever its ratio
 
 _MAGICS = ((b"\x1f\x8b\x08", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 _SUFFIXES = (".gz", ".xz", ".bz2", ".zst", ".zstd", ".z", ".Z")
@@ -39,19 +43,31 @@ def inner_name(name: str) -> str:
     return base + ".decompressed"
 
 
-def _reader(how: str, fh):
-    """A stream of fh's bytes decompressed, whose reads return at most what they ask for."""
+def open_reader(how: str, fh):
+    """A stream of fh's bytes decompressed ("gzip", "xz", "lzma", "bzip2", "zstd"), whose reads
+    return at most what they ask for."""
     if how == "gzip":
         import gzip
 
         return gzip.GzipFile(fileobj=fh, mode="rb")
-    if how == "xz":
+    if how in ("xz", "lzma"):  # liblzma tells xz from the older .lzma ("alone") itself
         return lzma.LZMAFile(fh)
     if how == "bzip2":
         return bz2.BZ2File(fh)
     import zstandard
 
     return zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+
+
+def inflation_limit(subject: str, compressed: int, ratio: float, total_bytes: int) -> tuple[int, str]:
+    """How far a stream of `compressed` bytes may inflate, and what is said past it: the smaller
+    of `ratio` times its size (never below RATIO_FLOOR; --max-member-ratio) and `total_bytes`
+    (--max-archive-size)."""
+    by_ratio = max(RATIO_FLOOR, int(ratio * max(compressed, 1)))
+    if by_ratio < total_bytes:
+        return by_ratio, (f"{subject} inflates more than {ratio:g}:1 ({compressed} bytes compressed; "
+                          "--max-member-ratio)")
+    return total_bytes, f"{subject} unpacks to more than {total_bytes} bytes (--max-archive-size)"
 
 
 def peek(path: str, n: int) -> bytes:
@@ -74,7 +90,7 @@ def peek_stream(fh, n: int) -> bytes:
         raise InputError("not a compressed file")
     out = b""
     try:
-        with _reader(how, _Prefixed(magic, fh)) as stream:
+        with open_reader(how, _Prefixed(magic, fh)) as stream:
             while len(out) < n and (data := stream.read(n - len(out))):
                 out += data
             return out
@@ -158,13 +174,10 @@ def decompress(src: str, dest: str, ratio: float, total_bytes: int) -> None:
         if how == "zstd" and not _zstd_whole(fh, size):
             raise InputError("zstd stream ends early or is damaged (truncated)")
         fh.seek(0)
-        by_ratio = max(RATIO_FLOOR, int(ratio * max(size, 1)))
-        limit, why = ((by_ratio, f"{how} file inflates more than {ratio:g}:1 ({size} bytes compressed; "
-                                 "--max-member-ratio)") if by_ratio < total_bytes else
-                      (total_bytes, f"{how} file unpacks to more than {total_bytes} bytes (--max-archive-size)"))
+        limit, why = inflation_limit(f"{how} file", size, ratio, total_bytes)
         written = 0
         try:
-            with _reader(how, fh) as stream, open(dest, "xb") as out:
+            with open_reader(how, fh) as stream, open(dest, "xb") as out:
                 while data := stream.read(min(_CHUNK, limit - written + 1)):
                     written += len(data)
                     if written > limit:

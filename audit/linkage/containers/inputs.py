@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_newc_cpio, is_rpm, is_zip
 from audit.errors import InputError
 from audit.linkage.containers.category import COMPRESSED_TAR, READ, member_category
-from audit.linkage.containers.compressed import compression, decompress, inner_name, peek
+from audit.linkage.containers.compressed import RATIO_FLOOR, compression, decompress, inner_name, peek
 from audit.linkage.containers.conda import _package_tar, extract_conda, is_conda
 from audit.linkage.containers.conda import _safe as _conda_safe
 from audit.linkage.resolution.fs import HOST, ConfinedFS, FileSystem
@@ -35,7 +35,7 @@ from audit.linkage.containers.image import Image, is_oci_dir, looks_like_tar, op
 from audit.linkage.resolution.ldso import Member, MemberSet, ResolveOptions
 from audit.linkage.containers.rpm import cpio_members, rpm_members
 from audit.linkage.containers.static_archive import ArMember, read_members
-from audit.linkage.containers.tars import RATIO_FLOOR, safe_member, tar_members, tar_read_error
+from audit.linkage.containers.tars import safe_member, tar_members, tar_read_error
 from audit.python_source.reader import is_python_source, stream_may_load
 
 _MAX_WHEEL_MEMBERS = 200_000

@@ -10,7 +10,6 @@ layer once more and parsing its surviving ELF files as they stream past.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import os
 import posixpath
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from audit.binformat import HEAD_BYTES, Kind, identify, is_deb, is_newc_cpio, is_rpm, is_zip
 from audit.elf.model import ElfInfo
 from audit.errors import InputError
-from audit.linkage.containers.compressed import compression, peek_stream
+from audit.linkage.containers.compressed import compression, inflation_limit, open_reader, peek_stream
 from audit.linkage.containers.image import Image, LayerRef, Region, looks_like_tar, verify_blob
 from audit.linkage.containers.tars import bounded_members
 from audit.linkage.resolution.native import AUDITED, MACHO_KINDS, PE_KINDS
@@ -35,7 +34,6 @@ _KEEP_TOTAL = 256 << 20  # all of them, in one image (dpkg keeps one file list p
 _MAX_ENTRIES = 2_000_000
 # a compressed tar is known by its name here (a plain one by its magic too: _may_be_tar)
 _TAR_NAMES = (".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.zst", ".tar.bz2")
-_RATIO_FLOOR = 64 << 20  # a layer may inflate to this whatever its ratio (as an archive member)
 
 
 def _kept(path: str) -> bool:
@@ -120,12 +118,7 @@ def _peeked(fh, n: int) -> bytes | InputError:
 
 
 def _decompressed(layer: LayerRef, kind: str):
-    raw = Region(layer.blob.fd, layer.blob.offset, layer.blob.size)
-    if kind == "gzip":
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    import zstandard
-
-    return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    return open_reader(kind, Region(layer.blob.fd, layer.blob.offset, layer.blob.size))
 
 
 class ImageTree:
@@ -192,11 +185,7 @@ class ImageTree:
         return out
 
     def _limit(self, label: str, layer: LayerRef) -> tuple[int, str]:
-        by_ratio = max(_RATIO_FLOOR, int(self.max_ratio * max(layer.blob.size, 1)))
-        if by_ratio < self.max_bytes:
-            return by_ratio, (f"{label}: inflates more than {self.max_ratio:g}:1 ({layer.blob.size} bytes "
-                              f"compressed; --max-member-ratio)")
-        return self.max_bytes, f"{label}: unpacks to more than {self.max_bytes} bytes (--max-archive-size)"
+        return inflation_limit(f"{label}:", layer.blob.size, self.max_ratio, self.max_bytes)
 
     def _member(self, label: str, i: int, n: int, m: tarfile.TarInfo, stream) -> tuple:
         if n >= _MAX_ENTRIES:

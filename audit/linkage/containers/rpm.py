@@ -23,7 +23,8 @@ from typing import BinaryIO
 
 from audit.binformat import RPM_MAGIC
 from audit.errors import InputError, printable
-from audit.linkage.containers.tars import RATIO_FLOOR, _Bounded
+from audit.linkage.containers.compressed import compression, inflation_limit, open_reader
+from audit.linkage.containers.tars import _Bounded
 
 LEAD_BYTES = 96
 _HEADER_MAGIC = b"\x8e\xad\xe8\x01"  # a header structure, version 1
@@ -49,7 +50,7 @@ def rpm_members(fh: BinaryIO, size: int, ratio: float, total_bytes: int) -> Iter
     if fmt != "cpio":  # a delta rpm's payload ("drpm") is not the files
         raise InputError(f"RPM package: payload format '{printable(fmt)}' not audited (only cpio is read)")
     fh.seek(start)
-    magic = fh.read(6)
+    magic = fh.read(10)
     fh.seek(start)
     compressed = size - start
     if not magic:
@@ -58,10 +59,7 @@ def rpm_members(fh: BinaryIO, size: int, ratio: float, total_bytes: int) -> Iter
     if open_payload is None:  # read in place: the file's size bounds it
         limit, raw = compressed, fh
     else:
-        by_ratio = max(RATIO_FLOOR, int(ratio * max(compressed, 1)))
-        limit, why = ((by_ratio, f"RPM payload inflates more than {ratio:g}:1 ({compressed} bytes compressed; "
-                                 "--max-member-ratio)") if by_ratio < total_bytes else
-                      (total_bytes, f"RPM payload unpacks to more than {total_bytes} bytes (--max-archive-size)"))
+        limit, why = inflation_limit("RPM payload", compressed, ratio, total_bytes)
         try:
             raw = _Bounded(open_payload(fh), limit, why)
         except Exception as exc:  # a decompressor that reads its header at once
@@ -142,47 +140,16 @@ def _header(fh: BinaryIO, at: int, size: int, what: str, wanted: tuple[int, ...]
     return data_at + store, tags
 
 
-def _open_zstd(fh: BinaryIO):
-    import zstandard
-
-    return zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
-
-
-def _open_gzip(fh: BinaryIO):
-    import gzip
-
-    return gzip.GzipFile(fileobj=fh, mode="rb")
-
-
-def _open_lzma(fh: BinaryIO):  # xz, or the older .lzma ("alone"): liblzma tells them apart
-    import lzma
-
-    return lzma.LZMAFile(fh)
-
-
-def _open_bz2(fh: BinaryIO):
-    import bz2
-
-    return bz2.BZ2File(fh)
-
-
-# by the payload's first bytes; lzma ("alone") has no magic of its own: its properties byte
-# (0x5d for every preset) then a little-endian dictionary size, or the header tag names it
-_COMPRESSION: tuple[tuple[bytes, str, Callable], ...] = (
-    (b"\x1f\x8b", "gzip", _open_gzip), (b"\xfd7zXZ\x00", "xz", _open_lzma), (b"BZh", "bzip2", _open_bz2),
-    (b"\x28\xb5\x2f\xfd", "zstd", _open_zstd))
-
-
 def _compression(magic: bytes, named: str | None) -> tuple[str, Callable | None]:
     """The payload's compression (its name, how it is opened; None: not compressed), from its
     first bytes; InputError naming the header's compressor where they match none known."""
     if magic.startswith(b"07070"):  # a cpio archive as it is (_cpio refuses all but newc)
         return "uncompressed", None
-    for prefix, name, opener in _COMPRESSION:
-        if magic.startswith(prefix):
-            return name, opener
-    if named == "lzma" or magic.startswith(b"\x5d\0\0"):
-        return "lzma", _open_lzma
+    # lzma ("alone") has no magic of its own: its properties byte (0x5d for every preset) then a
+    # little-endian dictionary size, or the header tag names it
+    how = compression(magic) or ("lzma" if named == "lzma" or magic.startswith(b"\x5d\0\0") else None)
+    if how is not None:
+        return how, lambda fh: open_reader(how, fh)
     raise InputError(f"RPM package: payload compressed with {printable(named or 'an unknown method')} "
                      f"(first bytes {magic.hex()}) not audited")
 

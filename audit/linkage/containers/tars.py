@@ -13,8 +13,7 @@ import zlib
 from collections.abc import Iterator
 
 from audit.errors import InputError, printable
-
-RATIO_FLOOR = 64 << 20  # a member (or a tar's stream) may inflate to this whatever its ratio
+from audit.linkage.containers.compressed import compression, inflation_limit, open_reader
 
 
 def bounded_members(tf: tarfile.TarFile, limit: int, why: str) -> Iterator[tarfile.TarInfo]:
@@ -27,7 +26,6 @@ def bounded_members(tf: tarfile.TarFile, limit: int, why: str) -> Iterator[tarfi
 
 
 _MAX_TAR_MEMBERS = 200_000  # members of a tar met in a folder or wheel, whose first bytes are read
-_TAR_COMPRESSION = ((b"\x1f\x8b", "gz"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bz2"), (b"\x28\xb5\x2f\xfd", "zst"))
 
 
 class _Bounded:
@@ -53,27 +51,12 @@ def tar_members(fh, compressed: int, ratio: float, total_bytes: int):
     layer's: the smaller of the archive limit and the member ratio times the compressed size
     (never below 64 MiB), and 200,000 members. Raises InputError for an unreadable tar or one past
     a limit."""
-    magic = fh.read(6)
+    how = compression(fh.read(10))
     fh.seek(0)
-    how = next((name for m, name in _TAR_COMPRESSION if magic.startswith(m)), None)
-    by_ratio = max(RATIO_FLOOR, int(ratio * max(compressed, 1)))
-    limit, why = ((by_ratio, f"tar inflates more than {ratio:g}:1 ({compressed} bytes compressed; "
-                             "--max-member-ratio)") if by_ratio < total_bytes else
-                  (total_bytes, f"tar unpacks to more than {total_bytes} bytes (--max-archive-size)"))
+    limit, why = inflation_limit("tar", compressed, ratio, total_bytes)
     try:
-        if how == "zst":
-            import zstandard
-
-            raw = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True)
-        elif how is not None:
-            import bz2
-            import gzip
-            import lzma
-
-            raw = {"gz": lambda: gzip.GzipFile(fileobj=fh, mode="rb"), "xz": lambda: lzma.LZMAFile(fh),
-                   "bz2": lambda: bz2.BZ2File(fh)}[how]()
-        else:  # read where it lies: its size bounds it; member data is stepped over
-            raw = fh
+        # uncompressed: read where it lies (its size bounds it; member data is stepped over)
+        raw = fh if how is None else open_reader(how, fh)
         in_place = how is None and isinstance(fh, io.BufferedReader)  # a file here, not an archive's member
         stream = fh if in_place else _Bounded(raw, limit, why)
         with tarfile.open(fileobj=stream, mode="r:" if in_place else "r|") as tf:
