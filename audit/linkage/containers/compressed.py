@@ -98,13 +98,19 @@ def peek_stream(fh, n: int) -> bytes:
         raise _stream_error(exc, how) from None
 
 
+def is_stream_error(exc: BaseException) -> bool:
+    """Whether `exc` is what a decompressor or the stream under it raises on damaged, cut or
+    unreadable data (zstandard's, lzma's, bz2's and zlib's own included), not a bug."""
+    return isinstance(exc, (OSError, EOFError, ValueError, MemoryError, zlib.error, lzma.LZMAError)) \
+        or type(exc).__module__.startswith(("zstandard", "_lzma", "lzma", "_bz2", "zlib"))
+
+
 def _stream_error(exc: BaseException, how: str) -> BaseException:
-    """InputError for what a decompressor raises on a damaged or cut stream (zstandard's own
-    included); an InputError as it is; anything else (a bug) as it is."""
+    """InputError for what a decompressor raises on a damaged or cut stream; an InputError as it
+    is; anything else (a bug) as it is."""
     if isinstance(exc, InputError):
         return exc
-    if isinstance(exc, (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError)) \
-            or type(exc).__module__.startswith("zstandard"):
+    if is_stream_error(exc):
         return InputError(f"cannot decompress {how} file: {' '.join(str(exc).split()) or type(exc).__name__}")
     return exc
 

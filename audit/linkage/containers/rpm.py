@@ -23,7 +23,7 @@ from typing import BinaryIO
 
 from audit.binformat import RPM_MAGIC
 from audit.errors import InputError, printable
-from audit.linkage.containers.compressed import compression, inflation_limit, open_reader
+from audit.linkage.containers.compressed import compression, inflation_limit, is_stream_error, open_reader
 from audit.linkage.containers.tars import _Bounded
 
 LEAD_BYTES = 96
@@ -159,8 +159,7 @@ def _read_error(exc: BaseException, how: str) -> BaseException:
     own included); anything else (a bug) is raised as it is."""
     if isinstance(exc, InputError):
         return exc
-    if isinstance(exc, (OSError, EOFError, ValueError, MemoryError)) \
-            or type(exc).__module__.startswith(("zstandard", "_lzma", "lzma", "_bz2", "zlib")):
+    if is_stream_error(exc):
         text = " ".join(str(exc).split()) or type(exc).__name__
         return InputError(f"{'truncated' if isinstance(exc, EOFError) else 'cannot read'} RPM payload ({how}): {text}")
     return exc

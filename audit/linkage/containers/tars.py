@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import io
 import tarfile
-import zlib
 from collections.abc import Iterator
 
 from audit.errors import InputError, printable
-from audit.linkage.containers.compressed import compression, inflation_limit, open_reader
+from audit.linkage.containers.compressed import compression, inflation_limit, is_stream_error, open_reader
 
 
 def bounded_members(tf: tarfile.TarFile, limit: int, why: str) -> Iterator[tarfile.TarInfo]:
@@ -79,8 +78,7 @@ def tar_read_error(exc: BaseException) -> str | None:
     included), or None for one that is not about the data."""
     if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, EOFError):
         return f"cannot read: {exc.strerror}"
-    if isinstance(exc, (tarfile.TarError, OSError, EOFError, ValueError, zlib.error, MemoryError)) \
-            or type(exc).__module__.startswith(("zstandard", "_lzma", "lzma", "_bz2")):
+    if isinstance(exc, tarfile.TarError) or is_stream_error(exc):
         return f"cannot read tar: {' '.join(str(exc).split()) or type(exc).__name__}"
     return None
 
