@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from audit.binformat import HEAD_BYTES, Kind, identify
+from audit.binformat import HEAD_BYTES, Kind
 from audit.linkage.containers.category import READ, member_category
 from audit.errors import InputError
 from audit.linkage.containers.tars import bounded_members
@@ -84,12 +84,12 @@ def extract_conda(path: str, dest: str, member_bytes: int, total_bytes: int) -> 
                         fh = tf.extractfile(m)
                         head = fh.read(HEAD_BYTES)
                         # as every container's members: ELF, PE (Library/bin/*.dll), Mach-O
-                        # (lib/*.dylib), Python loaders, zips (jars), tarballs, .debs and .rpms are written
+                        # (lib/*.dylib), Python loaders, zips (jars), tarballs, packages, compressed files
                         category = member_category(head, m.size, name)
                         if category not in READ or category == "static":
                             tree.add(name, _Node("file"))  # replaces what was there; not written
                             if isinstance(category, Kind) or category == "static":  # static: read again later
-                                kind = identify(head, m.size)
+                                kind = category if isinstance(category, Kind) else Kind.STATIC_ARCHIVE
                                 out.append(Extracted(name, None, False, f"{kind.value}: format not audited", kind))
                             continue
                         total += m.size
@@ -139,7 +139,7 @@ class Extracted:
     audited: bool  # an ELF file's first name (its other names are found by name only)
     error: str | None = None  # why it is an error (a binary whose format is not audited)
     kind: Kind = Kind.ELF
-    category: str = "binary"  # member_category's: binary, python (calls a loader), zip, tar, deb or rpm
+    category: str = "binary"  # member_category's (category.READ): binary, python (calls a loader), zip, tar, ...
 
 
 @dataclass
