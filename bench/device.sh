@@ -1443,13 +1443,9 @@ grep -E "ours_fp8|fp8 speedup|^fp8 " "$OUT/fp8_bench.txt" | tee -a "$SUMMARY"
 # installed into FA4_SITE (default /tmp/site); without FA4_STAGE, FA4_SITE must already hold them.
 #   OUT=/tmp/fa4 FA4_STAGE=/tmp/stage PREBUILT=1 bash bench/device.sh fa4     # BUDGET_S (default 560)
 register fa4 'ours against SDPA-cuDNN and FlashAttention-4 (bench --backend fa4) at every --preset dit shape and the long video presets, in one bench call'
-run_fa4() {
-OUT=${OUT:-/tmp/fa4_out}
-BUDGET_S=${BUDGET_S:-560}
+use_fa4() {  # FlashAttention-4 from FA4_STAGE (or already in FA4_SITE) on PYTHONPATH; the environment recorded
 FA4_SITE=${FA4_SITE:-/tmp/site}
-mkdir -p "$OUT" "$FA4_SITE"
-export PYTHONUNBUFFERED=1
-device_common
+mkdir -p "$FA4_SITE"
 if [ -n "${FA4_STAGE:-}" ]; then
     install_wheels "$FA4_STAGE" "$FA4_SITE" "$OUT/pip.log"
     note "fa4 wheels rc=$?"
@@ -1459,6 +1455,15 @@ fi
 # the CuTe DSL's Python packages sit under nvidia_cutlass_dsl/dsl_packages
 export PYTHONPATH=$FA4_SITE:$FA4_SITE/nvidia_cutlass_dsl/dsl_packages:$PWD
 record_env "$OUT/env.txt" python3 -c 'import importlib.metadata as m; print(*(d + " " + m.version(d) for d in ("flash-attn-4", "nvidia-cutlass-dsl")))'
+}
+
+run_fa4() {
+OUT=${OUT:-/tmp/fa4_out}
+BUDGET_S=${BUDGET_S:-560}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+device_common
+use_fa4
 if [ -z "${PREBUILT:-}" ]; then
     python3 -m audit build --target sm_90a --target cpu --out build >"$OUT/build.log" 2>&1
     note "build rc=$? ($(el) s)"
@@ -1470,6 +1475,37 @@ timeout -k 10 $(( $(left) - 15 )) python3 -m audit bench --device cuda --dtype "
 note "bench --backend fa4 rc=$? ($(el) s)"
 sed -n '/^ours = /,$p' "$OUT/bench-fa4.txt" | tee -a "$SUMMARY"
 }  # end of run_fa4
+
+# ==================================================================================================
+# fa4-ab
+# The kernel's -D variants against the default build, SDPA-cuDNN and FlashAttention-4, in one
+# kernel_bench call (methods in turns call by call, inputs stored (B,N,H,D)): BF16_VARIANTS
+# ("name:-DFLAG ...;...", built here in the background) at SHAPES (default: the long video
+# self-attention shapes where FlashAttention-4 leads, head dims 64 and 128, then the padded head
+# dims), REPEATS timed calls a method (default 10). "variant NAME at" lines: ours' median over the
+# variant's (above 1.0: the variant is faster), with the 95 % interval. FlashAttention-4 as for fa4.
+#   OUT=/tmp/ab FA4_STAGE=/tmp/stage PREBUILT=1 BF16_VARIANTS="poly1:-DFK_WGMMA_POLY_EXP_D64=1" bash bench/device.sh fa4-ab
+register fa4-ab 'the kernel'"'"'s -D variants (BF16_VARIANTS) beside the default build, SDPA-cuDNN and FlashAttention-4 in one kernel_bench call'
+run_fa4_ab() {
+begin_run /tmp/fa4_ab_out 560
+use_fa4
+build_unless_prebuilt sm_90a cpu
+VB=build/variants LOG=$OUT PIDS=() LIBS=()
+IFS=';' read -r -a AB_VARS <<< "${BF16_VARIANTS-}"
+build_variants 240 "${AB_VARS[@]}"
+VARIANT_ARGS=()
+for i in "${!PIDS[@]}"; do  # a variant that did not build is left out, with its log's last line
+    if wait "${PIDS[$i]}"; then VARIANT_ARGS+=(--lib "${LIBS[$i]}")
+    else note "variant ${LIBS[$i]%%=*} did not build: $(tail -1 "$LOG/build-${LIBS[$i]%%=*}.log")"; fi
+done
+note "variants built ($(el) s)"
+read -r -a SHAPE_ARGS <<< "${SHAPES:---preset wan2.1-14b-720p --preset hunyuanvideo-720p --preset mochi --preset cogvideox-5b --shape 1,12,32760,128 --shape 1,30,17776,64 --shape 1,16,16384,32 --shape 1,16,17550,72 --shape 1,24,16384,80 --shape 1,24,16384,96}"
+timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --layout bnhd \
+    --torch-methods sdpa_cudnn,fa4 --repeats "${REPEATS:-10}" --warmup 2 "${VARIANT_ARGS[@]}" \
+    --json "$OUT/ab.json" >"$OUT/ab.txt" 2>&1
+note "kernel_bench fa4-ab rc=$? ($(el) s)"
+grep -E "^[0-9]|^variant " "$OUT/ab.txt" | grep -vE " (sdpa_cudnn|fa4) " | cut -c1-150 | tee -a "$SUMMARY"
+}  # end of run_fa4_ab
 
 # ==================================================================================================
 # context-parallel

@@ -147,14 +147,23 @@ def path_of(lib) -> str | None:
     return lib.last_flash_path() if lib is not None else None
 
 
+def make_inputs(shape, dtype, layout: str, sets: int, seed: int, device: str = "cuda") -> list[tuple]:
+    """`sets` random (q, k, v) of (B,H,N,D) shape; stored (B,N,H,D) where layout is bnhd, as video
+    DiTs and FlashAttention-4 hold them, and handed over as transposed views of that storage."""
+    b, h, nq, nk, d = shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def tensor(n):
+        if layout == "bnhd":
+            return torch.randn(b, n, h, d, device=device, dtype=dtype, generator=gen).transpose(1, 2)
+        return torch.randn(b, h, n, d, device=device, dtype=dtype, generator=gen)
+    return [(tensor(nq), tensor(nk), tensor(nk)) for _ in range(sets)]
+
+
 def bench_shape(shape, dtype, methods, args, what: str = "") -> list[dict]:
     b, h, nq, nk, d = shape
     flops = 4 * b * h * nq * nk * d
-    gen = torch.Generator(device="cuda").manual_seed(args.seed)
-    inputs = [(torch.randn(b, h, nq, d, device="cuda", dtype=dtype, generator=gen),
-               torch.randn(b, h, nk, d, device="cuda", dtype=dtype, generator=gen),
-               torch.randn(b, h, nk, d, device="cuda", dtype=dtype, generator=gen))
-              for _ in range(args.rotate)]
+    inputs = make_inputs(shape, dtype, args.layout, args.rotate, args.seed)
     try:
         ref = sdpa(torch.nn.attention.SDPBackend.FLASH_ATTENTION)(*inputs[0])
     except Exception:  # SDPA-flash lacks this head dim: the math backend in fp32 is the reference
@@ -193,7 +202,8 @@ def bench_shape(shape, dtype, methods, args, what: str = "") -> list[dict]:
     base = {r["method"]: r for r in rows if "median_ms" in r}
     for r in rows:
         if "median_ms" in r:
-            for key, other in (("x_sdpa_flash", "sdpa_flash"), ("x_sdpa_cudnn", "sdpa_cudnn"), ("x_eager", "eager")):
+            for key, other in (("x_sdpa_flash", "sdpa_flash"), ("x_sdpa_cudnn", "sdpa_cudnn"), ("x_eager", "eager"),
+                               ("x_fa4", "fa4")):
                 if other in base:
                     r[key] = base[other]["median_ms"] / r["median_ms"]
                     r[key + "_ci95"] = ratio_ci(base[other]["times_ms"], r["times_ms"])
@@ -220,7 +230,11 @@ def main(argv=None) -> int:
     ap.add_argument("--eager-gib", type=float, default=16.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--torch-methods", default="sdpa_flash,sdpa_cudnn,eager",
-                    help="comma list of PyTorch baselines to time (sdpa_flash, sdpa_cudnn, eager; '' for none)")
+                    help="comma list of baselines to time (sdpa_flash, sdpa_cudnn, eager, fa4: "
+                    "FlashAttention-4's flash_attn.cute where it imports; '' for none)")
+    ap.add_argument("--layout", choices=("bhnd", "bnhd"), default="bhnd",
+                    help="how inputs are stored: bnhd = (B,N,H,D), as video DiTs and FlashAttention-4 "
+                    "take them, passed to every method as strided (B,H,N,D) views")
     ap.add_argument("--lse", action="store_true",
                     help="also time the public call with return_lse=True ('ours_lse') and report its cost over 'ours'")
     ap.add_argument("--fp8", action="store_true",
@@ -268,9 +282,16 @@ def main(argv=None) -> int:
                             only, lib))
     baselines = {"sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
                  "eager": lambda q, k, v: eager(q, k, v, 1 / math.sqrt(q.shape[-1]), args.eager_gib * 2**30)}
+    from audit.evidence import fa4
+
+    baselines["fa4"] = fa4.attention
     for name in filter(None, args.torch_methods.split(",")):
         if name not in baselines:
             ap.error(f"unknown --torch-methods entry {name!r} (choose from {', '.join(baselines)})")
+        why = fa4.unavailable("cuda", args.dtype) if name == "fa4" else None
+        if why:  # an optional A/B: left out with its reason, the rest still timed
+            print(f"warning: fa4 left out: {why}", file=sys.stderr)
+            continue
         methods.append((name, baselines[name], args.repeats, set(), None))
     if args.generic_lib:
         lib = flash_kernel.load(args.generic_lib)
@@ -291,6 +312,11 @@ def main(argv=None) -> int:
         # each variant's FP8 kernel against ours: its median time over ours_fp8's (below 1.0: faster)
         result["fp8_variants"] = {spec.partition("=")[0].partition("@")[0]: pair_ratios(
             result["rows"], f"{spec.partition('=')[0].partition('@')[0]}_fp8", "ours_fp8") for spec in args.lib}
+    # each --lib variant against ours, the public call: median of ours over the variant's (above
+    # 1.0: the variant is faster)
+    result["variants"] = {} if args.no_public else {
+        spec.partition("=")[0].partition("@")[0]: pair_ratios(result["rows"], "ours", spec.partition("=")[0].partition("@")[0])
+        for spec in args.lib}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     c = result["ceilings"]
@@ -305,6 +331,11 @@ def main(argv=None) -> int:
         lo, hi = c["ci95"]
         print(f"fp8 speedup at {','.join(map(str, c['shape']))}: {c['ratio']:.3f}x ours (exact) "
               f"[{lo:.3f}, {hi:.3f}]")
+    for name, ratios in result["variants"].items():
+        for c in ratios:
+            lo, hi = c["ci95"]
+            print(f"variant {name} at {','.join(map(str, c['shape']))}: {c['ratio']:.3f}x ours "
+                  f"[{lo:.3f}, {hi:.3f}]")
     for name, ratios in result.get("fp8_variants", {}).items():
         for c in ratios:
             lo, hi = c["ci95"]
@@ -317,7 +348,7 @@ def pair_ratios(rows, num: str, den: str) -> list[dict]:
     """Per shape timed both ways: median time of method `num` / median of `den`, with its 95 %
     bootstrap interval, from the raw times the two took in turns (--lse: ours_lse / ours, 1.0 is
     no cost; --fp8: ours / ours_fp8, the FP8 kernel's speedup; NAME_fp8 / ours_fp8, a --lib
-    variant's FP8 kernel against ours)."""
+    variant's FP8 kernel against ours; ours / NAME, a --lib variant's speedup over ours)."""
     out = []
     by_shape: dict[tuple, dict] = {}
     for r in rows:
@@ -336,7 +367,7 @@ def render(rows) -> str:
     SDPA-cuDNN (median time of theirs / ours) with 95% bootstrap intervals."""
     nan = (float("nan"), float("nan"))
     out = [f"{'shape (B,H,Nq,Nk,D)':<24} {'what':<22} {'method':<14} {'path':<9} {'ms':>9} {'TFLOP/s':>8} "
-           f"{'x SDPA-flash':>12} {'95% CI':>13} {'x cuDNN':>8} {'95% CI':>13} {'relL2':>9}"]
+           f"{'x SDPA-flash':>12} {'95% CI':>13} {'x cuDNN':>8} {'95% CI':>13} {'x FA4':>6} {'95% CI':>13} {'relL2':>9}"]
     for r in rows:
         s = ",".join(map(str, r["shape"]))
         head = f"{s:<24} {r.get('what', '')[:22]:<22} {r['method']:<14} {r.get('path') or '-':<9}"
@@ -345,9 +376,11 @@ def render(rows) -> str:
             continue
         fl, fh = r.get("x_sdpa_flash_ci95", nan)
         cl, ch = r.get("x_sdpa_cudnn_ci95", nan)
+        al, ah = r.get("x_fa4_ci95", nan)
         out.append(f"{head} {r['median_ms']:9.3f} {r['tflops']:8.1f} "
                    f"{r.get('x_sdpa_flash', float('nan')):12.2f} {f'[{fl:.2f},{fh:.2f}]':>13} "
                    f"{r.get('x_sdpa_cudnn', float('nan')):8.2f} {f'[{cl:.2f},{ch:.2f}]':>13} "
+                   f"{r.get('x_fa4', float('nan')):6.2f} {f'[{al:.2f},{ah:.2f}]':>13} "
                    f"{r['rel_l2_vs_reference']:9.2e}")
     return "\n".join(out)
 

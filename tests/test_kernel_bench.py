@@ -156,3 +156,24 @@ def test_lse_needs_the_public_call(bench, capsys):
     with pytest.raises(SystemExit) as exc:
         mod.main(["--lse", "--no-public", "--shape", "1,1,8,64"])
     assert exc.value.code == 2 and "--lse" in capsys.readouterr().err
+
+
+def test_bnhd_inputs_are_views_of_token_major_storage(bench):
+    mod, _ = bench
+    (q, k, v), = mod.make_inputs((2, 3, 5, 7, 16), torch.float32, "bnhd", 1, 0, device="cpu")
+    assert q.shape == (2, 3, 5, 16) and k.shape == v.shape == (2, 3, 7, 16)
+    # (B,N,H,D) storage: heads step D elements, tokens step H * D
+    assert q.stride() == (5 * 3 * 16, 16, 3 * 16, 1) and k.stride() == (7 * 3 * 16, 16, 3 * 16, 1)
+    assert not q.is_contiguous() and q.transpose(1, 2).is_contiguous()
+    (q2, _, _), = mod.make_inputs((2, 3, 5, 7, 16), torch.float32, "bhnd", 1, 0, device="cpu")
+    assert q2.is_contiguous() and q2.shape == q.shape
+
+
+def test_the_table_shows_the_ratio_over_flashattention4(bench):
+    mod, _ = bench
+    rows = [{"method": "ours", "shape": [1, 24, 44776, 44776, 128], "what": "Mochi-1", "path": "wgmma",
+             "median_ms": 10.0, "tflops": 700.0, "x_sdpa_cudnn": 1.2, "x_sdpa_cudnn_ci95": (1.1, 1.3),
+             "x_fa4": 0.93, "x_fa4_ci95": (0.91, 0.95), "rel_l2_vs_reference": 2e-3}]
+    lines = mod.render(rows).splitlines()
+    assert "x FA4" in lines[0]
+    assert "0.93" in lines[1] and "[0.91,0.95]" in lines[1]

@@ -300,7 +300,8 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
             return fk::ran(FK_OK, "wgmma");
         }
     }
-    // a narrow kernel (bucket 64 at head dims 32 and 40..48: GEMMs over 32 or 48 columns), the padded
+    // a narrow kernel (bucket 64 at head dims 32 and 40..48, bucket 128 at 66..80 and 81..96 where on:
+    // GEMMs over 32, 48, 80 or 96 columns), the padded
     // one, the exact one with its items chained (buckets 64 and 128 at short Nk), or the exact one
     const bool narrow = Tile::kNarrowKD < D && p.d <= Tile::kNarrowKD;
     const bool narrow2 = !narrow && Tile::kNarrowKD2 < D && p.d <= Tile::kNarrowKD2;

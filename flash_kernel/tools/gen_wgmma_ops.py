@@ -18,9 +18,9 @@ TYPES = {"bf16": "BF16", "f16": "F16"}
 SS_N = (64, 80, 96, 112, 128, 176, 192)
 # O += P V: n = the head-dim bucket, or the column blocks of O that hold data (bucket 256 at head
 # dims of 3 blocks: n192), or the first columns of bucket 64's column block (head dims 32 and 40..48:
-# n32, n48). One wide instruction per k16 step sends P's registers once; the accumulator of an nN
+# n32, n48) or of bucket 128's two (head dims 66..80 and 81..96: n80, n96). One wide instruction per k16 step sends P's registers once; the accumulator of an nN
 # instruction is the n64 ones side by side, so O keeps one layout.
-RS_N = (32, 48, 64, 128, 192, 256)
+RS_N = (32, 48, 64, 80, 96, 128, 192, 256)
 # S = Q K^T with Q in registers (buckets 64 and 128 with Q held in registers): n = BN, K K-major.
 RSK_N = (128,)
 # The FP8 kernel (gpu/fk_fp8.h): INT8 S = Q K^T (n = its 128 keys per tile, s32 accumulators) and

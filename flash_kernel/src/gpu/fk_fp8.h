@@ -170,23 +170,10 @@ FK_DEVICE float qk_to_float(uint32_t bits) {
 #endif
 }
 
-// 2^x for x <= 9 on the FMA pipe (the FA4 idea): the nearest integer n of x from one add of
-// 1.5 * 2^23, a cubic for 2^(x - n) on [-0.5, 0.5], n added to its exponent bits. Relative error
-// <= 1.4e-4 over every float in [-126, 9] (checked exhaustively on the host against exp2); below
-// -126 it gives 2^-126 (the softmax sets masked keys to 0 itself). One MUFU.EX2 costs the issue
-// slots of 8 FMA-pipe instructions, so computing FK_FP8_POLY_EXP of every 4 scores this way
-// moves softmax work off the pipe it shares with nothing else.
+// FK_FP8_POLY_EXP of every 4 scores' exponentials on the FMA pipe (mma::ex2_fma), the rest on MUFU.
 #ifndef FK_FP8_POLY_EXP
 #define FK_FP8_POLY_EXP 1
 #endif
-FK_DEVICE float ex2_fma(float x) {
-    constexpr float kMagic = 12582912.0f;
-    x = fmaxf(x, -126.0f);
-    const float t = x + kMagic;
-    const float f = x - (t - kMagic);
-    const float y = fmaf(fmaf(fmaf(0.055028843f, f, 0.24225878f), f, 0.693253244f), f, 0.999951254f);
-    return __uint_as_float(__float_as_uint(y) + (__float_as_uint(t) << 23));
-}
 
 // Block-wide maximum of non-negative floats (every thread gets it). `red`: 32 floats of shared memory.
 FK_DEVICE float block_max(float x, float *red) {
@@ -467,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     // S(j) to 448 P (fp32 bits, in si) against the new running maxima; a0, a1: the rescale factors.
     // The row maxima are taken on the int32 sums (the dequantizing factor f is positive, so the
     // largest sum is the largest score), and each 448 P = 2^(f * sum - m + log2 448) is one
-    // exact convert (qk_to_float: an add and a subtract), one fma and one exp2 (ex2_fma for
+    // exact convert (qk_to_float: an add and a subtract), one fma and one exp2 (mma::ex2_fma for
     // FK_FP8_POLY_EXP of every 4, MUFU for the rest). l sums 448 P unrounded (fp8.reference sums P, unrounded).
     auto probs = [&](int j, float kscale_j, float &a0, float &a1) {
         const float f = f0 * kscale_j;
@@ -505,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const float x = fmaf(qk_to_float(si[4 * t + i]), f, i < 2 ? b0 : b1);
-                e[i] = i < FK_FP8_POLY_EXP ? ex2_fma(x) : mma::ex2(x);
+                e[i] = i < FK_FP8_POLY_EXP ? mma::ex2_fma(x) : mma::ex2(x);
             }
             if (ragged) {  // exactly 0 (f * INT_MIN need not be far below the maximum)
                 const int col = n0 + t * 8 + t2;

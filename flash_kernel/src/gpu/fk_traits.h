@@ -597,6 +597,15 @@ struct MmaTile {
 #ifndef FK_WGMMA_NARROW48_D64
 #define FK_WGMMA_NARROW48_D64 1
 #endif
+// Bucket 128's padded head dims likewise: 66..80 on 80 columns (five k16 steps of Q K^T, P V as one
+// n80 wgmma a k16 step, O in 40 fp32 registers a thread; FK_WGMMA_NARROW_D128=80) and 81..96 on 96
+// (FK_WGMMA_NARROW96_D128=1), where the padded kernel's P V runs all 128 columns; 128 and 0: off.
+#ifndef FK_WGMMA_NARROW_D128
+#define FK_WGMMA_NARROW_D128 128
+#endif
+#ifndef FK_WGMMA_NARROW96_D128
+#define FK_WGMMA_NARROW96_D128 0
+#endif
 // Short Nk (text cross-attention, Nk 512: 4 K/V tiles per 128-row work item): an item's start and
 // end are a large share of its time. Two changes at buckets 64 and 128, on together: measured on
 // the H200 (docs/perf.md "Short Nk: Q in registers and late O stores"), bf16, in two runs, 1.04x
@@ -655,8 +664,19 @@ struct MmaTile {
 #ifndef FK_WGMMA_TMA_STORE
 #define FK_WGMMA_TMA_STORE 1
 #endif
+// Of every 4 scores, how many exponentials run on the FMA pipe (mma::ex2_fma) instead of MUFU, by
+// bucket: the softmax's exponentials match the tensor cores' time at head dim 64 (one MUFU.EX2 a
+// score, 16 an SM a clock, against the 2 x 2 x 64 bf16 FLOPs of its two GEMMs at 4096 a clock), so
+// there MUFU bounds the tile unless its work overlaps the GEMMs perfectly.
+#ifndef FK_WGMMA_POLY_EXP_D64
+#define FK_WGMMA_POLY_EXP_D64 0
+#endif
+#ifndef FK_WGMMA_POLY_EXP_D128
+#define FK_WGMMA_POLY_EXP_D128 0
+#endif
 template <int D>
 struct WgmmaTile {
+    static constexpr int kPolyExp = D == 64 ? FK_WGMMA_POLY_EXP_D64 : D == 128 ? FK_WGMMA_POLY_EXP_D128 : 0;
     static constexpr int kConsumers = 2;                 // consumer warpgroups
     static constexpr int BM = 64 * kConsumers;           // query rows per block
     static constexpr bool kWide = D > 128;               // buckets 192 and 256
@@ -673,8 +693,9 @@ struct WgmmaTile {
     static constexpr bool kChain = FK_WGMMA_CHAIN != 0 && kQRegs && kPingPong && !kWide;
     static constexpr bool kLateStore = !kWide && FK_WGMMA_LATE_STORE != 0;  // unchained kernels
     static constexpr int kMinDim = bucket_floor(kWgmmaBuckets, D);  // the smallest head dim of the bucket
-    static constexpr int kNarrowKD = D == 64 ? FK_WGMMA_NARROW_D64 : D;  // < D: a narrow kernel (fk_wgmma.h)
-    static constexpr int kNarrowKD2 = D == 64 && FK_WGMMA_NARROW48_D64 ? 48 : D;  // a second, for kNarrowKD < d <= 48
+    static constexpr int kNarrowKD = D == 64 ? FK_WGMMA_NARROW_D64 : D == 128 ? FK_WGMMA_NARROW_D128 : D;  // < D: a narrow kernel (fk_wgmma.h)
+    // a second, for kNarrowKD < d <= 48 (bucket 64) or <= 96 (bucket 128)
+    static constexpr int kNarrowKD2 = D == 64 && FK_WGMMA_NARROW48_D64 ? 48 : D == 128 && FK_WGMMA_NARROW96_D128 ? 96 : D;
     static constexpr int kThreads = 128 * (1 + kConsumers);
     static constexpr int kColBlock = 64;                 // elements per 128-byte swizzled row
     static constexpr int kColBlocks = D / kColBlock;
@@ -692,8 +713,9 @@ struct WgmmaTile {
     static_assert(BN % 16 == 0 && BN >= 64 && (BN <= 128 || (!kWide && (BN == 176 || BN == 192))),
                   "wgmma path: S tiles of n64, n80, n96, n112 or n128 (buckets 64 and 128 also n176, n192)");
     static_assert(kSmemBytes <= 227 * 1024, "wgmma tiles exceed 227 KiB of shared memory");
-    static_assert((kNarrowKD == D || (D == 64 && kNarrowKD == 32)) && (kNarrowKD2 == D || (D == 64 && kNarrowKD2 == 48)),
-                  "wgmma path: narrow kernels are bucket 64's n32 and n48");
+    static_assert((kNarrowKD == D || (D == 64 && kNarrowKD == 32) || (D == 128 && kNarrowKD == 80)) &&
+                      (kNarrowKD2 == D || (D == 64 && kNarrowKD2 == 48) || (D == 128 && kNarrowKD2 == 96)),
+                  "wgmma path: narrow kernels are bucket 64's n32 and n48 and bucket 128's n80 and n96");
 };
 
 // ---- naive (pre-flash) path ----

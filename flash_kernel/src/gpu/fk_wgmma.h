@@ -146,8 +146,8 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 // tiles of one (batch, head), tile 2 (i % pairs) + rank on the CTA of that rank (a last odd tile's
 // partner computes on no rows and stores nothing), and K/V tiles are multicast (tma_load_4d_mc):
 // a slot is refilled once the consumers of both CTAs have released it.
-// KD < D (padded only; bucket 64's KD 32 and 48, WgmmaTile::kNarrowKD and kNarrowKD2): head dims up
-// to KD; Q K^T runs KD / 16 k16 steps and P V one nKD wgmma per k16 step, and O holds KD columns,
+// KD < D (padded only; bucket 64's KD 32 and 48, bucket 128's 80 and 96, WgmmaTile::kNarrowKD and
+// kNarrowKD2): head dims up to KD; Q K^T runs KD / 16 k16 steps and P V one nKD wgmma per k16 step, and O holds KD columns,
 // all fixed at compile time. These kernels read Q from shared memory and store O at once (no
 // T::kQRegs, no T::kLateStore): the form measured.
 // kChain (exact head dims of buckets 64 and 128, WgmmaTile::kChain; the host takes it up to
@@ -164,8 +164,8 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     constexpr int kRowBytes = 128;  // one swizzled row of a column block
     static_assert(kCl == 1 || (kCl == 2 && kPersist && BN % 2 == 0), "clusters of two: persistent grid");
     constexpr bool kNarrow = KD < D;
-    static_assert(!kNarrow || (kPad && D == 64 && (KD == 32 || KD == 48)),
-                  "wgmma path: narrow kernels are bucket 64's n32 and n48");
+    static_assert(!kNarrow || (kPad && ((D == 64 && (KD == 32 || KD == 48)) || (D == 128 && (KD == 80 || KD == 96)))),
+                  "wgmma path: narrow kernels are bucket 64's n32 and n48 and bucket 128's n80 and n96");
     static_assert(!kChain || (T::kChain && !kPad && kCl == 1), "wgmma path: chained items are exact-head-dim kernels of buckets 64, 128");
     constexpr bool kQRegs = T::kQRegs && !kNarrow, kLateStore = T::kLateStore && !kNarrow && !kChain;
     // chained: an item's O leaves through the consumer's half of the Q buffer (Q is in registers by
@@ -339,9 +339,11 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             const uint64_t db = smem_desc(vb + kk * 16 * kRowBytes, BN * kRowBytes, 8 * kRowBytes);
-            if constexpr (kNarrow) {  // columns 0..KD-1 of the column block: the start of each 128-byte row
+            if constexpr (kNarrow) {  // columns 0..KD-1: the start of each 128-byte row (bucket 128: and of the next block's, LBO)
                 if constexpr (KD == 32) Ops<E>::rs_n32(o, pf[kk], db);
-                else Ops<E>::rs_n48(o, pf[kk], db);
+                else if constexpr (KD == 48) Ops<E>::rs_n48(o, pf[kk], db);
+                else if constexpr (KD == 80) Ops<E>::rs_n80(o, pf[kk], db);
+                else Ops<E>::rs_n96(o, pf[kk], db);
             } else if constexpr (D == 128) {
                 Ops<E>::rs_n128(o, pf[kk], db);
             } else if constexpr (D == 64) {
@@ -396,10 +398,11 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t) {
-            s[4 * t] = mma::ex2(fmaf(s[4 * t], sl2, -mn0));
-            s[4 * t + 1] = mma::ex2(fmaf(s[4 * t + 1], sl2, -mn0));
-            s[4 * t + 2] = mma::ex2(fmaf(s[4 * t + 2], sl2, -mn1));
-            s[4 * t + 3] = mma::ex2(fmaf(s[4 * t + 3], sl2, -mn1));
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {  // FK_WGMMA_POLY_EXP of every 4 on the FMA pipe
+                const float x = fmaf(s[4 * t + i], sl2, i < 2 ? -mn0 : -mn1);
+                s[4 * t + i] = i < T::kPolyExp ? mma::ex2_fma(x) : mma::ex2(x);
+            }
             sum0 += s[4 * t] + s[4 * t + 1];
             sum1 += s[4 * t + 2] + s[4 * t + 3];
         }
