@@ -154,12 +154,14 @@ FK_DEVICE uint32_t int8x4(float a, float b, float c, float d, float scale) {
 }
 
 // An INT8 Q K^T sum as a float, exactly. A sum of at most 128 products of two values in
-// [-127, 127] lies within +-2^21, and an integer x with |x| < 2^22 added to the bits of 1.5 * 2^23
-// is the float 1.5 * 2^23 + x, so one integer add and one float subtract give float(x) exactly.
-// I2F instead shares its 16-a-clock pipe with exp2 (MUFU), and the softmax issues one of each per
-// score: FK_FP8_EXACT_I2F=1 keeps the plain conversion (a variant to time against).
+// [-127, 127] lies within +-2^21, so I2F is exact; so is adding the sum to the bits of 1.5 * 2^23
+// and subtracting 1.5 * 2^23 as a float (FK_FP8_EXACT_I2F=0), which keeps I2F off the pipe it
+// shares with exp2 but costs two instructions for one. Measured on an H100 (docs/perf.md "FP8
+// attention"): I2F 0.97x the time of the add-and-subtract, every exponential on MUFU 0.95x the
+// time of a quarter of them on the FMA pipe (FK_FP8_POLY_EXP=1; 2: 1.07x): this kernel is bound
+// by instructions issued, not by the MUFU pipe, so the fewest instructions a score win.
 #ifndef FK_FP8_EXACT_I2F
-#define FK_FP8_EXACT_I2F 0
+#define FK_FP8_EXACT_I2F 1
 #endif
 FK_DEVICE float qk_to_float(uint32_t bits) {
 #if FK_FP8_EXACT_I2F
@@ -172,7 +174,7 @@ FK_DEVICE float qk_to_float(uint32_t bits) {
 
 // FK_FP8_POLY_EXP of every 4 scores' exponentials on the FMA pipe (mma::ex2_fma), the rest on MUFU.
 #ifndef FK_FP8_POLY_EXP
-#define FK_FP8_POLY_EXP 1
+#define FK_FP8_POLY_EXP 0
 #endif
 
 // Block-wide maximum of non-negative floats (every thread gets it). `red`: 32 floats of shared memory.
@@ -454,8 +456,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     // S(j) to 448 P (fp32 bits, in si) against the new running maxima; a0, a1: the rescale factors.
     // The row maxima are taken on the int32 sums (the dequantizing factor f is positive, so the
     // largest sum is the largest score), and each 448 P = 2^(f * sum - m + log2 448) is one
-    // exact convert (qk_to_float: an add and a subtract), one fma and one exp2 (mma::ex2_fma for
-    // FK_FP8_POLY_EXP of every 4, MUFU for the rest). l sums 448 P unrounded (fp8.reference sums P, unrounded).
+    // exact convert (qk_to_float), one fma and one exp2 (mma::ex2_fma for FK_FP8_POLY_EXP of every
+    // 4, MUFU for the rest). l sums 448 P unrounded (fp8.reference sums P, unrounded).
     auto probs = [&](int j, float kscale_j, float &a0, float &a1) {
         const float f = f0 * kscale_j;
         const int n0 = j * BN;

@@ -1,0 +1,50 @@
+"""Calls flash_kernel.attention on one shape a few times and exits: a program for a profiler
+(`ncu -k regex:attention ...`) to wrap, on the device machine.
+
+    python3 bench/one_call.py 1,4,32760,128 [--precision fp8] [--dtype bf16] [--calls 3]
+
+Inputs are random (B,H,N,D) tensors; every call is checked for errors (the binding raises) and
+the output for finiteness, so a profile of a failing kernel is never read as a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import flash_kernel  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("shape", help="B,H,N,D or B,H,Nq,Nk,D")
+    ap.add_argument("--precision", choices=("exact", "fp8"), default="exact")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--calls", type=int, default=3)
+    args = ap.parse_args(argv)
+    parts = [int(x) for x in args.shape.split(",")]
+    if len(parts) == 4:
+        parts.insert(3, parts[2])
+    if len(parts) != 5 or min(parts) < 1:
+        ap.error(f"shape must be B,H,N,D or B,H,Nq,Nk,D, got {args.shape!r}")
+    b, h, nq, nk, d = parts
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    q = torch.randn(b, h, nq, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, h, nk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, h, nk, d, device="cuda", dtype=dtype)
+    for _ in range(args.calls):
+        out = flash_kernel.attention(q, k, v, precision=args.precision)
+    torch.cuda.synchronize()
+    if not torch.isfinite(out).all():
+        print("error: non-finite output", file=sys.stderr)
+        return 1
+    print(f"ok: {args.calls} calls at {b},{h},{nq},{nk},{d} {args.dtype} {args.precision}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
