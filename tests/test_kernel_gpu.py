@@ -288,7 +288,7 @@ def _persistent_shapes():
 
 
 @pytest.mark.parametrize("case", range(6))
-@pytest.mark.parametrize("d", [64, 72, 128, 160, 192, 200, 256])  # every wgmma bucket, exact and padded
+@pytest.mark.parametrize("d", [64, 72, 96, 128, 160, 192, 200, 256])  # every wgmma bucket, exact, narrow and padded
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_many_work_items(lib, case, d, dtype):
     gen = torch.Generator(device="cuda")
@@ -380,7 +380,7 @@ def test_lse_every_head_dim(lib, d, dtype):
 
 
 @pytest.mark.parametrize("case", range(6))
-@pytest.mark.parametrize("d", [32, 48, 64, 72, 128, 160, 192, 200, 256])
+@pytest.mark.parametrize("d", [32, 48, 64, 72, 96, 112, 128, 160, 192, 200, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_lse_many_work_items(lib, case, d, dtype):
     """The persistent grid: blocks that run many items (the lse of each item's rows written with
