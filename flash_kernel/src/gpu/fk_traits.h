@@ -563,13 +563,6 @@ struct MmaTile {
 #ifndef FK_WGMMA_PERSISTENT
 #define FK_WGMMA_PERSISTENT 1
 #endif
-// Unchained persistent kernels: a block's odd items walk their K/V tiles last to first (1), so a
-// wave of blocks begins on the K/V tiles the previous wave read last, still in L2 where one head's
-// K and V outgrow it (Wan2.1-14B 720p: 38.7 MB a head; L2 hit rate 80 % under ncu on an H100,
-// against 99 % at Wan2.1-1.3B 480p); 0: every item first to last.
-#ifndef FK_WGMMA_REVERSE_ALT
-#define FK_WGMMA_REVERSE_ALT 0
-#endif
 // Clusters of two CTAs along the query tiles at short Nk (buckets 64 and 128, persistent grid, calls
 // with Nk <= FK_WGMMA_CLUSTER_KV_MAX_NK and at least two query tiles): each CTA's producer loads half
 // of every K/V tile and multicasts it to both, so a pair of adjacent query tiles of one (batch,

@@ -171,9 +171,6 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // chained: an item's O leaves through the consumer's half of the Q buffer (Q is in registers by
     // then) with TMA stores, the buffer given back to the producer a turn later
     constexpr bool kTmaStore = kChain && FK_WGMMA_CHAIN_TMA_STORE;
-    // unchained kernels: every other item of a block walks its K/V tiles last to first
-    // (FK_WGMMA_REVERSE_ALT), so a wave starts on the tiles the wave before it read last
-    constexpr bool kRevAlt = !kChain && FK_WGMMA_REVERSE_ALT != 0;
     // unchained exact kernels (late stores, Q in registers): the previous item's O likewise, in the
     // next item's first turn, instead of from registers
     constexpr bool kTmaLate = kLateStore && kQRegs && kCl == 1 && !kPad && FK_WGMMA_TMA_STORE;
@@ -258,7 +255,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
                 for (int j = 0; j < ntiles; ++j, ++g) {
                     const int st = g % S;
                     if (g >= S) mbar_wait(empty + 8 * st, ((g / S) - 1) & 1);
-                    const int n0 = (kRevAlt && (it & 1) ? ntiles - 1 - j : j) * BN;
+                    const int n0 = j * BN;
                     mbar_expect_tx(k_full + 8 * st, cbn * BN * kRowBytes);  // (split: this waited for K's slot alone)
                     // clusters: this CTA's half of the tile's rows (the peer's half arrives on the same
                     // barrier); TMA zero-fills rows past nk, a half wholly past them included
@@ -309,7 +306,6 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     float o[KD / 2];          // O accumulators, same layout over the head dim (the narrow kernel: KD columns)
     uint32_t pf[BN / 16][4];  // P as wgmma's register A operand, one k16 step per pair of n8 tiles
     float m0, m1, l0, l1;     // running row maxima (base 2, scaled) and partial sums of rows r, r+8
-    bool rev = false;         // kRevAlt: this item's K/V tiles last to first
     // Q in registers (kQRegs): this warp's 16 rows of the consumer's half as wgmma A fragments,
     // one k16 step each (the layout of pf)
     uint32_t qf[kQRegs ? D / 16 : 1][4];
@@ -374,7 +370,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // probs() turns S(j) into unnormalised probabilities in place (fp32) and returns the rescale
     // factors; finish() packs them as P and rescales O (which needs the previous P V done).
     auto probs = [&](int j, float &a0, float &a1) {
-        const int n0 = (rev ? ntiles - 1 - j : j) * BN;
+        const int n0 = j * BN;
         if (n0 + BN > nk) {  // ragged last tile: keys past nk get no weight
             const int t2 = 2 * (lane % 4);
 #pragma unroll
@@ -761,7 +757,6 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         int g0 = 0;  // ring position of the item's first K/V tile
         int it = 0;
         for (int64_t item = first; item < last; item += step, ++it, g0 += ntiles) {
-            rev = kRevAlt && (it & 1);
 #pragma unroll
             for (int i = 0; i < KD / 2; ++i) o[i] = 0.0f;
             m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
