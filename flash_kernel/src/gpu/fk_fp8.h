@@ -176,6 +176,12 @@ FK_DEVICE float qk_to_float(uint32_t bits) {
 #ifndef FK_FP8_POLY_EXP
 #define FK_FP8_POLY_EXP 0
 #endif
+// The softmax's masking of keys past nk: inside the exponential loop (0: ptxas compiles the test to
+// one branch for each n8 tile, 16 blocks a tile, even where no key is masked), or after all the
+// exponentials under one test a tile, the row sums in two chains a row (1; not yet measured).
+#ifndef FK_FP8_MASK_AFTER
+#define FK_FP8_MASK_AFTER 0
+#endif
 
 // Block-wide maximum of non-negative floats (every thread gets it). `red`: 32 floats of shared memory.
 FK_DEVICE float block_max(float x, float *red) {
@@ -488,6 +494,36 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
         m1 = mn1;
         const float b0 = kLog2PScale - mn0, b1 = kLog2PScale - mn1;
         float sum0 = 0.0f, sum1 = 0.0f;
+#if FK_FP8_MASK_AFTER
+        // every exponential first, in one branch-free block, then the masked keys zeroed under one
+        // test a tile, then the sums in two chains a row
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float x = fmaf(qk_to_float(si[4 * t + i]), f, i < 2 ? b0 : b1);
+                si[4 * t + i] = __float_as_uint(i < FK_FP8_POLY_EXP ? mma::ex2_fma(x) : mma::ex2(x));
+            }
+        }
+        if (ragged) {  // exactly 0 (f * INT_MIN need not be far below the maximum)
+#pragma unroll
+            for (int t = 0; t < BN / 8; ++t) {
+                const int col = n0 + t * 8 + t2;
+                if (col >= p.nk) si[4 * t] = si[4 * t + 2] = 0u;
+                if (col + 1 >= p.nk) si[4 * t + 1] = si[4 * t + 3] = 0u;
+            }
+        }
+        float sum0b = 0.0f, sum1b = 0.0f;
+#pragma unroll
+        for (int t = 0; t < BN / 8; ++t) {
+            sum0 += __uint_as_float(si[4 * t]);
+            sum0b += __uint_as_float(si[4 * t + 1]);
+            sum1 += __uint_as_float(si[4 * t + 2]);
+            sum1b += __uint_as_float(si[4 * t + 3]);
+        }
+        sum0 += sum0b;
+        sum1 += sum1b;
+#else
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t) {
             float e[4];
@@ -506,6 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) si[4 * t + i] = __float_as_uint(e[i]);
         }
+#endif
         l0 = l0 * a0 + sum0;
         l1 = l1 * a1 + sum1;
     };
