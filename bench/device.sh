@@ -1366,9 +1366,10 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 #      presets (kernel_bench --fp8: TFLOP/s dense-equivalent, quantization inside the timed call;
 #      "fp8 speedup" lines: median ours / median ours_fp8 with the 95 % interval).
 #   5. FP8_VARIANTS (default: "mask", the keys past nk masked after all the exponentials instead of
-#      inside their loop; "poly1", a quarter of the exponentials on the FMA pipe) built beside it
+#      inside their loop; "single", P V summed in O itself (one level); "both") built beside it
 #      and timed in the same kernel_bench call ("fp8 NAME at" lines: the variant's median over
-#      ours_fp8's, 95 % interval); FP8_VARIANTS= builds none.
+#      ours_fp8's, 95 % interval; its relL2 column against SDPA shows its error); FP8_VARIANTS=
+#      builds none.
 #   OUT=/tmp/fp8 PREBUILT=1 bash bench/device.sh fp8     # BUDGET_S (default 570)
 register fp8 'the FP8 kernel on one cc 9.0 GPU: a smoke call, its GPU tests, memcheck and racecheck, then its speed beside ours exact and SDPA-cuDNN (kernel_bench --fp8)'
 run_fp8() {
@@ -1377,7 +1378,7 @@ build_unless_prebuilt sm_90a cpu
 # FP8_VARIANTS ("name:-DFLAG ...;..."; default: the old I2F conversion of the INT8 scores): built
 # now in the background, timed beside ours_fp8 in the same kernel_bench call ("fp8 NAME at" lines)
 VB=build/variants LOG=$OUT PIDS=() LIBS=()
-IFS=';' read -r -a FP8_VARS <<< "${FP8_VARIANTS-mask:-DFK_FP8_MASK_AFTER=1;poly1:-DFK_FP8_POLY_EXP=1}"
+IFS=';' read -r -a FP8_VARS <<< "${FP8_VARIANTS-mask:-DFK_FP8_MASK_AFTER=1;single:-DFK_FP8_SINGLE_LEVEL=1;both:-DFK_FP8_MASK_AFTER=1 -DFK_FP8_SINGLE_LEVEL=1}"
 build_variants 240 "${FP8_VARS[@]}"
 timeout -k 5 60 python3 - >"$OUT/smoke.txt" 2>&1 <<'PY'
 import torch, flash_kernel

@@ -176,6 +176,14 @@ FK_DEVICE float qk_to_float(uint32_t bits) {
 #ifndef FK_FP8_POLY_EXP
 #define FK_FP8_POLY_EXP 0
 #endif
+// P V summed in one accumulator across the tiles, O itself, rescaled when a row maximum moves
+// (FlashAttention-3's form; 1), or two-level (0): each tile's P V in a fresh accumulator added to O
+// in float32. One level frees the 64 registers a thread of the tile accumulator and the 64 FMAs a
+// tile of the add, and puts the FP8 tensor core's ~13-bit accumulation across all of Nk (docs/kernel.md:
+// up to 1e-2 more rel-L2 at Nk 32k). Not yet measured; fp8.reference models the two-level form.
+#ifndef FK_FP8_SINGLE_LEVEL
+#define FK_FP8_SINGLE_LEVEL 0
+#endif
 // The softmax's masking of keys past nk: inside the exponential loop (0: ptxas compiles the test to
 // one branch for each n8 tile, 16 blocks a tile, even where no key is masked), or after all the
 // exponentials under one test a tile, the row sums in two chains a row (1; not yet measured).
@@ -438,7 +446,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     // wgmma names them as inputs
     uint32_t si[BN / 2];
     float o[D / 2];          // O summed over the tiles so far (fp32), the accumulator layout over channels
-    float ot[D / 2];         // one tile's P V (the FP8 tensor core's accumulator)
+    constexpr bool kSingle = FK_FP8_SINGLE_LEVEL != 0;
+    float ot[kSingle ? 1 : D / 2];  // one tile's P V (the FP8 tensor core's accumulator; single level: O's)
     uint32_t pf[BN / 32][4]; // P as e4m3 A fragments, one per k32 group of keys
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, pa0 = 0.0f, pa1 = 0.0f;
 
@@ -455,8 +464,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
 #pragma unroll
         for (int kk = 0; kk < BN / 32; ++kk) {
             const uint64_t db = smem_desc(vb + kk * 32, 16, 1024);
-            if constexpr (D == 128) wgmma::OpsFp8::rs_e4m3_n128(ot, pf[kk], db, kk > 0);
-            else wgmma::OpsFp8::rs_e4m3_n64(ot, pf[kk], db, kk > 0);
+            if constexpr (kSingle) {
+                if constexpr (D == 128) wgmma::OpsFp8::rs_e4m3_n128(o, pf[kk], db, 1);
+                else wgmma::OpsFp8::rs_e4m3_n64(o, pf[kk], db, 1);
+            } else {
+                if constexpr (D == 128) wgmma::OpsFp8::rs_e4m3_n128(ot, pf[kk], db, kk > 0);
+                else wgmma::OpsFp8::rs_e4m3_n64(ot, pf[kk], db, kk > 0);
+            }
         }
     };
     // S(j) to 448 P (fp32 bits, in si) against the new running maxima; a0, a1: the rescale factors.
@@ -561,13 +575,32 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     };
     // O = O * (the factors that came with this P) + the tile's P V
     auto add_tile = [&] {
+        if constexpr (!kSingle) {
 #pragma unroll
-        for (int t = 0; t < D / 8; ++t) {
-            o[4 * t] = fmaf(o[4 * t], pa0, ot[4 * t]);
-            o[4 * t + 1] = fmaf(o[4 * t + 1], pa0, ot[4 * t + 1]);
-            o[4 * t + 2] = fmaf(o[4 * t + 2], pa1, ot[4 * t + 2]);
-            o[4 * t + 3] = fmaf(o[4 * t + 3], pa1, ot[4 * t + 3]);
+            for (int t = 0; t < D / 8; ++t) {
+                o[4 * t] = fmaf(o[4 * t], pa0, ot[4 * t]);
+                o[4 * t + 1] = fmaf(o[4 * t + 1], pa0, ot[4 * t + 1]);
+                o[4 * t + 2] = fmaf(o[4 * t + 2], pa1, ot[4 * t + 2]);
+                o[4 * t + 3] = fmaf(o[4 * t + 3], pa1, ot[4 * t + 3]);
+            }
         }
+    };
+    // single level: O (its P V done) rescaled to the new row maxima before the next P V adds to it,
+    // skipped where no row maximum of the warp moved
+    auto rescale_o = [&](float a0, float a1) {
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
+#pragma unroll
+            for (int t = 0; t < D / 8; ++t) {
+                o[4 * t] *= a0;
+                o[4 * t + 1] *= a0;
+                o[4 * t + 2] *= a1;
+                o[4 * t + 3] *= a1;
+            }
+        }
+    };
+    auto fence_acc = [&] {  // the P V accumulator's registers, around its wgmma
+        if constexpr (kSingle) wgmma::fence_regs(o);
+        else wgmma::fence_regs(ot);
     };
     auto release = [&](int st) {  // both the K and the V of slot st are read
         __syncwarp();
@@ -601,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
         mbar_wait(v_full + 8 * pst, ((j - 1) / S) & 1);
         my_turn();
         fence_u32(si);
-        wgmma::fence_regs(ot);
+        fence_acc();
         wg_fence();
         issue_s(st);
         wg_commit();
@@ -613,24 +646,28 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
         float a0, a1;
         probs(j, ks_next, a0, a1);
         wg_wait<0>();
-        wgmma::fence_regs(ot);
+        fence_acc();
         release(pst);
-        add_tile();
-        pa0 = a0;
-        pa1 = a1;
+        if constexpr (kSingle) {
+            rescale_o(a0, a1);
+        } else {
+            add_tile();
+            pa0 = a0;
+            pa1 = a1;
+        }
         pack_p();
     }
     {  // the last P V alone
         const int pst = (ntiles - 1) % S;
         mbar_wait(v_full + 8 * pst, ((ntiles - 1) / S) & 1);
         my_turn();
-        wgmma::fence_regs(ot);
+        fence_acc();
         wg_fence();
         issue_pv(pst);
         wg_commit();
         their_turn();
         wg_wait<0>();
-        wgmma::fence_regs(ot);
+        fence_acc();
         release(pst);
         add_tile();
     }
