@@ -15,7 +15,7 @@
 //     Every tile is contiguous, so the attention kernel loads it with one 1-D bulk copy: no tensor
 //     map, and the caller's strides and layout matter only here.
 //  2. Attention: warpgroup 0 produces (bulk copies into a ring of kStages K/V slots, mbarriers),
-//     warpgroups 1 and 2 consume 64 query rows each, taking turns to issue their GEMMs (ping-pong)
+//     warpgroups 1 and 2 (and 3, FK_FP8_CONSUMERS) consume 64 query rows each, taking turns to issue their GEMMs (ping-pong)
 //     so one's softmax overlaps the other's tensor-core work; each turn issues S(j) = Q K(j)^T
 //     (wgmma s8, k32) with P(j-1) V(j-1) (wgmma e4m3, P from registers).
 //
@@ -39,13 +39,23 @@ namespace fk {
 namespace fp8 {
 
 constexpr int kQBlock = 64;       // query rows per Q scale: one consumer warpgroup (fp8.Q_BLOCK)
-constexpr int BM = 128;           // query rows per block: two consumers
+// Consumer warpgroups a block, taking turns to issue their GEMMs: 2, or 3 (FK_FP8_CONSUMERS=3: 192
+// query rows a block, 160 registers a consumer thread, which needs FK_FP8_SINGLE_LEVEL=1; not yet
+// run), so that with FP8's shorter GEMMs two consumers' softmax can hide behind the third's.
+#ifndef FK_FP8_CONSUMERS
+#define FK_FP8_CONSUMERS 2
+#endif
+constexpr int kConsumers = FK_FP8_CONSUMERS;
+constexpr int BM = kQBlock * kConsumers;  // query rows per block
 constexpr int BN = 128;           // keys per K/V tile and per K scale (fp8.kv_tile(D) for D <= 128)
 constexpr int kRowBytes = 128;    // one swizzled row: Q and K rows (int8, padded), V^T rows (BN keys)
 constexpr int kMaxDim = 128;      // head dims this kernel takes (bucket 64 up to 64, 128 above)
 constexpr int kStatKeys = 1024;   // keys per partial of the K mean / V maximum
 constexpr int kStages = 4;        // K/V slots in the ring
-constexpr int kThreads = 384;     // producer + two consumers
+constexpr int kThreads = 128 * (1 + kConsumers);  // producer + consumers
+// setmaxnreg: the producer gives its registers to the consumers (24 * 128 + n * 128 * regs <= 64K)
+constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
+static_assert(kConsumers == 2 || kConsumers == 3, "fp8: two or three consumer warpgroups");
 constexpr int kQTileBytes = kQBlock * kRowBytes;  // one consumer's Q
 constexpr int kKTileBytes = BN * kRowBytes;
 constexpr float kE4m3Max = 448.0f, kInt8Max = 127.0f;
@@ -56,8 +66,8 @@ constexpr float kLog2PScale = 8.807354922057604f;
 template <int D> struct Fp8Tile {
     static_assert(D == 64 || D == 128, "fp8 buckets: 64 and 128");
     static constexpr int kVTileBytes = D * kRowBytes;  // V^T: D rows of BN keys
-    static constexpr int kQBytes = 2 * kQTileBytes;
-    static constexpr int kSmemBytes = 1024 + kQBytes + kStages * (kKTileBytes + kVTileBytes) + 8 * (2 + 3 * kStages);
+    static constexpr int kQBytes = kConsumers * kQTileBytes;
+    static constexpr int kSmemBytes = 1024 + kQBytes + kStages * (kKTileBytes + kVTileBytes) + 8 * (kConsumers + 3 * kStages);
     static constexpr int kKSteps = D / 32;  // k32 steps of Q K^T over the columns that can hold data
 };
 
@@ -385,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     const uint32_t sk = sq + T::kQBytes;                 // slot s: sk + s * kKTileBytes
     const uint32_t sv = sk + S * kKTileBytes;            // slot s: sv + s * kVTileBytes
     const uint32_t q_full = sv + S * T::kVTileBytes;     // consumer c: + 8c
-    const uint32_t k_full = q_full + 16, v_full = k_full + 8 * S, empty = v_full + 8 * S;
+    const uint32_t k_full = q_full + 8 * kConsumers, v_full = k_full + 8 * S, empty = v_full + 8 * S;
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
     const int64_t bh = p.bh0 + blockIdx.y;
@@ -393,12 +403,11 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     const unsigned char *ws = p.ws;
 
     if (threadIdx.x == 0) {
-        mbar_init(q_full, 1);
-        mbar_init(q_full + 8, 1);
+        for (int c = 0; c < kConsumers; ++c) mbar_init(q_full + 8 * c, 1);
         for (int s = 0; s < S; ++s) {
             mbar_init(k_full + 8 * s, 1);
             mbar_init(v_full + 8 * s, 1);
-            mbar_init(empty + 8 * s, 8);  // lane 0 of every consumer warp
+            mbar_init(empty + 8 * s, 4 * kConsumers);  // lane 0 of every consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -407,9 +416,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     if (wg == 0) {  // ---------------- producer ----------------
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (warp == 0 && lane == 0) {
-            for (int c = 0; c < 2; ++c) {
-                const int64_t qb = int64_t(blockIdx.x) * 2 + c;
-                if (qb >= p.qblocks) {  // a half past nq: computed on stale data, never stored
+            for (int c = 0; c < kConsumers; ++c) {
+                const int64_t qb = int64_t(blockIdx.x) * kConsumers + c;
+                if (qb >= p.qblocks) {  // a Q block past nq: computed on stale data, never stored
                     mbar_arrive(q_full + 8 * c);
                     continue;
                 }
@@ -431,12 +440,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     }
 
     // ---------------- consumers ----------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int c = wg - 1;
-    const int my_bar = 1 + c, other_bar = 2 - c;
+    // named barrier 1 + c: consumer c's turn, given by the consumer before it in the rotation
+    const int my_bar = 1 + c, other_bar = 1 + (c + 1) % kConsumers;
     constexpr int kPair = 256;
     const uint32_t sq_wg = sq + c * kQTileBytes;
-    const int64_t qb = int64_t(blockIdx.x) * 2 + c;
+    const int64_t qb = int64_t(blockIdx.x) * kConsumers + c;
     const float qscale = qb < p.qblocks ? reinterpret_cast<const float *>(ws + p.lay.q_scale)[bh * p.qblocks + qb] : 0.0f;
     const float *kscale = reinterpret_cast<const float *>(ws + p.lay.k_scale) + bh * ntiles;
     const float f0 = qscale * p.scale_log2;  // times a tile's K scale: int32 score -> base-2 scaled score
@@ -447,6 +457,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     uint32_t si[BN / 2];
     float o[D / 2];          // O summed over the tiles so far (fp32), the accumulator layout over channels
     constexpr bool kSingle = FK_FP8_SINGLE_LEVEL != 0;
+    static_assert(kConsumers == 2 || kSingle, "fp8: three consumers fit their registers with one level of P V only");
     float ot[kSingle ? 1 : D / 2];  // one tile's P V (the FP8 tensor core's accumulator; single level: O's)
     uint32_t pf[BN / 32][4]; // P as e4m3 A fragments, one per k32 group of keys
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, pa0 = 0.0f, pa1 = 0.0f;
@@ -609,7 +620,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
 
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-    if (c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
+    if (c == kConsumers - 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
     mbar_wait(q_full + 8 * c, 0);
     // each tile's K scale is loaded before its S is waited for (a global load: its latency hides
     // behind the wgmma, not in front of the softmax)
@@ -671,7 +682,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
         release(pst);
         add_tile();
     }
-    if (c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
+    if (c == 0) named_sync(my_bar, kPair);  // the last consumer's last arrive: leave no barrier half-used
 
     // O / l * V's channel scale (O and l both carry the 448), stored in the output's dtype; rows
     // past nq are not stored
