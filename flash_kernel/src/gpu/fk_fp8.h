@@ -599,15 +599,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     // single level: O (its P V done) rescaled to the new row maxima before the next P V adds to it,
     // skipped where no row maximum of the warp moved
     auto rescale_o = [&](float a0, float a1) {
-        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
-#pragma unroll
-            for (int t = 0; t < D / 8; ++t) {
-                o[4 * t] *= a0;
-                o[4 * t + 1] *= a0;
-                o[4 * t + 2] *= a1;
-                o[4 * t + 3] *= a1;
-            }
-        }
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) wgmma::scale_rows(o, a0, a1);
     };
     auto fence_acc = [&] {  // the P V accumulator's registers, around its wgmma
         if constexpr (kSingle) wgmma::fence_regs(o);

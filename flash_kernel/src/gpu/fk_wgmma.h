@@ -121,6 +121,16 @@ template <int R> FK_DEVICE void fence_regs(float (&r)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// An m64 accumulator's rows times their factors: n8 tile t holds rows r (a0) and r + 8 (a1).
+template <int R> FK_DEVICE void scale_rows(float (&o)[R], float a0, float a1) {
+#pragma unroll
+    for (int t = 0; t < R / 4; ++t) {
+        o[4 * t] *= a0;
+        o[4 * t + 1] *= a0;
+        o[4 * t + 2] *= a1;
+        o[4 * t + 3] *= a1;
+    }
+}
 
 // Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
 // offsets (>> 4 each, 14 bits), layout type 1 in bits 62-63. Tiles start on 1 KiB boundaries
@@ -409,15 +419,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         l0 = l0 * a0 + sum0;  // per-thread partial; the quad's four are summed at the end
         l1 = l1 * a1 + sum1;
     };
-    auto rescale = [&](float a0, float a1) {
-#pragma unroll
-        for (int t = 0; t < KD / 8; ++t) {
-            o[4 * t] *= a0;
-            o[4 * t + 1] *= a0;
-            o[4 * t + 2] *= a1;
-            o[4 * t + 3] *= a1;
-        }
-    };
+    auto rescale = [&](float a0, float a1) { scale_rows(o, a0, a1); };
     // Early rescale (wide buckets): O is multiplied by P(j-1)'s factors after S(j) is issued (the
     // registers of O are not S's), then fenced again before P(j-1) V(j-1) reads them.
     float ra0 = 1.0f, ra1 = 1.0f;
