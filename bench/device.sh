@@ -1486,7 +1486,7 @@ sed -n '/^ours = /,$p' "$OUT/bench-fa4.txt" | tee -a "$SUMMARY"
 # self-attention shapes where FlashAttention-4 leads, head dims 64 and 128, then the padded head
 # dims), REPEATS timed calls a method (default 10). "variant NAME at" lines: ours' median over the
 # variant's (above 1.0: the variant is faster), with the 95 % interval. FlashAttention-4 as for fa4.
-#   OUT=/tmp/ab FA4_STAGE=/tmp/stage PREBUILT=1 BF16_VARIANTS="poly1:-DFK_WGMMA_POLY_EXP_D64=1" bash bench/device.sh fa4-ab
+#   OUT=/tmp/ab FA4_STAGE=/tmp/stage PREBUILT=1 BF16_VARIANTS="nopad@72,80,96:-DFK_WGMMA_NARROW_D128=128 -DFK_WGMMA_NARROW96_D128=0" bash bench/device.sh fa4-ab
 register fa4-ab 'the kernel'"'"'s -D variants (BF16_VARIANTS) beside the default build, SDPA-cuDNN and FlashAttention-4 in one kernel_bench call'
 run_fa4_ab() {
 begin_run /tmp/fa4_ab_out 560

@@ -666,19 +666,8 @@ struct MmaTile {
 #ifndef FK_WGMMA_TMA_STORE
 #define FK_WGMMA_TMA_STORE 1
 #endif
-// Of every 4 scores, how many exponentials run on the FMA pipe (mma::ex2_fma) instead of MUFU, by
-// bucket: the softmax's exponentials match the tensor cores' time at head dim 64 (one MUFU.EX2 a
-// score, 16 an SM a clock, against the 2 x 2 x 64 bf16 FLOPs of its two GEMMs at 4096 a clock), so
-// there MUFU bounds the tile unless its work overlaps the GEMMs perfectly.
-#ifndef FK_WGMMA_POLY_EXP_D64
-#define FK_WGMMA_POLY_EXP_D64 0
-#endif
-#ifndef FK_WGMMA_POLY_EXP_D128
-#define FK_WGMMA_POLY_EXP_D128 0
-#endif
 template <int D>
 struct WgmmaTile {
-    static constexpr int kPolyExp = D == 64 ? FK_WGMMA_POLY_EXP_D64 : D == 128 ? FK_WGMMA_POLY_EXP_D128 : 0;
     static constexpr int kConsumers = 2;                 // consumer warpgroups
     static constexpr int BM = 64 * kConsumers;           // query rows per block
     static constexpr bool kWide = D > 128;               // buckets 192 and 256

@@ -408,11 +408,10 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
         for (int t = 0; t < BN / 8; ++t) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {  // FK_WGMMA_POLY_EXP of every 4 on the FMA pipe
-                const float x = fmaf(s[4 * t + i], sl2, i < 2 ? -mn0 : -mn1);
-                s[4 * t + i] = i < T::kPolyExp ? mma::ex2_fma(x) : mma::ex2(x);
-            }
+            s[4 * t] = mma::ex2(fmaf(s[4 * t], sl2, -mn0));
+            s[4 * t + 1] = mma::ex2(fmaf(s[4 * t + 1], sl2, -mn0));
+            s[4 * t + 2] = mma::ex2(fmaf(s[4 * t + 2], sl2, -mn1));
+            s[4 * t + 3] = mma::ex2(fmaf(s[4 * t + 3], sl2, -mn1));
             sum0 += s[4 * t] + s[4 * t + 1];
             sum1 += s[4 * t + 2] + s[4 * t + 3];
         }
