@@ -84,6 +84,23 @@ build_variants() {
     done
 }
 
+# After build_variants: waits for each build, then runs two smoke calls of the library at precision
+# $1 (bench/one_call.py --lib, head dims 64 and 128, 60 s each, its output checked against SDPA);
+# a variant that did not build, fails or hangs is left out with its last line noted. Fills
+# VARIANT_ARGS with --lib NAME=PATH for the rest.
+wait_variants() {
+    local i lib name
+    VARIANT_ARGS=()
+    for i in "${!PIDS[@]}"; do
+        lib=${LIBS[$i]#*=} name=${LIBS[$i]%%=*}
+        if ! wait "${PIDS[$i]}"; then note "variant $name did not build: $(tail -1 "$LOG/build-${name%%@*}.log")"; continue; fi
+        if timeout -k 5 60 python3 bench/one_call.py 2,3,1000,1000,64 --precision "$1" --lib "$lib" >"$OUT/smoke-${name%%@*}.txt" 2>&1 &&
+            timeout -k 5 60 python3 bench/one_call.py 2,3,1000,1000,128 --precision "$1" --lib "$lib" >>"$OUT/smoke-${name%%@*}.txt" 2>&1; then
+            VARIANT_ARGS+=(--lib "${LIBS[$i]}")
+        else note "variant $name failed its smoke calls: $(tail -1 "$OUT/smoke-${name%%@*}.txt")"; fi
+    done
+}
+
 install_wheels() {  # DIR SITE LOG: every DIR/*.whl into SITE, from the files alone (no index, no deps)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" \
         "$1"/*.whl >"$3" 2>&1
@@ -1422,11 +1439,7 @@ FK_BUILD=build FK_LIBS=sm_90a FK_STAGES=racecheck FK_RACECHECK_LIBS=sm_90a FK_RA
     FK_DRIVER_DIMS=${SANITIZE_DIMS:-32,64,72,128} FK_DRIVER_MAX_N=77 OUT="$OUT/racecheck" bash bench/device.sh kernel \
     >"$OUT/racecheck.log" 2>&1
 grep -hE "^(memcheck|racecheck)" "$OUT/memcheck/summary.txt" "$OUT/racecheck/summary.txt" 2>/dev/null | tee -a "$SUMMARY"
-VARIANT_ARGS=()
-for i in "${!PIDS[@]}"; do  # a variant that did not build is left out, with its log's last line
-    if wait "${PIDS[$i]}"; then VARIANT_ARGS+=(--lib "${LIBS[$i]}")
-    else note "variant ${LIBS[$i]%%=*} did not build: $(tail -1 "$LOG/build-${LIBS[$i]%%=*}.log")"; fi
-done
+wait_variants fp8
 timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py --preset dit --preset hunyuanvideo-720p --preset mochi \
     --preset cogvideox-5b --preset ltx-video --fp8 --torch-methods sdpa_cudnn --repeats 10 --warmup 2 \
     "${VARIANT_ARGS[@]}" --json "$OUT/fp8_bench.json" >"$OUT/fp8_bench.txt" 2>&1
@@ -1486,7 +1499,8 @@ sed -n '/^ours = /,$p' "$OUT/bench-fa4.txt" | tee -a "$SUMMARY"
 # self-attention shapes where FlashAttention-4 leads, head dims 64 and 128, then the padded head
 # dims), REPEATS timed calls a method (default 10). "variant NAME at" lines: ours' median over the
 # variant's (above 1.0: the variant is faster), with the 95 % interval. FlashAttention-4 as for fa4.
-#   OUT=/tmp/ab FA4_STAGE=/tmp/stage PREBUILT=1 BF16_VARIANTS="nopad@72,80,96:-DFK_WGMMA_NARROW_D128=128 -DFK_WGMMA_NARROW96_D128=0" bash bench/device.sh fa4-ab
+# Each variant first runs two smoke calls (wait_variants): one that fails or hangs is left out.
+#   OUT=/tmp/ab FA4_STAGE=/tmp/stage PREBUILT=1 BF16_VARIANTS="c3d64:-DFK_WGMMA_CONSUMERS_D64=3 -DFK_WGMMA_Q_REGS_D64=0;qsmem:-DFK_WGMMA_Q_REGS_D64=0" bash bench/device.sh fa4-ab
 register fa4-ab 'the kernel'"'"'s -D variants (BF16_VARIANTS) beside the default build, SDPA-cuDNN and FlashAttention-4 in one kernel_bench call'
 run_fa4_ab() {
 begin_run /tmp/fa4_ab_out 560
@@ -1495,12 +1509,8 @@ build_unless_prebuilt sm_90a cpu
 VB=build/variants LOG=$OUT PIDS=() LIBS=()
 IFS=';' read -r -a AB_VARS <<< "${BF16_VARIANTS-}"
 build_variants 240 "${AB_VARS[@]}"
-VARIANT_ARGS=()
-for i in "${!PIDS[@]}"; do  # a variant that did not build is left out, with its log's last line
-    if wait "${PIDS[$i]}"; then VARIANT_ARGS+=(--lib "${LIBS[$i]}")
-    else note "variant ${LIBS[$i]%%=*} did not build: $(tail -1 "$LOG/build-${LIBS[$i]%%=*}.log")"; fi
-done
-note "variants built ($(el) s)"
+wait_variants exact
+note "variants built and smoke-tested ($(el) s)"
 read -r -a SHAPE_ARGS <<< "${SHAPES:---preset wan2.1-14b-720p --preset hunyuanvideo-720p --preset mochi --preset cogvideox-5b --shape 1,12,32760,128 --shape 1,30,17776,64 --shape 1,16,16384,32 --shape 1,16,17550,72 --shape 1,24,16384,80 --shape 1,24,16384,96}"
 timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --layout bnhd \
     --torch-methods sdpa_cudnn,fa4 --repeats "${REPEATS:-10}" --warmup 2 "${VARIANT_ARGS[@]}" \

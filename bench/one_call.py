@@ -1,10 +1,12 @@
 """Calls flash_kernel.attention on one shape a few times and exits: a program for a profiler
 (`ncu -k regex:attention ...`) to wrap, on the device machine.
 
-    python3 bench/one_call.py 1,4,32760,128 [--precision fp8] [--dtype bf16] [--calls 3]
+    python3 bench/one_call.py 1,4,32760,128 [--precision fp8] [--dtype bf16] [--calls 3] [--lib PATH]
 
 Inputs are random (B,H,N,D) tensors; every call is checked for errors (the binding raises) and
-the output for finiteness, so a profile of a failing kernel is never read as a result.
+the output for finiteness and against PyTorch's SDPA (relative L2 at most 2e-2 exact, 1e-1 fp8),
+so a profile of a failing kernel is never read as a result. --lib: a library file instead of the
+public call's (a variant's smoke test before it is timed; under `timeout`, a hang is caught too).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", choices=("exact", "fp8"), default="exact")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--lib", help="a flash_kernel library file to call instead of the public call's")
     args = ap.parse_args(argv)
     parts = [int(x) for x in args.shape.split(",")]
     if len(parts) == 4:
@@ -36,13 +39,24 @@ def main(argv=None) -> int:
     q = torch.randn(b, h, nq, d, device="cuda", dtype=dtype)
     k = torch.randn(b, h, nk, d, device="cuda", dtype=dtype)
     v = torch.randn(b, h, nk, d, device="cuda", dtype=dtype)
+    if args.lib:
+        lib = flash_kernel.load(args.lib)
+        call = lib.fp8_attention if args.precision == "fp8" else lib.attention
+    else:
+        def call(q, k, v):
+            return flash_kernel.attention(q, k, v, precision=args.precision)
     for _ in range(args.calls):
-        out = flash_kernel.attention(q, k, v, precision=args.precision)
+        out = call(q, k, v)
     torch.cuda.synchronize()
     if not torch.isfinite(out).all():
         print("error: non-finite output", file=sys.stderr)
         return 1
-    print(f"ok: {args.calls} calls at {b},{h},{nq},{nk},{d} {args.dtype} {args.precision}")
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    if rel > (1e-1 if args.precision == "fp8" else 2e-2):
+        print(f"error: relative L2 {rel:.3g} against SDPA", file=sys.stderr)
+        return 1
+    print(f"ok: {args.calls} calls at {b},{h},{nq},{nk},{d} {args.dtype} {args.precision}, relative L2 {rel:.2e}")
     return 0
 
 

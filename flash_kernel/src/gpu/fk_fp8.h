@@ -443,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
     const int c = wg - 1;
     // named barrier 1 + c: consumer c's turn, given by the consumer before it in the rotation
-    const int my_bar = 1 + c, other_bar = 1 + (c + 1) % kConsumers;
+    const int my_bar = 1 + c, other_bar = kConsumers == 2 ? 2 - c : 1 + (c + 1) % kConsumers;
     constexpr int kPair = 256;
     const uint32_t sq_wg = sq + c * kQTileBytes;
     const int64_t qb = int64_t(blockIdx.x) * kConsumers + c;

@@ -666,9 +666,14 @@ struct MmaTile {
 #ifndef FK_WGMMA_TMA_STORE
 #define FK_WGMMA_TMA_STORE 1
 #endif
+// Consumer warpgroups at bucket 64: 2 (BM 128), or 3 (BM 192, FlashAttention-3's tile at head dim
+// 64; 160 registers a consumer thread; compiled, not yet run), taking turns in rotation.
+#ifndef FK_WGMMA_CONSUMERS_D64
+#define FK_WGMMA_CONSUMERS_D64 2
+#endif
 template <int D>
 struct WgmmaTile {
-    static constexpr int kConsumers = 2;                 // consumer warpgroups
+    static constexpr int kConsumers = D == 64 ? FK_WGMMA_CONSUMERS_D64 : 2;  // consumer warpgroups
     static constexpr int BM = 64 * kConsumers;           // query rows per block
     static constexpr bool kWide = D > 128;               // buckets 192 and 256
     static constexpr int BN = D == 256 ? FK_WGMMA_BN_D256 : D == 192 ? FK_WGMMA_BN_D192 : FK_WGMMA_BN;  // keys per K/V tile
@@ -697,9 +702,11 @@ struct WgmmaTile {
     static constexpr int kBarrierBytes = 8 * (2 * kConsumers + (kSplitKV ? 4 : 3) * kStages);
     // + 1 KiB: the dynamic shared window is aligned up to the 1 KiB swizzle period in the kernel
     static constexpr int kSmemBytes = 1024 + kQBytes + 2 * kStages * kKVBytes + kBarrierBytes;
-    static constexpr int kProducerRegs = 24, kConsumerRegs = 240;   // setmaxnreg: 24*128 + 240*256 <= 64K
+    // setmaxnreg: 24*128 + 240*256 <= 64K (two consumers), 24*128 + 160*384 (three)
+    static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 2 ? 240 : 160;
     // clusters: the multicast producer spills at 24 (ptxas, CUDA 13.0); 40*128 + 232*256 = 168*384
-    static constexpr int kClusterProducerRegs = 40, kClusterConsumerRegs = 232;
+    static constexpr int kClusterProducerRegs = 40, kClusterConsumerRegs = kConsumers == 2 ? 232 : 152;
+    static_assert(kConsumers == 2 || (kConsumers == 3 && D == 64), "wgmma path: three consumers at bucket 64 only");
     static_assert(D == 64 || D == 128 || D == 192 || D == 256, "wgmma path: buckets 64, 128, 192 and 256");
     static_assert(BN % 16 == 0 && BN >= 64 && (BN <= 128 || (!kWide && (BN == 176 || BN == 192))),
                   "wgmma path: S tiles of n64, n80, n96, n112 or n128 (buckets 64 and 128 also n176, n192)");

@@ -10,7 +10,8 @@
 //    of one (batch, head)); the ring runs on across items and a consumer's half of Q is reloaded
 //    once it is in registers (buckets 64, 128) or its last S of the item is done, so the next
 //    item's loads overlap this one.
-//  - warpgroups 1 and 2 are consumers of 64 query rows each (setmaxnreg.inc): S = Q K^T with wgmma
+//  - warpgroups 1 and 2 (and 3 at bucket 64 with FK_WGMMA_CONSUMERS_D64=3) are consumers of 64
+//    query rows each (setmaxnreg.inc): S = Q K^T with wgmma
 //    (buckets 64 and 128: Q copied into registers at the item's start and its buffer released at
 //    once; 192 and 256: Q from shared memory), the online softmax in registers (base 2, log2 e
 //    folded into the scale), then O += P V with P straight from the S accumulators as the register
@@ -302,8 +303,9 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // ---------------- consumers ----------------
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kCl > 1 ? T::kClusterConsumerRegs : T::kConsumerRegs));
     const int c = wg - 1;                     // consumer index: rows 64c .. 64c + 63 of the block
-    const int my_bar = 1 + c, other_bar = 2 - c;  // named barriers 1 and 2 (0 is __syncthreads)
-    constexpr int kPair = 256;                // both consumer warpgroups take part in each
+    // named barrier 1 + c (0 is __syncthreads): consumer c's turn, given by the one before it
+    const int my_bar = 1 + c, other_bar = T::kConsumers == 2 ? 2 - c : 1 + (c + 1) % T::kConsumers;
+    constexpr int kPair = 256;                // the waiting and the giving consumer take part in each
     auto my_turn = [&] { if constexpr (T::kPingPong) named_sync(my_bar, kPair); };
     auto their_turn = [&] { if constexpr (T::kPingPong) named_arrive(other_bar, kPair); };
     const uint32_t sq_wg = sq + c * 64 * kRowBytes;
@@ -638,7 +640,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
     // With ping-pong the consumers take turns (named barriers my_bar / other_bar) without a break
     // between items: both run the same number of turns per item (ntiles + 1; chained, ntiles and
     // one more at the block's end), so the alternation carries over.
-    if (T::kPingPong && c == 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
+    if (T::kPingPong && c == T::kConsumers - 1) named_arrive(1, kPair);  // consumer 0 takes the first turn
     if constexpr (kChain) {
         // Chained items: the block's K/V tiles are one sequence across its items. The block's first
         // turn issues S(0) alone; inside an item each turn issues S(j) with P(j-1) V(j-1) (the loop
@@ -860,7 +862,7 @@ __global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
         if (ob_pending) store_o();  // the block's last item
     if constexpr (kOSmem)
         if (warp == 0 && lane == 0) bulk_wait();  // every O stored before the block ends
-    if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // consumer 1's last arrive: leave no barrier half-used
+    if (T::kPingPong && c == 0) named_sync(my_bar, kPair);  // the last consumer's last arrive: leave no barrier half-used
     if constexpr (kCl > 1) cluster_sync();
 #else
     __trap();  // the sm_80 pass of an sm_90a build: never launched (the host checks the cubin)
