@@ -4,9 +4,11 @@ Run on the device machine (`bench/device.sh kernel` does). For each shape (B,H,N
 or --preset NAME|GROUP of audit/evidence/presets.py, e.g. --preset dit for the diffusion-transformer
 table) in one process: ours through the public call flash_kernel.attention as users call it
 (method "ours"; --no-public to leave it out), any library variants (--lib NAME=PATH, flash
-forward), our forced-generic path and our naive path (--generic-lib / --naive-lib), SDPA's flash
-and cuDNN backends, and torch eager softmax(QK^T)V (head-chunked so its fp32 score matrix stays
-under --eager-gib). Each row names the flash path the library ran (wgmma, mma_sync, generic) or
+forward; "variant NAME at" lines give ours' median over each one's), our forced-generic path and
+our naive path (--generic-lib / --naive-lib), SDPA's flash and cuDNN backends, torch eager
+softmax(QK^T)V (head-chunked so its fp32 score matrix stays under --eager-gib), and
+FlashAttention-4 where it imports (`--torch-methods ...,fa4`; an "x FA4" column). --layout bnhd
+stores the inputs (B,N,H,D), as video DiTs and FlashAttention-4 hold them. Each row names the flash path the library ran (wgmma, mma_sync, generic) or
 "refused" with the library's reason (a head dim it lacks): never a crash. Each method:
 warm-up, then CUDA-event times of --repeats calls over --rotate input sets (so no call finds its
 inputs in L2), the methods taking turns call by call (no method owns the start or end of a run),
