@@ -1384,7 +1384,8 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 #      "fp8 speedup" lines: median ours / median ours_fp8 with the 95 % interval).
 #   5. FP8_VARIANTS (default: "mask", the keys past nk masked after all the exponentials instead of
 #      inside their loop; "single", P V summed in O itself (one level); "c3", three consumer
-#      warpgroups with one level: 192 query rows a block) built beside it
+#      warpgroups with one level: 192 query rows a block; "vec", Q and K read with 16-byte loads
+#      in their quantization) built beside it, smoke-tested, and timed at precision fp8 only
 #      and timed in the same kernel_bench call ("fp8 NAME at" lines: the variant's median over
 #      ours_fp8's, 95 % interval; its relL2 column against SDPA shows its error); FP8_VARIANTS=
 #      builds none.
@@ -1396,7 +1397,7 @@ build_unless_prebuilt sm_90a cpu
 # FP8_VARIANTS ("name:-DFLAG ...;..."; default: the old I2F conversion of the INT8 scores): built
 # now in the background, timed beside ours_fp8 in the same kernel_bench call ("fp8 NAME at" lines)
 VB=build/variants LOG=$OUT PIDS=() LIBS=()
-IFS=';' read -r -a FP8_VARS <<< "${FP8_VARIANTS-mask:-DFK_FP8_MASK_AFTER=1;single:-DFK_FP8_SINGLE_LEVEL=1;c3:-DFK_FP8_CONSUMERS=3 -DFK_FP8_SINGLE_LEVEL=1}"
+IFS=';' read -r -a FP8_VARS <<< "${FP8_VARIANTS-mask:-DFK_FP8_MASK_AFTER=1;single:-DFK_FP8_SINGLE_LEVEL=1;c3:-DFK_FP8_CONSUMERS=3 -DFK_FP8_SINGLE_LEVEL=1;vec:-DFK_FP8_VEC_LOADS=1}"
 build_variants 240 "${FP8_VARS[@]}"
 timeout -k 5 60 python3 - >"$OUT/smoke.txt" 2>&1 <<'PY'
 import torch, flash_kernel
@@ -1442,7 +1443,7 @@ grep -hE "^(memcheck|racecheck)" "$OUT/memcheck/summary.txt" "$OUT/racecheck/sum
 wait_variants fp8
 timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py --preset dit --preset hunyuanvideo-720p --preset mochi \
     --preset cogvideox-5b --preset ltx-video --fp8 --torch-methods sdpa_cudnn --repeats 10 --warmup 2 \
-    "${VARIANT_ARGS[@]}" --json "$OUT/fp8_bench.json" >"$OUT/fp8_bench.txt" 2>&1
+    --lib-fp8-only "${VARIANT_ARGS[@]}" --json "$OUT/fp8_bench.json" >"$OUT/fp8_bench.txt" 2>&1
 note "kernel_bench --fp8 rc=$? ($(el) s)"
 grep -E "ours_fp8|fp8 speedup|^fp8 " "$OUT/fp8_bench.txt" | tee -a "$SUMMARY"
 }  # end of run_fp8

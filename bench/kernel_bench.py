@@ -239,6 +239,9 @@ def main(argv=None) -> int:
                     "take them, passed to every method as strided (B,H,N,D) views")
     ap.add_argument("--lse", action="store_true",
                     help="also time the public call with return_lse=True ('ours_lse') and report its cost over 'ours'")
+    ap.add_argument("--lib-fp8-only", action="store_true",
+                    help="with --fp8: time the --lib variants at precision fp8 only (variants of the FP8 "
+                    "kernel, whose exact path is ours)")
     ap.add_argument("--fp8", action="store_true",
                     help="also time the public call at precision='fp8' and report its speedup over 'ours'")
     ap.add_argument("--json", type=Path)
@@ -278,7 +281,8 @@ def main(argv=None) -> int:
         except ValueError:
             ap.error(f"--lib {spec!r}: head dims after @ must be integers")
         lib = flash_kernel.load(path)
-        methods.append((name, lib.attention, args.repeats, only, lib))
+        if not (args.fp8 and args.lib_fp8_only):
+            methods.append((name, lib.attention, args.repeats, only, lib))
         if args.fp8:  # a variant's FP8 kernel beside ours_fp8 (its quantization inside the call too)
             methods.append((f"{name}_fp8", lambda q, k, v, lib=lib: lib.fp8_attention(q, k, v), args.repeats,
                             only, lib))
