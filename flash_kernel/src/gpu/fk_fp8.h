@@ -186,9 +186,9 @@ FK_DEVICE uint32_t int8x4(float a, float b, float c, float d, float scale) {
 // [-127, 127] lies within +-2^21, so I2F is exact; so is adding the sum to the bits of 1.5 * 2^23
 // and subtracting 1.5 * 2^23 as a float (FK_FP8_EXACT_I2F=0), which keeps I2F off the pipe it
 // shares with exp2 but costs two instructions for one. Measured on an H100 (docs/perf.md "FP8
-// attention"): I2F 0.97x the time of the add-and-subtract, every exponential on MUFU 0.95x the
-// time of a quarter of them on the FMA pipe (FK_FP8_POLY_EXP=1; 2: 1.07x): this kernel is bound
-// by instructions issued, not by the MUFU pipe, so the fewest instructions a score win.
+// attention on an H100", medians over 19 shapes): the add-and-subtract 1.03x the time of I2F; a
+// quarter of the exponentials on the FMA pipe (FK_FP8_POLY_EXP=1) 1.05x the time of none, half
+// (2) 1.09x: this kernel is bound by instructions issued, not by the MUFU pipe.
 #ifndef FK_FP8_EXACT_I2F
 #define FK_FP8_EXACT_I2F 1
 #endif
