@@ -1385,10 +1385,10 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 #   5. FP8_VARIANTS (default: "mask", the keys past nk masked after all the exponentials instead of
 #      inside their loop; "single", P V summed in O itself (one level); "c3", three consumer
 #      warpgroups with one level: 192 query rows a block; "vec", Q and K read with 16-byte loads
-#      in their quantization) built beside it, smoke-tested, and timed at precision fp8 only
-#      and timed in the same kernel_bench call ("fp8 NAME at" lines: the variant's median over
-#      ours_fp8's, 95 % interval; its relL2 column against SDPA shows its error); FP8_VARIANTS=
-#      builds none.
+#      in their quantization) built beside it, smoke-tested (wait_variants) and timed at
+#      precision fp8 only in the same kernel_bench call ("fp8 NAME at" lines: the variant's median
+#      over ours_fp8's, 95 % interval; its relL2 column against SDPA shows its error);
+#      FP8_VARIANTS= builds none.
 #   OUT=/tmp/fp8 PREBUILT=1 bash bench/device.sh fp8     # BUDGET_S (default 570)
 register fp8 'the FP8 kernel on one cc 9.0 GPU: a smoke call, its GPU tests, memcheck and racecheck, then its speed beside ours exact and SDPA-cuDNN (kernel_bench --fp8)'
 run_fp8() {
