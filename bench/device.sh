@@ -1497,7 +1497,7 @@ sed -n '/^ours = /,$p' "$OUT/bench-fa4.txt" | tee -a "$SUMMARY"
 # The kernel's -D variants against the default build, SDPA-cuDNN and FlashAttention-4, in one
 # kernel_bench call (methods in turns call by call, inputs stored (B,N,H,D)): BF16_VARIANTS
 # ("name:-DFLAG ...;...", built here in the background) at SHAPES (default: the long video
-# self-attention shapes where FlashAttention-4 leads, head dims 64 and 128, then the padded head
+# self-attention shapes, head dims 64 (LTX-Video among them) and 128, then the padded head
 # dims), REPEATS timed calls a method (default 10). "variant NAME at" lines: ours' median over the
 # variant's (above 1.0: the variant is faster), with the 95 % interval. FlashAttention-4 as for fa4.
 # Each variant first runs two smoke calls (wait_variants): one that fails or hangs is left out.
@@ -1512,7 +1512,7 @@ IFS=';' read -r -a AB_VARS <<< "${BF16_VARIANTS-}"
 build_variants 240 "${AB_VARS[@]}"
 wait_variants exact
 note "variants built and smoke-tested ($(el) s)"
-read -r -a SHAPE_ARGS <<< "${SHAPES:---preset wan2.1-14b-720p --preset hunyuanvideo-720p --preset mochi --preset cogvideox-5b --shape 1,12,32760,128 --shape 1,30,17776,64 --shape 1,16,16384,32 --shape 1,16,17550,72 --shape 1,24,16384,80 --shape 1,24,16384,96}"
+read -r -a SHAPE_ARGS <<< "${SHAPES:---preset wan2.1-14b-720p --preset hunyuanvideo-720p --preset mochi --preset cogvideox-5b --preset ltx-video --shape 1,12,32760,128 --shape 1,30,17776,64 --shape 1,16,16384,32 --shape 1,16,17550,72 --shape 1,24,16384,80 --shape 1,24,16384,96}"
 timeout -k 5 $(( $(left) - 10 )) python3 bench/kernel_bench.py "${SHAPE_ARGS[@]}" --layout bnhd \
     --torch-methods sdpa_cudnn,fa4 --repeats "${REPEATS:-10}" --warmup 2 "${VARIANT_ARGS[@]}" \
     --json "$OUT/ab.json" >"$OUT/ab.txt" 2>&1
