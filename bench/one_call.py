@@ -29,7 +29,10 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--lib", help="a flash_kernel library file to call instead of the public call's")
     args = ap.parse_args(argv)
-    parts = [int(x) for x in args.shape.split(",")]
+    try:
+        parts = [int(x) for x in args.shape.split(",")]
+    except ValueError:
+        parts = []
     if len(parts) == 4:
         parts.insert(3, parts[2])
     if len(parts) != 5 or min(parts) < 1:

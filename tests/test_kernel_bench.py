@@ -177,3 +177,15 @@ def test_the_table_shows_the_ratio_over_flashattention4(bench):
     lines = mod.render(rows).splitlines()
     assert "x FA4" in lines[0]
     assert "0.93" in lines[1] and "[0.91,0.95]" in lines[1]
+
+
+def test_one_call_refuses_a_bad_shape_before_touching_a_device():
+    """bench/one_call.py (what ncu and the variants' smoke calls run) stops on a malformed shape
+    with a usage error, before it asks for a GPU."""
+    import subprocess
+
+    for bad in ("1,2", "1,2,0,64", "1,2,3,4,5,6", "a,b,c,d"):
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "one_call.py"), bad], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2, (bad, r.stderr)
+        assert "shape must be B,H,N,D or B,H,Nq,Nk,D" in r.stderr, r.stderr
