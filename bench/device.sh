@@ -278,10 +278,13 @@ fi
 #      every head-dim bucket, small shapes, exact-size cudaMalloc buffers)
 #   3. `sovereign-audit run --device cuda` (build, audit, parity, bench, the Wan2.1 DiT pipeline with
 #      SDPA-cuDNN as the reference, report, signatures), an RDNA2 (gfx1030) build carried in
-#      .device/gfx1030/ audited beside it; then `sovereign-audit verify` on the bundle
+#      .device/gfx1030/ audited beside it; then `sovereign-audit verify` on the bundle; once for
+#      each of PRECISIONS (default "exact"; "exact fp8" adds the FP8 research object, every claim
+#      in it labelled FP8, written to a bundle of its own)
 # Needs diffusers and cryptography: where the machine lacks them, carry their wheels in .whl/.
-# Results under $OUT (the bundle as research-object.tgz, the logs as logs.tgz); a summary prints last.
-#   OUT=/tmp/ro_out bash bench/device.sh research-object
+# PREBUILT=1 uses build/ as carried instead of building. Results under $OUT (the bundles as
+# research-object.tgz and research-object-fp8.tgz, the logs as logs.tgz); a summary prints last.
+#   OUT=/tmp/ro_out PRECISIONS="exact fp8" bash bench/device.sh research-object
 register research-object 'the default libraries built, memcheck and racecheck on sm_90a, `sovereign-audit run --device cuda` and `verify`; the bundle as an archive'
 run_research_object() {
 OUT=${OUT:-/tmp/research_object_out}
@@ -291,8 +294,10 @@ export PYTHONUNBUFFERED=1
 SUMMARY=$LOGS/summary.txt
 device_common
 use_carried_wheels "$LOGS/pip.log"
-python3 -m audit build --target sm_90a --target cpu --out build >"$LOGS/build.log" 2>&1
-note "build rc=$? ($(el) s)"
+if [ -z "${PREBUILT:-}" ]; then
+    python3 -m audit build --target sm_90a --target cpu --out build >"$LOGS/build.log" 2>&1
+    note "build rc=$? ($(el) s)"
+fi
 
 FK_BUILD=build FK_LIBS=sm_90a FK_STAGES="memcheck racecheck" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a \
     FK_MEMCHECK_TIMEOUT=${FK_MEMCHECK_TIMEOUT:-100} FK_RACECHECK_TIMEOUT=${FK_RACECHECK_TIMEOUT:-100} \
@@ -305,15 +310,20 @@ if [ -f .device/gfx1030/libflash_kernel.so ]; then
     mkdir -p build/gfx1030 && cp .device/gfx1030/libflash_kernel.so build/gfx1030/
     ARTIFACTS=(--artifact build/gfx1030/libflash_kernel.so)
 fi
-rm -rf /tmp/ro
-timeout -k 5 ${RUN_TIMEOUT:-330} python3 -m audit run --out /tmp/ro --device cuda --target sm_90a --target cpu \
-    "${ARTIFACTS[@]}" --build-dir build --repeats 10 --pipeline-steps 2 >"$LOGS/run.log" 2>&1
-note "run rc=$? ($(el) s)"
-python3 -m audit verify /tmp/ro >"$LOGS/verify.log" 2>&1
-note "verify rc=$?: $(tail -1 "$LOGS/verify.log")"
-[ -d /tmp/ro ] && tar czf "$OUT/research-object.tgz" -C /tmp ro
+for precision in ${PRECISIONS:-exact}; do
+    ro=ro suffix=
+    [ "$precision" = exact ] || { ro=ro-$precision; suffix=-$precision; }
+    rm -rf "/tmp/$ro"
+    timeout -k 5 ${RUN_TIMEOUT:-330} python3 -m audit run --out "/tmp/$ro" --device cuda --target sm_90a --target cpu \
+        "${ARTIFACTS[@]}" --build-dir build --repeats 10 --pipeline-steps 2 --precision "$precision" \
+        >"$LOGS/run$suffix.log" 2>&1
+    note "run ($precision) rc=$? ($(el) s)"
+    python3 -m audit verify "/tmp/$ro" >"$LOGS/verify$suffix.log" 2>&1
+    note "verify ($precision) rc=$?: $(tail -1 "$LOGS/verify$suffix.log")"
+    [ -d "/tmp/$ro" ] && tar czf "$OUT/research-object$suffix.tgz" -C /tmp "$ro"
+    echo "==== run ($precision)"; tail -25 "$LOGS/run$suffix.log"
+done
 tar czf "$OUT/logs.tgz" -C "$LOGS" .
-echo "==== run"; tail -25 "$LOGS/run.log"
 echo "==== summary"; cat "$LOGS/summary.txt"
 }  # end of run_research_object
 
