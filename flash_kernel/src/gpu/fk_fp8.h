@@ -188,7 +188,8 @@ FK_DEVICE uint32_t int8x4(float a, float b, float c, float d, float scale) {
 // shares with exp2 but costs two instructions for one. Measured on an H100 (docs/perf.md "FP8
 // attention on an H100", medians over 19 shapes): the add-and-subtract 1.03x the time of I2F; a
 // quarter of the exponentials on the FMA pipe (FK_FP8_POLY_EXP=1) 1.05x the time of none, half
-// (2) 1.09x: this kernel is bound by instructions issued, not by the MUFU pipe.
+// (2) 1.09x: every instruction a score adds costs time, whatever pipe it relieves (each turn's
+// softmax is a chain of dependent instructions that the other consumer's FP8 GEMMs no longer hide).
 #ifndef FK_FP8_EXACT_I2F
 #define FK_FP8_EXACT_I2F 1
 #endif
