@@ -273,9 +273,11 @@ def main(argv=None) -> int:
                                 args.repeats, set(), public_lib))
         except flash_kernel.KernelError as exc:  # the --lib methods still run
             print(f"warning: 'ours' left out, the public call finds no library: {exc}", file=sys.stderr)
+    lib_names = []  # each --lib variant's method name, in order
     for spec in args.lib:
         label, _, path = spec.partition("=")
         name, _, dims = label.partition("@")
+        lib_names.append(name)
         try:
             only = {int(x) for x in dims.split(",")} if dims else set()
         except ValueError:
@@ -316,13 +318,10 @@ def main(argv=None) -> int:
     if args.fp8:
         result["fp8_speedup"] = pair_ratios(result["rows"], "ours", "ours_fp8")
         # each variant's FP8 kernel against ours: its median time over ours_fp8's (below 1.0: faster)
-        result["fp8_variants"] = {spec.partition("=")[0].partition("@")[0]: pair_ratios(
-            result["rows"], f"{spec.partition('=')[0].partition('@')[0]}_fp8", "ours_fp8") for spec in args.lib}
+        result["fp8_variants"] = {name: pair_ratios(result["rows"], f"{name}_fp8", "ours_fp8") for name in lib_names}
     # each --lib variant against ours, the public call: median of ours over the variant's (above
     # 1.0: the variant is faster)
-    result["variants"] = {} if args.no_public else {
-        spec.partition("=")[0].partition("@")[0]: pair_ratios(result["rows"], "ours", spec.partition("=")[0].partition("@")[0])
-        for spec in args.lib}
+    result["variants"] = {} if args.no_public else {name: pair_ratios(result["rows"], "ours", name) for name in lib_names}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     c = result["ceilings"]

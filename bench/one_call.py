@@ -19,25 +19,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import flash_kernel  # noqa: E402
+from kernel_bench import parse_shape  # noqa: E402  (this folder is on sys.path: a script's own)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("shape", help="B,H,N,D or B,H,Nq,Nk,D")
+    ap.add_argument("shape", type=parse_shape, help="B,H,N,D or B,H,Nq,Nk,D")
     ap.add_argument("--precision", choices=("exact", "fp8"), default="exact")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--lib", help="a flash_kernel library file to call instead of the public call's")
     args = ap.parse_args(argv)
-    try:
-        parts = [int(x) for x in args.shape.split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) == 4:
-        parts.insert(3, parts[2])
-    if len(parts) != 5 or min(parts) < 1:
-        ap.error(f"shape must be B,H,N,D or B,H,Nq,Nk,D, got {args.shape!r}")
-    b, h, nq, nk, d = parts
+    b, h, nq, nk, d = args.shape
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     q = torch.randn(b, h, nq, d, device="cuda", dtype=dtype)
     k = torch.randn(b, h, nk, d, device="cuda", dtype=dtype)
