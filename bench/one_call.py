@@ -1,12 +1,15 @@
 """Calls flash_kernel.attention on one shape a few times and exits: a program for a profiler
 (`ncu -k regex:attention ...`) to wrap, on the device machine.
 
-    python3 bench/one_call.py 1,4,32760,128 [--precision fp8] [--dtype bf16] [--calls 3] [--lib PATH]
+    python3 bench/one_call.py 1,4,32760,128 [--precision fp8] [--dtype bf16] [--calls 3] [--lib PATH] [--kernels]
 
 Inputs are random (B,H,N,D) tensors; every call is checked for errors (the binding raises) and
 the output for finiteness and against PyTorch's SDPA (relative L2 at most 2e-2 exact, 1e-1 fp8),
 so a profile of a failing kernel is never read as a result. --lib: a library file instead of the
 public call's (a variant's smoke test before it is timed; under `timeout`, a hang is caught too).
+--kernels: the calls under torch's profiler, then one line a GPU kernel (its mean time a call and
+its share of the calls' GPU time): where an FP8 call's time goes between its quantization and its
+attention, without ncu.
 """
 
 from __future__ import annotations
@@ -22,6 +25,15 @@ import flash_kernel  # noqa: E402
 from kernel_bench import parse_shape  # noqa: E402  (this folder is on sys.path: a script's own)
 
 
+def print_kernels(prof, calls: int) -> None:
+    """One line a GPU kernel the profile saw: mean microseconds a call, share of the total."""
+    rows = [(e.key, e.count, e.device_time_total) for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(t for _, _, t in rows) or 1.0
+    for name, count, t in sorted(rows, key=lambda r: -r[2]):
+        print(f"kernel {t / calls:10.1f} us/call {100 * t / total:5.1f} %  x{count // calls}  {name[:90]}")
+    print(f"kernel {total / calls:10.1f} us/call total")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shape", type=parse_shape, help="B,H,N,D or B,H,Nq,Nk,D")
@@ -29,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--lib", help="a flash_kernel library file to call instead of the public call's")
+    ap.add_argument("--kernels", action="store_true", help="time each GPU kernel of the calls (torch.profiler)")
     args = ap.parse_args(argv)
     b, h, nq, nk, d = args.shape
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
@@ -41,8 +54,17 @@ def main(argv=None) -> int:
     else:
         def call(q, k, v):
             return flash_kernel.attention(q, k, v, precision=args.precision)
-    for _ in range(args.calls):
-        out = call(q, k, v)
+    out = call(q, k, v)  # a warm-up call outside the profile (the first call's set-up)
+    torch.cuda.synchronize()
+    if args.kernels:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.calls):
+                out = call(q, k, v)
+            torch.cuda.synchronize()
+        print_kernels(prof, args.calls)
+    else:
+        for _ in range(args.calls):
+            out = call(q, k, v)
     torch.cuda.synchronize()
     if not torch.isfinite(out).all():
         print("error: non-finite output", file=sys.stderr)

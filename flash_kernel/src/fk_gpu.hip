@@ -417,9 +417,9 @@ int32_t run_fp8(const fk_attention_args *a, const fk::Validated &v, const fk::fp
         if (int32_t st = check_launch("fp8 statistics")) return st;
         f8::stats_finish_kernel<<<n, f8::kMaxDim, 0, s>>>(p);
         if (int32_t st = check_launch("fp8 statistics")) return st;
-        f8::quant_qk_kernel<E, false><<<dim3(static_cast<unsigned>(p.qblocks), n), 256, 0, s>>>(p);
+        f8::quant_qk_kernel<E, false, D><<<dim3(static_cast<unsigned>(p.qblocks), n), 256, 0, s>>>(p);
         if (int32_t st = check_launch("fp8 quantization of Q")) return st;
-        f8::quant_qk_kernel<E, true><<<dim3(static_cast<unsigned>(p.ntiles), n), 256, 0, s>>>(p);
+        f8::quant_qk_kernel<E, true, D><<<dim3(static_cast<unsigned>(p.ntiles), n), 256, 0, s>>>(p);
         if (int32_t st = check_launch("fp8 quantization of K")) return st;
         f8::quant_v_kernel<E, D><<<dim3(static_cast<unsigned>(p.ntiles), n), 256, 0, s>>>(p);
         if (int32_t st = check_launch("fp8 quantization of V")) return st;
