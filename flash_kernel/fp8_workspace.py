@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-Q_BLOCK, BN, ROW_BYTES, MAX_DIM, STAT_KEYS = 64, 128, 128, 128, 1024
+Q_BLOCK, BN, ROW_BYTES, MAX_DIM, STAT_KEYS = 64, 128, 128, 128, 256
 _REGIONS = ("q_img", "k_img", "v_img", "q_scale", "k_scale", "k_mean", "v_scale", "q_shift", "k_part", "v_part")
 
 

@@ -256,7 +256,7 @@ REGIONS = ("q_img", "k_img", "v_img", "q_scale", "k_scale", "k_mean", "v_scale",
 
 
 def _layout(bh, nq, nk, dbucket):
-    qblocks, ntiles, chunks = -(-nq // 64), -(-nk // 128), -(-nk // 1024)
+    qblocks, ntiles, chunks = -(-nq // 64), -(-nk // 128), -(-nk // 256)
     per_bh = (qblocks * 8192, ntiles * 16384, ntiles * dbucket * 128, qblocks * 4, ntiles * 4, 512, 512,
               nq * 4, chunks * 512, chunks * 512)
     out, at = {}, 0

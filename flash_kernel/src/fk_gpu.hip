@@ -371,7 +371,7 @@ int32_t fp8_shape_ok(const fk_attention_args *a, fk::fp8::Layout *l) {
     if (a->head_dim > fk::fp8::kMaxDim)
         return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld has no fp8 kernel (precision fp8 takes head dims 32..%d)",
                         (long long)a->head_dim, fk::fp8::kMaxDim);
-    if (a->nq > INT32_MAX - fk::fp8::BM || a->nk > INT32_MAX - fk::fp8::BN)
+    if (a->nq > INT32_MAX - fk::fp8::kMaxConsumers * fk::fp8::kQBlock || a->nk > INT32_MAX - fk::fp8::BN)
         return fk::fail(FK_ERR_SIZE, "precision fp8 takes nq and nk below 2^31 - 128");
     if (!fp8_layout(a, l)) return fk::fail(FK_ERR_SIZE, "the fp8 workspace for these sizes overflows a 64-bit size");
     return FK_OK;
@@ -408,7 +408,7 @@ int32_t run_fp8(const fk_attention_args *a, const fk::Validated &v, const fk::fp
     auto kernel = f8::attention_kernel<E, D>;
     static std::atomic<uint64_t> opted;
     if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted, "flash (fp8)")) return st;
-    const unsigned qtiles = static_cast<unsigned>((a->nq + f8::BM - 1) / f8::BM);
+    const unsigned qtiles = static_cast<unsigned>((a->nq + Tile::BM - 1) / Tile::BM);
     const int64_t bh_total = a->batch * a->heads;
     for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
         p.bh0 = bh0;
@@ -423,7 +423,7 @@ int32_t run_fp8(const fk_attention_args *a, const fk::Validated &v, const fk::fp
         if (int32_t st = check_launch("fp8 quantization of K")) return st;
         f8::quant_v_kernel<E, D><<<dim3(static_cast<unsigned>(p.ntiles), n), 256, 0, s>>>(p);
         if (int32_t st = check_launch("fp8 quantization of V")) return st;
-        kernel<<<dim3(qtiles, n), f8::kThreads, Tile::kSmemBytes, s>>>(p);
+        kernel<<<dim3(qtiles, n), Tile::kThreads, Tile::kSmemBytes, s>>>(p);
         if (int32_t st = check_launch("flash (fp8)")) return forget_opt_in(st, dev, opted);
     }
     return fk::ran(FK_OK, "fp8");

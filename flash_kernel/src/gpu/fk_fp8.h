@@ -15,8 +15,8 @@
 //     Every tile is contiguous, so the attention kernel loads it with one 1-D bulk copy: no tensor
 //     map, and the caller's strides and layout matter only here.
 //  2. Attention: warpgroup 0 produces (bulk copies into a ring of kStages K/V slots, mbarriers),
-//     warpgroups 1 and 2 (and 3, FK_FP8_CONSUMERS) consume 64 query rows each, taking turns to issue their GEMMs (ping-pong)
-//     so one's softmax overlaps the other's tensor-core work; each turn issues S(j) = Q K(j)^T
+//     warpgroups 1 and 2 (and 3 at head dim 64) consume 64 query rows each, taking turns to issue
+//     their GEMMs (ping-pong) so one's softmax overlaps another's tensor-core work; each turn issues S(j) = Q K(j)^T
 //     (wgmma s8, k32) with P(j-1) V(j-1) (wgmma e4m3, P from registers).
 //
 // P from registers: the A fragment of a k32 wgmma holds, per thread, rows r and r + 8 and k columns
@@ -39,23 +39,26 @@ namespace fk {
 namespace fp8 {
 
 constexpr int kQBlock = 64;       // query rows per Q scale: one consumer warpgroup (fp8.Q_BLOCK)
-// Consumer warpgroups a block, taking turns to issue their GEMMs: 2, or 3 (FK_FP8_CONSUMERS=3: 192
-// query rows a block, 160 registers a consumer thread, which needs FK_FP8_SINGLE_LEVEL=1; not yet
-// run), so that with FP8's shorter GEMMs two consumers' softmax can hide behind the third's.
-#ifndef FK_FP8_CONSUMERS
-#define FK_FP8_CONSUMERS 2
+// Consumer warpgroups a block, taking turns to issue their GEMMs, per head-dim bucket: 3 at head
+// dim 64 (192 query rows a block, 160 registers a consumer thread), so that with FP8's shorter
+// GEMMs two consumers' softmax can run while the third's GEMMs do; 2 at 128, where three fit only
+// with one level of P V (FK_FP8_SINGLE_LEVEL=1) and still spill (O, S and P take 144 registers).
+// Measured with one level on an H100 (docs/perf.md "FP8 attention on an H100"): three consumers
+// took 0.80-0.87x the time of two at the head-dim-64 shapes, 0.92-1.04x at head dim 128.
+#ifndef FK_FP8_CONSUMERS_D64
+#define FK_FP8_CONSUMERS_D64 3
 #endif
-constexpr int kConsumers = FK_FP8_CONSUMERS;
-constexpr int BM = kQBlock * kConsumers;  // query rows per block
+#ifndef FK_FP8_CONSUMERS_D128
+#define FK_FP8_CONSUMERS_D128 2
+#endif
+constexpr int kMaxConsumers = 3;
 constexpr int BN = 128;           // keys per K/V tile and per K scale (fp8.kv_tile(D) for D <= 128)
 constexpr int kRowBytes = 128;    // one swizzled row: Q and K rows (int8, padded), V^T rows (BN keys)
 constexpr int kMaxDim = 128;      // head dims this kernel takes (bucket 64 up to 64, 128 above)
-constexpr int kStatKeys = 1024;   // keys per partial of the K mean / V maximum
+// keys per partial of the K mean / V maximum: 256 gives a short call's statistics enough blocks (at
+// 1024, 4608 keys x 24 heads made 120 blocks of 64 dependent loads a thread: 70 us on an H100)
+constexpr int kStatKeys = 256;
 constexpr int kStages = 4;        // K/V slots in the ring
-constexpr int kThreads = 128 * (1 + kConsumers);  // producer + consumers
-// setmaxnreg: the producer gives its registers to the consumers (24 * 128 + n * 128 * regs <= 64K)
-constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
-static_assert(kConsumers == 2 || kConsumers == 3, "fp8: two or three consumer warpgroups");
 constexpr int kQTileBytes = kQBlock * kRowBytes;  // one consumer's Q
 constexpr int kKTileBytes = BN * kRowBytes;
 constexpr float kE4m3Max = 448.0f, kInt8Max = 127.0f;
@@ -65,6 +68,12 @@ constexpr float kLog2PScale = 8.807354922057604f;
 
 template <int D> struct Fp8Tile {
     static_assert(D == 64 || D == 128, "fp8 buckets: 64 and 128");
+    static constexpr int kConsumers = D == 64 ? FK_FP8_CONSUMERS_D64 : FK_FP8_CONSUMERS_D128;
+    static_assert(kConsumers == 2 || kConsumers == 3, "fp8: two or three consumer warpgroups");
+    static constexpr int BM = kQBlock * kConsumers;           // query rows per block
+    static constexpr int kThreads = 128 * (1 + kConsumers);   // producer + consumers
+    // setmaxnreg: the producer gives its registers to the consumers (24 * 128 + n * 128 * regs <= 64K)
+    static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
     static constexpr int kVTileBytes = D * kRowBytes;  // V^T: D rows of BN keys
     static constexpr int kQBytes = kConsumers * kQTileBytes;
     static constexpr int kSmemBytes = 1024 + kQBytes + kStages * (kKTileBytes + kVTileBytes) + 8 * (kConsumers + 3 * kStages);
@@ -286,6 +295,7 @@ __global__ void __launch_bounds__(kMaxDim) stats_finish_kernel(Fp8Params p) {
     const float *kp = reinterpret_cast<const float *>(p.ws + p.lay.k_part) + bh * p.chunks * kMaxDim + col;
     const float *vp = reinterpret_cast<const float *>(p.ws + p.lay.v_part) + bh * p.chunks * kMaxDim + col;
     float sum = 0.0f, vmax = 0.0f;
+#pragma unroll 8
     for (int c = 0; c < p.chunks; ++c) {
         sum += kp[int64_t(c) * kMaxDim];
         vmax = fmaxf(vmax, vp[int64_t(c) * kMaxDim]);
@@ -442,11 +452,12 @@ template <int R> FK_DEVICE void fence_u32(uint32_t (&r)[R]) {
 }
 #endif
 
-// Grid (query tiles of BM rows, (b, h) pairs from p.bh0); E: the output's element type.
+// Grid (query tiles of Fp8Tile<D>::BM rows, (b, h) pairs from p.bh0); E: the output's element type.
 template <class E, int D>
-__global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
+__global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8Params p) {
 #if defined(FK_WGMMA_DEVICE_OK)
     using T = Fp8Tile<D>;
+    constexpr int kConsumers = T::kConsumers;
     constexpr int S = kStages;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -498,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     }
 
     // ---------------- consumers ----------------
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(T::kConsumerRegs));
     const int c = wg - 1;
     // named barrier 1 + c: consumer c's turn, given by the consumer before it in the rotation
     const int my_bar = 1 + c, other_bar = kConsumers == 2 ? 2 - c : 1 + (c + 1) % kConsumers;
@@ -515,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     uint32_t si[BN / 2];
     float o[D / 2];          // O summed over the tiles so far (fp32), the accumulator layout over channels
     constexpr bool kSingle = FK_FP8_SINGLE_LEVEL != 0;
-    static_assert(kConsumers == 2 || kSingle, "fp8: three consumers fit their registers with one level of P V only");
+    static_assert(kConsumers == 2 || kSingle || D == 64, "fp8: three consumers at head dim 128 fit their registers with one level of P V only");
     float ot[kSingle ? 1 : D / 2];  // one tile's P V (the FP8 tensor core's accumulator; single level: O's)
     uint32_t pf[BN / 32][4]; // P as e4m3 A fragments, one per k32 group of keys
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, pa0 = 0.0f, pa1 = 0.0f;
@@ -722,7 +733,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(Fp8Params p) {
     l1 += fk_shfl_xor(l1, 1);
     l1 += fk_shfl_xor(l1, 2);
     const float i0 = 1.0f / l0, i1 = 1.0f / l1;
-    const int64_t r0 = int64_t(blockIdx.x) * BM + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
+    const int64_t r0 = int64_t(blockIdx.x) * T::BM + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
     const float *vsc = reinterpret_cast<const float *>(ws + p.lay.v_scale) + bh * kMaxDim;
     using Out = typename E::storage;
     Out *out = static_cast<Out *>(p.o) + (bh / p.heads) * p.os[0] + (bh % p.heads) * p.os[1];
