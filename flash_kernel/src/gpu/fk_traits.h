@@ -621,8 +621,9 @@ struct MmaTile {
 // releases the buffer at once, so the producer loads the next item's Q as soon as it reaches it
 // (after that item's first K/V tile) instead of after this item's last S; S = Q K^T is a
 // register-A wgmma.
+// (Bucket 64 reads Q from shared memory: its three consumers, below, spill with Q in registers.)
 #ifndef FK_WGMMA_Q_REGS_D64
-#define FK_WGMMA_Q_REGS_D64 1
+#define FK_WGMMA_Q_REGS_D64 0
 #endif
 #ifndef FK_WGMMA_Q_REGS_D128
 #define FK_WGMMA_Q_REGS_D128 1
@@ -666,10 +667,14 @@ struct MmaTile {
 #ifndef FK_WGMMA_TMA_STORE
 #define FK_WGMMA_TMA_STORE 1
 #endif
-// Consumer warpgroups at bucket 64: 2 (BM 128), or 3 (BM 192, FlashAttention-3's tile at head dim
-// 64; 160 registers a consumer thread; compiled, not yet run), taking turns in rotation.
+// Consumer warpgroups at bucket 64: 3 (BM 192, FlashAttention-3's tile at head dim 64; 160
+// registers a consumer thread, Q from shared memory; taking turns in rotation), or 2 (BM 128, Q in
+// registers with FK_WGMMA_Q_REGS_D64=1). Measured on an H100 (docs/perf.md "The kernel's variants
+// beside FlashAttention-4 (H100)"), bf16: three consumers 1.09-1.20x the speed of two at head dims
+// 32 and 64 (16k-18k tokens, LTX-Video), level with FlashAttention-4 or ahead where two trailed it
+// by 5-12 %.
 #ifndef FK_WGMMA_CONSUMERS_D64
-#define FK_WGMMA_CONSUMERS_D64 2
+#define FK_WGMMA_CONSUMERS_D64 3
 #endif
 template <int D>
 struct WgmmaTile {

@@ -10,12 +10,12 @@
 //    of one (batch, head)); the ring runs on across items and a consumer's half of Q is reloaded
 //    once it is in registers (buckets 64, 128) or its last S of the item is done, so the next
 //    item's loads overlap this one.
-//  - warpgroups 1 and 2 (and 3 at bucket 64 with FK_WGMMA_CONSUMERS_D64=3) are consumers of 64
+//  - warpgroups 1 and 2 (and 3 at bucket 64: FK_WGMMA_CONSUMERS_D64) are consumers of 64
 //    query rows each (setmaxnreg.inc): S = Q K^T with wgmma
-//    (buckets 64 and 128: Q copied into registers at the item's start and its buffer released at
-//    once; 192 and 256: Q from shared memory), the online softmax in registers (base 2, log2 e
+//    (bucket 128: Q copied into registers at the item's start and its buffer released at
+//    once; 64, 192 and 256: Q from shared memory), the online softmax in registers (base 2, log2 e
 //    folded into the scale), then O += P V with P straight from the S accumulators as the register
-//    A operand of wgmma. Buckets 64 and 128 chain a block's items at short Nk (exact head dims): an item's last
+//    A operand of wgmma. Bucket 128 (and 64 with Q in registers) chains a block's items at short Nk (exact head dims): an item's last
 //    P V is issued in the same turn as the next item's first S, and after both its O is written into
 //    the consumer's half of the Q buffer (the next Q is in registers by then) and stored with TMA;
 //    padded head dims there store an item's O from registers once the next item's first S is issued.
