@@ -1456,6 +1456,27 @@ note "kernel_bench --fp8 rc=$? ($(el) s)"
 grep -E "ours_fp8|fp8 speedup|^fp8 " "$OUT/fp8_bench.txt" | tee -a "$SUMMARY"
 }  # end of run_fp8
 
+# ===================================================================================================
+# dit-forward
+# One diffusers DiT forward end to end (bench/dit_forward.py: WanTransformer3DModel, random weights
+# in bf16) with SDPA-cuDNN, ours exact and ours fp8 in turns: median forward time, speed over cuDNN,
+# the output's rel-L2 from cuDNN's, the attention kernels' share of the forward's GPU time and the
+# speed-up Amdahl's law predicts from it. diffusers and its dependencies travel as wheels in .whl/
+# (the device's transformers wants huggingface-hub below 2.0).
+#   OUT=/tmp/dit PREBUILT=1 bash bench/device.sh dit-forward   # MODEL (wan-1.3b), SIZES ("720p"),
+#                                                              # REPEATS (3), BUDGET_S (540)
+register dit-forward 'one diffusers Wan DiT forward with SDPA-cuDNN, ours exact and ours fp8 in turns (bench/dit_forward.py): speed, error, the attention share against Amdahl'
+run_dit_forward() {
+begin_run /tmp/dit_out 540
+build_unless_prebuilt sm_90a cpu
+for size in ${SIZES:-720p}; do
+    timeout -k 5 $(( $(left) - 10 )) python3 bench/dit_forward.py --model "${MODEL:-wan-1.3b}" --size "$size" \
+        --repeats "${REPEATS:-3}" --json "$OUT/dit_$size.json" >"$OUT/dit_$size.txt" 2>&1
+    note "dit_forward $size rc=$? ($(el) s)"
+    grep -vE "Warning|_warn_once" "$OUT/dit_$size.txt" | tail -5 | tee -a "$SUMMARY"
+done
+}  # end of run_dit_forward
+
 # ==================================================================================================
 # fa4
 # Ours against SDPA-cuDNN and FlashAttention-4 (`bench --backend fa4`), side by side in one bench
