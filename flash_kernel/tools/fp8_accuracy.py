@@ -1,13 +1,15 @@
 """Measures the FP8 attention schemes of flash_kernel.fp8 against float64 exact attention.
 
     python3 flash_kernel/tools/fp8_accuracy.py [--seeds N] [--nk 4096,32768] [--d 64,128] [--nq 128]
+        [--kinds random,dit] [--variants NAME,...] [--drop-bits 10]
 
 Prints one Markdown table row per (inputs, D, Nk, scheme): worst cosine, worst and median rel-L2
 over fresh seeds (docs/kernel.md, "FP8 attention", holds a run of it). Inputs are bf16, as a DiT
 hands them over: `random` is N(0, 1) Q, K, V; `dit` adds what DiT activations show (a constant
 offset per K channel, N(0, 5^2) per channel, and one query row in 16 scaled by 10). Query rows
 are independent of each other, so a few Q blocks against the full Nk measure the long-sequence
-error at a fraction of the cost.
+error at a fraction of the cost. --drop-bits: the mantissa bits the FP8 accumulator model clears
+after each k32 step (fp8.FP22_DROP_BITS, 10: 13 kept), to fit the model to what a GPU measured.
 """
 
 from __future__ import annotations
@@ -61,7 +63,13 @@ def main(argv=None) -> int:
     ap.add_argument("--nq", type=int, default=128)
     ap.add_argument("--kinds", default="random,dit")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--drop-bits", type=int, default=fp8.FP22_DROP_BITS)
     a = ap.parse_args(argv)
+    unknown = [n for n in a.variants.split(",") if n not in VARIANTS]
+    if unknown or not 0 <= a.drop_bits <= 22:
+        ap.error(f"unknown variants {unknown} (known: {', '.join(VARIANTS)})" if unknown
+                 else "--drop-bits is 0..22 (float32 has 23 mantissa bits)")
+    fp8.FP22_DROP_BITS = a.drop_bits  # read by fp8.fp22 at each call
     torch.set_num_threads(1)
     names = a.variants.split(",")
     print("| inputs | D | Nk | scheme | worst cosine | worst rel-L2 | median rel-L2 |")
