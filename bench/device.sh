@@ -1392,8 +1392,8 @@ grep "return_lse cost" "$OUT/lse_bench.txt" | tee -a "$SUMMARY"
 #   4. its speed beside ours exact and SDPA-cuDNN at every --preset dit shape and the long video
 #      presets (kernel_bench --fp8: TFLOP/s dense-equivalent, quantization inside the timed call;
 #      "fp8 speedup" lines: median ours / median ours_fp8 with the 95 % interval).
-#   5. FP8_VARIANTS (default: "single", P V summed in O itself (one level); "c2", two consumer
-#      warpgroups at head dim 64 as at 128: 128 query rows a block) built beside it, smoke-tested (wait_variants) and timed at
+#   5. FP8_VARIANTS (default: "single128", P V summed in O itself (one level) at head dim 128,
+#      the form that waits on its accumulator model) built beside it, smoke-tested (wait_variants) and timed at
 #      precision fp8 only in the same kernel_bench call ("fp8 NAME at" lines: the variant's median
 #      over ours_fp8's, 95 % interval; its relL2 column against SDPA shows its error);
 #      FP8_VARIANTS= builds none.
@@ -1405,7 +1405,7 @@ build_unless_prebuilt sm_90a cpu
 # FP8_VARIANTS ("name:-DFLAG ...;..."): built now in the background, timed beside ours_fp8 in the
 # same kernel_bench call ("fp8 NAME at" lines)
 VB=build/variants LOG=$OUT PIDS=() LIBS=()
-IFS=';' read -r -a FP8_VARS <<< "${FP8_VARIANTS-single:-DFK_FP8_SINGLE_LEVEL=1;c2:-DFK_FP8_CONSUMERS_D64=2}"
+IFS=';' read -r -a FP8_VARS <<< "${FP8_VARIANTS-single128:-DFK_FP8_SINGLE_LEVEL_D128=1}"
 build_variants 240 "${FP8_VARS[@]}"
 timeout -k 5 60 python3 - >"$OUT/smoke.txt" 2>&1 <<'PY'
 import torch, flash_kernel
