@@ -282,7 +282,8 @@ fi
 #      each of PRECISIONS (default "exact"; "exact fp8" adds the FP8 research object, every claim
 #      in it labelled FP8, written to a bundle of its own)
 # Needs diffusers and cryptography: where the machine lacks them, carry their wheels in .whl/.
-# PREBUILT=1 uses build/ as carried instead of building. Results under $OUT (the bundles as
+# PREBUILT=1 uses build/ as carried instead of building; SANITIZE=0 skips step 2 (for a library
+# the same device session already sanitized). Results under $OUT (the bundles as
 # research-object.tgz and research-object-fp8.tgz, the logs as logs.tgz); a summary prints last.
 #   OUT=/tmp/ro_out PRECISIONS="exact fp8" bash bench/device.sh research-object
 register research-object 'the default libraries built, memcheck and racecheck on sm_90a, `sovereign-audit run --device cuda` and `verify`; the bundle as an archive'
@@ -299,11 +300,15 @@ if [ -z "${PREBUILT:-}" ]; then
     note "build rc=$? ($(el) s)"
 fi
 
-FK_BUILD=build FK_LIBS=sm_90a FK_STAGES="memcheck racecheck" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a \
-    FK_MEMCHECK_TIMEOUT=${FK_MEMCHECK_TIMEOUT:-100} FK_RACECHECK_TIMEOUT=${FK_RACECHECK_TIMEOUT:-100} \
-    OUT="$LOGS/sanitize" bash bench/device.sh kernel >"$LOGS/sanitize.log" 2>&1
-grep -E "^(memcheck|racecheck)" "$LOGS/sanitize/summary.txt" | tee -a "$LOGS/summary.txt"
-note "sanitizers done ($(el) s)"
+if [ "${SANITIZE:-1}" != 0 ]; then
+    FK_BUILD=build FK_LIBS=sm_90a FK_STAGES="memcheck racecheck" FK_MEMCHECK_LIBS=sm_90a FK_RACECHECK_LIBS=sm_90a \
+        FK_MEMCHECK_TIMEOUT=${FK_MEMCHECK_TIMEOUT:-100} FK_RACECHECK_TIMEOUT=${FK_RACECHECK_TIMEOUT:-100} \
+        OUT="$LOGS/sanitize" bash bench/device.sh kernel >"$LOGS/sanitize.log" 2>&1
+    grep -E "^(memcheck|racecheck)" "$LOGS/sanitize/summary.txt" | tee -a "$LOGS/summary.txt"
+    note "sanitizers done ($(el) s)"
+else
+    note "sanitizers skipped (SANITIZE=0: they ran on this library in another run)"
+fi
 
 ARTIFACTS=()
 if [ -f .device/gfx1030/libflash_kernel.so ]; then
