@@ -252,7 +252,12 @@ int active_pairs(Kernel kernel, int smem, int dev, std::atomic<int> (&known)[64]
 template <class E, int D>
 int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStream_t s, int64_t bh_total, int dev) {
     using Tile = fk::WgmmaTile<D>;
-    if (p.nq > INT32_MAX - Tile::BM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
+    // the narrow kernels' tiles (their consumer count, so BM, threads and shared memory, may differ)
+    using TileN = fk::WgmmaTile<D, Tile::kNarrowKD>;
+    using TileN2 = fk::WgmmaTile<D, Tile::kNarrowKD2>;
+    constexpr int kMaxBM = Tile::BM > TileN::BM ? (Tile::BM > TileN2::BM ? Tile::BM : TileN2::BM)
+                                                : (TileN::BM > TileN2::BM ? TileN::BM : TileN2::BM);
+    if (p.nq > INT32_MAX - kMaxBM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
     const int sms = kPersist ? sm_count(dev) : 0;
     if (kPersist && sms == 0) return kNotTaken;  // the runtime cannot say how many SMs: mma_sync
     const int64_t qtiles = (p.nq + Tile::BM - 1) / Tile::BM;
@@ -322,20 +327,24 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
                   : padded  ? fk::wgmma::flash_wgmma_kernel<E, D, true, kPersist, 1>
                   : chain   ? fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist, 1, D, Tile::kChain>
                             : fk::wgmma::flash_wgmma_kernel<E, D, false, kPersist, 1>;
+    const int bm = narrow ? TileN::BM : narrow2 ? TileN2::BM : Tile::BM;
+    const int threads = narrow ? TileN::kThreads : narrow2 ? TileN2::kThreads : Tile::kThreads;
+    const int smem = narrow ? TileN::kSmemBytes : narrow2 ? TileN2::kSmemBytes : Tile::kSmemBytes;
+    const int64_t tiles = (p.nq + bm - 1) / bm;  // query tiles of the chosen kernel (it computes the same)
     static std::atomic<uint64_t> opted[5];  // per kernel (exact, padded, narrow, narrow2, chained): devices opted in
-    if (int32_t st = opt_in_smem(kernel, Tile::kSmemBytes, dev, opted[which], "flash (wgmma)")) return st;
+    if (int32_t st = opt_in_smem(kernel, smem, dev, opted[which], "flash (wgmma)")) return st;
     if constexpr (kPersist) {  // one block per SM (fewer if there are fewer items), each looping over items
-        const int64_t items = qtiles * bh_total;
+        const int64_t items = tiles * bh_total;
         q.bh0 = 0;
         const unsigned blocks = static_cast<unsigned>(items < sms ? items : sms);
-        kernel<<<blocks, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, to, q, md, items);
+        kernel<<<blocks, threads, smem, s>>>(tq, tk, tv, to, q, md, items);
         if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[which]);
     } else {
         for (int64_t bh0 = 0; bh0 < bh_total; bh0 += kMaxGridY) {
             q.bh0 = bh0;
             const int64_t n = bh_total - bh0 < kMaxGridY ? bh_total - bh0 : kMaxGridY;
-            dim3 grid(static_cast<unsigned>(qtiles), static_cast<unsigned>(n), 1);
-            kernel<<<grid, Tile::kThreads, Tile::kSmemBytes, s>>>(tq, tk, tv, to, q, md, 0);
+            dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(n), 1);
+            kernel<<<grid, threads, smem, s>>>(tq, tk, tv, to, q, md, 0);
             if (int32_t st = check_launch("flash (wgmma)")) return forget_opt_in(st, dev, opted[which]);
         }
     }

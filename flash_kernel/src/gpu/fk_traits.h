@@ -676,14 +676,26 @@ struct MmaTile {
 #ifndef FK_WGMMA_CONSUMERS_D64
 #define FK_WGMMA_CONSUMERS_D64 3
 #endif
-template <int D>
+// Consumer warpgroups of bucket 128's narrow kernels (head dims 66..96, KD 80 and 96): 2, or 3
+// (BM 192, 160 registers a consumer thread; compiled, not yet run), where O takes 40 or 48 registers
+// a thread instead of 64, as bucket 64's 32, so three may fit as they do there. The exact and padded
+// bucket-128 kernels keep two.
+#ifndef FK_WGMMA_CONSUMERS_NARROW_D128
+#define FK_WGMMA_CONSUMERS_NARROW_D128 2
+#endif
+// KD: the columns a narrow kernel runs (< D), or D (fk_wgmma.h); only the consumer count and what
+// follows from it (BM, threads, Q's shared memory, registers) depend on it.
+template <int D, int KD = D>
 struct WgmmaTile {
-    static constexpr int kConsumers = D == 64 ? FK_WGMMA_CONSUMERS_D64 : 2;  // consumer warpgroups
+    static constexpr int kConsumers = D == 64 ? FK_WGMMA_CONSUMERS_D64
+                                      : D == 128 && KD < D ? FK_WGMMA_CONSUMERS_NARROW_D128
+                                                           : 2;  // consumer warpgroups
     static constexpr int BM = 64 * kConsumers;           // query rows per block
     static constexpr bool kWide = D > 128;               // buckets 192 and 256
     static constexpr int BN = D == 256 ? FK_WGMMA_BN_D256 : D == 192 ? FK_WGMMA_BN_D192 : FK_WGMMA_BN;  // keys per K/V tile
+    // three consumers at bucket 128 (narrow kernels): 48 KiB of Q leave room for two K/V stages
     static constexpr int kStages = D == 64    ? FK_WGMMA_STAGES_D64
-                                   : D == 128 ? FK_WGMMA_STAGES_D128
+                                   : D == 128 ? (kConsumers == 3 ? 2 : FK_WGMMA_STAGES_D128)
                                    : D == 192 ? FK_WGMMA_STAGES_D192
                                               : FK_WGMMA_STAGES_D256;
     static constexpr bool kWidePV = D == 192 || (D == 256 && FK_WGMMA_WIDE_PV_D256);  // one wide P V wgmma
@@ -711,7 +723,8 @@ struct WgmmaTile {
     static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumers == 2 ? 240 : 160;
     // clusters: the multicast producer spills at 24 (ptxas, CUDA 13.0); 40*128 + 232*256 = 168*384
     static constexpr int kClusterProducerRegs = 40, kClusterConsumerRegs = kConsumers == 2 ? 232 : 152;
-    static_assert(kConsumers == 2 || (kConsumers == 3 && D == 64), "wgmma path: three consumers at bucket 64 only");
+    static_assert(kConsumers == 2 || (kConsumers == 3 && (D == 64 || (D == 128 && KD < D))),
+                  "wgmma path: three consumers at bucket 64 and bucket 128's narrow kernels only");
     static_assert(D == 64 || D == 128 || D == 192 || D == 256, "wgmma path: buckets 64, 128, 192 and 256");
     static_assert(BN % 16 == 0 && BN >= 64 && (BN <= 128 || (!kWide && (BN == 176 || BN == 192))),
                   "wgmma path: S tiles of n64, n80, n96, n112 or n128 (buckets 64 and 128 also n176, n192)");

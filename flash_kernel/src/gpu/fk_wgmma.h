@@ -165,12 +165,12 @@ FK_DEVICE int pick(const MapDims &m, int dim, int n, int h, int b) {
 // FK_WGMMA_CHAIN_MAX_NK keys): the block's items chained, an item's last P V in the same turn as
 // the next item's first S.
 template <class E, int D, bool kPad, bool kPersist, int kCl, int KD = D, bool kChain = false>
-__global__ void __launch_bounds__(WgmmaTile<D>::kThreads, 1)
+__global__ void __launch_bounds__(WgmmaTile<D, KD>::kThreads, 1)
     flash_wgmma_kernel(const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                        const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to, FlashParams p,
                        MapsDims md, int64_t items) {
 #if defined(FK_WGMMA_DEVICE_OK)
-    using T = WgmmaTile<D>;
+    using T = WgmmaTile<D, KD>;
     constexpr int BM = T::BM, BN = T::BN, S = T::kStages, CB = T::kColBlocks, QR = T::kQRows;
     constexpr int kRowBytes = 128;  // one swizzled row of a column block
     static_assert(kCl == 1 || (kCl == 2 && kPersist && BN % 2 == 0), "clusters of two: persistent grid");
