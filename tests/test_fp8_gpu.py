@@ -206,6 +206,32 @@ def test_layout_lse_and_scale(lib, layout, dit):
         assert (got - exact_lse).abs().max().item() < 5e-2
 
 
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("d", [64, 128])
+def test_misaligned_views_give_their_contiguous_copys_output(lib, which, dtype, d):
+    """The quantization reads a row 16 bytes a load where its address is 16-byte aligned and one
+    element a load where it is not: a view one element into a buffer with rows of d + 3 elements
+    (every row misaligned differently) must give exactly the output of its contiguous copy, with
+    the workspace's operands equal too."""
+    gen = _fresh()
+    q, k, v = _inputs(2, 2, 300, 700, d, dtype, gen)
+    tensors = {"q": q, "k": k, "v": v}
+    t = tensors[which]
+    buf = torch.randn(*t.shape[:-1], d + 3, generator=gen).to(dtype).cuda()
+    view = buf[..., 1:d + 1]
+    view.copy_(t)
+    assert view.data_ptr() % 16 != 0 and not view.is_contiguous()
+    keep_view, keep_copy = [], []
+    got = _fp8_into(lib, *(view if n == which else tensors[n] for n in "qkv"), keep=keep_view)
+    want = _fp8_into(lib, q, k, v, keep=keep_copy)
+    assert torch.equal(got, want)
+    lay = fp8_workspace.layout(2 * 2, 300, 700, d)
+    a, b = fp8_workspace.read(keep_view[0], lay), fp8_workspace.read(keep_copy[0], lay)
+    for name in ("q", "k", "v", "q_scale", "k_scale", "k_mean", "v_scale"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
 def test_long_keys(lib):
     """Nk 32768: 256 K/V tiles through the 4-slot ring, two-level accumulation across them."""
     gen = _fresh()
