@@ -61,11 +61,19 @@ class Scheme:
     two_level: bool  # P V summed in FP32 across tiles (True) or in the running wgmma accumulator
     q_block: int = Q_BLOCK
     k_block: int | None = None  # None: kv_tile(D)
+    # head dims above this sum P V in one level whatever two_level says (64: the kernel's bucket
+    # 128 built with FK_FP8_SINGLE_LEVEL_D128=1, bucket 64 two-level); None: two_level everywhere
+    one_level_above: int | None = None
+
+    def two_level_at(self, head_dim: int) -> bool:
+        """Whether P V is summed two-level at this head dim."""
+        return self.two_level and (self.one_level_above is None or head_dim <= self.one_level_above)
 
     def describe(self) -> str:
         return (f"{self.name}: Q K^T {self.qk}{' (K smoothed)' if self.smooth_k else ''}, "
                 f"P V {self.pv}, {self.accumulator} accumulator"
-                f"{', two-level' if self.two_level else ''}")
+                f"{', two-level' if self.two_level else ''}"
+                f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}")
 
 
 SCHEMES = {
@@ -200,7 +208,7 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
         vt = vv[..., k0:k0 + kb, :].transpose(-1, -2)
         if scheme.pv == "none" or scheme.accumulator == "fp32":
             o = o * alpha + (pq @ vt.transpose(-1, -2)).to(torch.float32)
-        elif scheme.two_level:
+        elif scheme.two_level_at(d):
             o = o * alpha + _mma(pq, vt, "fp22")
         else:
             o = _mma(pq, vt, "fp22", acc=o * alpha)

@@ -40,3 +40,23 @@ def test_fewer_dropped_bits_shrink_the_one_level_loss_and_leave_two_level_alone(
 def test_bad_arguments_are_usage_errors(args):
     p = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "error:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_one_level_above_a_head_dim_is_one_level_there_and_two_level_below():
+    """Scheme.one_level_above models a kernel whose bucket 128 sums P V in one level and whose
+    bucket 64 keeps two: the reference must equal the one-level scheme at head dim 128 and the
+    two-level one at 64, element for element."""
+    import torch
+    from dataclasses import replace
+
+    from flash_kernel import fp8
+
+    two = fp8.SCHEMES["int8-smooth"]
+    one, split = replace(two, two_level=False), replace(two, one_level_above=64)
+    gen = torch.Generator().manual_seed(7)
+    for d, same in ((128, one), (64, two)):
+        q, k, v = (torch.randn(1, 1, n, d, generator=gen).bfloat16() for n in (64, 1024, 1024))
+        got = fp8.reference(q, k, v, scheme=split)
+        assert torch.equal(got, fp8.reference(q, k, v, scheme=same))
+        other = one if same is two else two
+        assert not torch.equal(got, fp8.reference(q, k, v, scheme=other))

@@ -381,7 +381,7 @@ int32_t fp8_shape_ok(const fk_attention_args *a, fk::fp8::Layout *l) {
         return fk::fail(FK_ERR_HEAD_DIM, "head_dim %lld has no fp8 kernel (precision fp8 takes head dims 32..%d)",
                         (long long)a->head_dim, fk::fp8::kMaxDim);
     if (a->nq > INT32_MAX - fk::fp8::kMaxConsumers * fk::fp8::kQBlock || a->nk > INT32_MAX - fk::fp8::BN)
-        return fk::fail(FK_ERR_SIZE, "precision fp8 takes nq and nk below 2^31 - 128");
+        return fk::fail(FK_ERR_SIZE, "precision fp8 takes nq below 2^31 - 192 and nk below 2^31 - 128");
     if (!fp8_layout(a, l)) return fk::fail(FK_ERR_SIZE, "the fp8 workspace for these sizes overflows a 64-bit size");
     return FK_OK;
 }

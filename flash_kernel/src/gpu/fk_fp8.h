@@ -43,8 +43,9 @@ constexpr int kQBlock = 64;       // query rows per Q scale: one consumer warpgr
 // dim 64 (192 query rows a block, 160 registers a consumer thread), so that with FP8's shorter
 // GEMMs two consumers' softmax can run while the third's GEMMs do; 2 at 128, where three fit only
 // with one level of P V (FK_FP8_SINGLE_LEVEL=1) and still spill (O, S and P take 144 registers).
-// Measured with one level on an H100 (docs/perf.md "FP8 attention on an H100"): three consumers
-// took 0.80-0.87x the time of two at the head-dim-64 shapes, 0.92-1.04x at head dim 128.
+// Measured on an H100 (docs/perf.md "FP8 attention on an H100"): two consumers took 1.07-1.33x
+// the time of three at the head-dim-64 shapes of 4.4k tokens and more (0.92x at 4.2k tokens);
+// three at head dim 128, with one level, 0.90-1.04x the time of two.
 #ifndef FK_FP8_CONSUMERS_D64
 #define FK_FP8_CONSUMERS_D64 3
 #endif
