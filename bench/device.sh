@@ -1469,14 +1469,15 @@ grep -E "ours_fp8|fp8 speedup|^fp8 " "$OUT/fp8_bench.txt" | tee -a "$SUMMARY"
 # speed-up Amdahl's law predicts from it. diffusers and its dependencies travel as wheels in .whl/
 # (the device's transformers wants huggingface-hub below 2.0).
 #   OUT=/tmp/dit PREBUILT=1 bash bench/device.sh dit-forward   # MODEL (wan-1.3b), SIZES ("720p"),
-#                                                              # REPEATS (3), BUDGET_S (540)
+#                                                              # REPEATS (3), BUDGET_S (540),
+#                                                              # FP8_MIN_KEYS (0; 16384: cross-attn exact)
 register dit-forward 'one diffusers Wan DiT forward with SDPA-cuDNN, ours exact and ours fp8 in turns (bench/dit_forward.py): speed, error, the attention share against Amdahl'
 run_dit_forward() {
 begin_run /tmp/dit_out 540
 build_unless_prebuilt sm_90a cpu
 for size in ${SIZES:-720p}; do
     timeout -k 5 $(( $(left) - 10 )) python3 bench/dit_forward.py --model "${MODEL:-wan-1.3b}" --size "$size" \
-        --repeats "${REPEATS:-3}" --json "$OUT/dit_$size.json" >"$OUT/dit_$size.txt" 2>&1
+        --repeats "${REPEATS:-3}" --fp8-min-keys "${FP8_MIN_KEYS:-0}" --json "$OUT/dit_$size.json" >"$OUT/dit_$size.txt" 2>&1
     note "dit_forward $size rc=$? ($(el) s)"
     grep -vE "Warning|_warn_once" "$OUT/dit_$size.txt" | tail -5 | tee -a "$SUMMARY"
 done

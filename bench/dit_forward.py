@@ -2,7 +2,7 @@
 shows up in a whole model, and whether it is what the attention's share predicts (Amdahl).
 
     python3 bench/dit_forward.py --model wan-1.3b --size 720p [--attention sdpa-cudnn,ours,ours-fp8]
-        [--layers N] [--repeats 3] [--json OUT.json]
+        [--layers N] [--repeats 3] [--fp8-min-keys N] [--json OUT.json]
     python3 bench/dit_forward.py --model tiny --size tiny --device cpu     # a dry run on a CPU
                                        # (ours through the CPU library, fp8 through its reference)
 
@@ -11,7 +11,8 @@ downloaded) and times one forward (one denoising step's DiT pass, one CFG branch
 attentions taking turns forward by forward after one warm-up forward each. Attentions: "sdpa-cudnn"
 (diffusers' own _native_cudnn backend, the vendor reference), "ours" and "ours-fp8"
 (flash_kernel.diffusers_backend.flash_attention_backend at precision exact and fp8: every call
-counted, all must be served). Reported per attention: median forward time, its speed over
+counted, all must be served; --fp8-min-keys N keeps ours-fp8's calls with fewer keys exact, e.g.
+the 512-key text cross-attention). Reported per attention: median forward time, its speed over
 sdpa-cudnn, the output's relative L2 from sdpa-cudnn's, and, from one profiled forward, the share
 of the forward's GPU time spent in attention kernels; for ours, the speed-up Amdahl's law predicts
 from that share and the attention kernels' own speed-up, beside the one measured.
@@ -54,7 +55,7 @@ ATTENTIONS = ("sdpa-cudnn", "ours", "ours-fp8")
 ATTENTION_KERNEL = re.compile(r"fk::|sdpa|fmha|flash|attention", re.IGNORECASE)
 
 
-def attention_context(attention: str):
+def attention_context(attention: str, fp8_min_keys: int = 0):
     """The diffusers attention backend of `attention` (a context manager)."""
     if attention == "sdpa-cudnn":
         from diffusers.models.attention_dispatch import attention_backend
@@ -62,7 +63,9 @@ def attention_context(attention: str):
         return attention_backend("_native_cudnn")
     from flash_kernel.diffusers_backend import flash_attention_backend
 
-    return flash_attention_backend(precision="fp8" if attention == "ours-fp8" else "exact")
+    if attention == "ours-fp8":
+        return flash_attention_backend(precision="fp8", fp8_min_keys=fp8_min_keys)
+    return flash_attention_backend()
 
 
 def forward(model, latents, text):
@@ -76,13 +79,13 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def attention_share(model, latents, text, attention: str) -> tuple[float | None, float | None]:
+def attention_share(model, latents, text, attention: str, fp8_min_keys: int) -> tuple[float | None, float | None]:
     """(attention kernels' GPU time, the forward's GPU time), seconds, from one profiled forward."""
     if latents.device.type != "cuda":
         return None, None
     from torch.profiler import ProfilerActivity, profile
 
-    with attention_context(attention):
+    with attention_context(attention, fp8_min_keys):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             forward(model, latents, text)
             torch.cuda.synchronize()
@@ -113,11 +116,12 @@ def main(argv=None) -> int:
                     help=f"comma list of {', '.join(ATTENTIONS)} (default: all; on a CPU, no sdpa-cudnn)")
     ap.add_argument("--layers", type=int, help="transformer blocks (default: the model's)")
     ap.add_argument("--repeats", type=int, default=3, help="timed forwards per attention")
+    ap.add_argument("--fp8-min-keys", type=int, default=0, help="ours-fp8: calls with fewer keys run exact")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    if args.repeats < 1 or (args.layers is not None and args.layers < 1):
-        ap.error("--repeats and --layers must be at least 1")
+    if args.repeats < 1 or (args.layers is not None and args.layers < 1) or args.fp8_min_keys < 0:
+        ap.error("--repeats and --layers must be at least 1, --fp8-min-keys at least 0")
     if args.attention is None:
         args.attention = [a for a in ATTENTIONS if args.device == "cuda" or a != "sdpa-cudnn"]
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
 
     outputs, counts = {}, {}
     for attention in args.attention:  # a warm-up forward each (FP8 workspace, cuDNN plans)
-        with attention_context(attention) as c:
+        with attention_context(attention, args.fp8_min_keys) as c:
             outputs[attention] = forward(model, latents, text).float().cpu()
         sync(args.device)
         if c is not None:
@@ -162,7 +166,7 @@ def main(argv=None) -> int:
     for i in range(args.repeats):
         order = args.attention if i % 2 == 0 else list(reversed(args.attention))
         for attention in order:
-            with attention_context(attention):
+            with attention_context(attention, args.fp8_min_keys):
                 sync(args.device)
                 t0 = time.perf_counter()
                 forward(model, latents, text)
@@ -172,7 +176,7 @@ def main(argv=None) -> int:
     ref = "sdpa-cudnn" if "sdpa-cudnn" in args.attention else args.attention[0]
     rows = []
     for attention in args.attention:
-        attn_s, total_s = attention_share(model, latents, text, attention)
+        attn_s, total_s = attention_share(model, latents, text, attention, args.fp8_min_keys)
         rows.append({"attention": attention, "times_s": times[attention], "median_s": statistics.median(times[attention]),
                      "rel_l2_vs_" + ref: rel_l2(outputs[attention], outputs[ref]),
                      "attention_gpu_s": attn_s, "forward_gpu_s": total_s, "counts": counts.get(attention)})
@@ -195,6 +199,7 @@ def main(argv=None) -> int:
     if args.json:
         env = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
         args.json.write_text(json.dumps({"model": args.model, "size": args.size, "tokens": tokens,
+                                         "fp8_min_keys": args.fp8_min_keys,
                                          "layers": cfg["num_layers"], "env": env, "rows": rows}, indent=1))
     unserved = [a for a, c in counts.items() if c.get("passed_on") or not c.get("served")]
     if unserved:

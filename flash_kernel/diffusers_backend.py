@@ -27,6 +27,10 @@ CPU); the counts say how many calls ran under which split. With `return_lse=True
 `flash_attention_backend(precision="fp8")` serves every call at the opt-in FP8 precision
 (flash_kernel.fp8: quantized, not exact): on a device without an FP8 kernel each call raises
 fp8.Fp8Unavailable rather than running exact attention in its place, and the counts say "fp8".
+`fp8_min_keys=N` keeps calls with fewer than N keys (as the kernel sees them: per rank, per ring
+step under context parallelism) exact: FP8 pays only on long key sequences (on an H100 it ran at
+0.4x exact attention at 512 keys, level from about 16k, 1.2-1.3x at 75k-119k: docs/perf.md), so a
+video DiT's text cross-attention is better left exact. The counts name each call's path.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class DispatchCounts:
     # served calls under context parallelism, by split ("ulysses 2", "ring 2", "ulysses 2 x ring 2")
     parallel: Counter = field(default_factory=Counter)
     precision: str = "exact"  # what served calls computed at: exact | fp8 (quantized, not exact)
+    fp8_min_keys: int = 0  # fp8 blocks: calls with fewer keys ran exact
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count(self, reason: str | None, path: str | None = None, split: str | None = None) -> None:
@@ -71,12 +76,15 @@ class DispatchCounts:
         split = ", ".join(f"{p}: {n}" for p, n in sorted(self.parallel.items()))
         why = ", ".join(f"{r}: {n}" for r, n in sorted(self.passed_on.items()))
         how = " at fp8 (quantized, not exact)" if self.precision == "fp8" else ""
+        if how and self.fp8_min_keys:
+            how += f" from {self.fp8_min_keys} keys, exact below"
         return (f"served {self.served}{how}" + (f" ({ran})" if ran else "")
                 + (f", context parallel {sum(self.parallel.values())} ({split})" if split else "")
                 + f", passed on {passed}" + (f" ({why})" if why else ""))
 
     def to_dict(self) -> dict:
-        return {"served": self.served, "precision": self.precision, "paths": dict(sorted(self.paths.items())),
+        return {"served": self.served, "precision": self.precision, "fp8_min_keys": self.fp8_min_keys,
+                "paths": dict(sorted(self.paths.items())),
                 "parallel": dict(sorted(self.parallel.items())), "passed_on": dict(sorted(self.passed_on.items()))}
 
 
@@ -132,14 +140,17 @@ class _BackendName(str):
 
 
 @contextlib.contextmanager
-def flash_attention_backend(library=None, precision: str = "exact"):
+def flash_attention_backend(library=None, precision: str = "exact", fp8_min_keys: int = 0):
     """Make our flash kernel diffusers' active attention backend inside the block; yields the
     DispatchCounts. `library`: a loaded flash_kernel.Library (default: the one built for each
     tensor's device, as flash_kernel.attention picks it). `precision`: "exact" or "fp8" (opt-in
-    quantized attention, flash_kernel.fp8; refused per call where the device has no FP8 kernel)."""
+    quantized attention, flash_kernel.fp8; refused per call where the device has no FP8 kernel).
+    `fp8_min_keys`: with fp8, calls with fewer keys than this run exact (0: none)."""
     from flash_kernel import fp8
 
     fp8.check_precision(precision)
+    if isinstance(fp8_min_keys, bool) or not isinstance(fp8_min_keys, int) or fp8_min_keys < 0:
+        raise ValueError(f"fp8_min_keys must be a whole number of keys, 0 or more, not {fp8_min_keys!r}")
     try:
         from diffusers.models.attention_dispatch import _AttentionBackendRegistry as registry
     except ImportError as exc:
@@ -150,13 +161,13 @@ def flash_attention_backend(library=None, precision: str = "exact"):
     import flash_kernel
 
     lib_for = (lambda device: library) if library is not None else flash_kernel.library_for
-    counts = DispatchCounts(precision=precision)
+    counts = DispatchCounts(precision=precision, fp8_min_keys=fp8_min_keys if precision == "fp8" else 0)
 
     def attend(lib, query, key, value, scale, return_lse):
         """One attention in diffusers' (B, S, H, D) layout at the block's precision; the path it ran."""
         import torch
 
-        if precision == "fp8":  # the CPU reference, or the library's FP8 kernel on CUDA
+        if precision == "fp8" and key.shape[1] >= fp8_min_keys:  # the CPU reference, or the FP8 kernel on CUDA
             out = fp8.attention(query, key, value, scale, "bnhd", return_lse, library=lib)
             return out, "fp8" if query.device.type == "cuda" else "fp8 reference"
         result = lib.attention(query, key, value, scale=scale, layout="bnhd", return_lse=return_lse)

@@ -203,6 +203,41 @@ def test_fp8_serves_every_call_quantized_against_float64(lib):
     assert torch.equal(out, fp8.attention(q, k, v, None, "bnhd"))
 
 
+def test_fp8_min_keys_keeps_short_key_sequences_exact(lib):
+    """fp8_min_keys=N: the Wan DiT's self-attention (60 keys) at fp8, its text cross-attention (7
+    keys) exact; one dispatched call on each side of N is exactly the exact call's or the FP8
+    reference's output; the counts say so."""
+    from flash_kernel import fp8
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    model = _wan(seed).float()
+    with flash_attention_backend(lib, precision="fp8", fp8_min_keys=30) as counts:
+        out = _forward(model, seed)
+    assert counts.paths == {"fp8 reference": LAYERS, "cpu": LAYERS} and not counts.passed_on, counts.summary()
+    assert "from 30 keys, exact below" in counts.summary() and counts.to_dict()["fp8_min_keys"] == 30
+    assert torch.isfinite(out).all()
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _qkv(gen=gen)
+    nk = k.shape[1]
+    with flash_attention_backend(lib, precision="fp8", fp8_min_keys=nk + 1):
+        below = ad.dispatch_attention_fn(q, k, v)
+    with flash_attention_backend(lib, precision="fp8", fp8_min_keys=nk):
+        at = ad.dispatch_attention_fn(q, k, v)
+    assert torch.equal(below, lib.attention(q, k, v, layout="bnhd"))
+    assert torch.equal(at, fp8.attention(q, k, v, None, "bnhd"))
+    # exact blocks ignore it: nothing there is fp8
+    with flash_attention_backend(lib, fp8_min_keys=30) as ex:
+        pass
+    assert ex.fp8_min_keys == 0 and "keys" not in ex.summary()
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "16k", None])
+def test_a_bad_fp8_min_keys_is_refused_before_the_block(bad):
+    with pytest.raises(ValueError, match="fp8_min_keys must be a whole number of keys"):
+        with flash_attention_backend(precision="fp8", fp8_min_keys=bad):
+            pass
+
+
 def test_fp8_on_a_device_without_an_fp8_kernel_is_refused_not_served_exact(lib, monkeypatch):
     from flash_kernel import fp8
 

@@ -38,7 +38,18 @@ def test_tiny_forward_on_cpu_serves_every_attention_call_at_both_precisions(tmp_
     assert "ours-fp8" in p.stdout and "Amdahl" in p.stdout
 
 
-@pytest.mark.parametrize("args", [("--attention", "cudnn"), ("--repeats", "0"), ("--size", "1080p")])
+def test_fp8_min_keys_leaves_the_short_self_attention_exact(tmp_path):
+    out = tmp_path / "dit.json"
+    # the tiny model's self-attention sees 32 keys, its text cross-attention 512
+    p = run("--model", "tiny", "--size", "tiny", "--device", "cpu", "--repeats", "1", "--attention", "ours-fp8",
+            "--fp8-min-keys", "100", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    counts = json.loads(out.read_text())["rows"][0]["counts"]
+    assert counts["paths"] == {"cpu": 2, "fp8 reference": 2} and counts["fp8_min_keys"] == 100
+
+
+@pytest.mark.parametrize("args", [("--attention", "cudnn"), ("--repeats", "0"), ("--size", "1080p"),
+                                  ("--fp8-min-keys", "-1")])
 def test_bad_arguments_are_usage_errors(args):
     p = run("--device", "cpu", "--model", "tiny", *args)
     assert p.returncode == 2 and "error:" in p.stderr and "Traceback" not in p.stderr
