@@ -75,8 +75,12 @@ def stopped_midway(wheel: Path, tmp: Path, sig: int, group: bool = False):
 
 def _stop_once(wheel: Path, tmp: Path, sig: int, group: bool):
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
+    # SIGINT at its default disposition, as a terminal's foreground job has it: a test run started
+    # in the background by a shell without job control inherits SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler (the audit would rightly finish, exit 0)
     proc = subprocess.Popen([sys.executable, "-m", "audit", "check", "-j", "2", str(wheel)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while not any(tmp.glob("sovereign-audit-wheel-*/blob/*")):  # extraction under way
@@ -104,11 +108,6 @@ def _stop_once(wheel: Path, tmp: Path, sig: int, group: bool):
         if left:  # they hold the output pipes open
             os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
-        if proc.returncode == 0 and not left:
-            # SIGSTOP lands asynchronously: a run already in its last instructions when frozen
-            # finishes with its verdict, never stopped midway (an audit that ignored the signal
-            # does so every time and fails below, three runs later)
-            return None
     finally:
         try:  # whatever is left of the group (orphaned workers included)
             os.killpg(proc.pid, signal.SIGKILL)
