@@ -83,9 +83,11 @@ class DispatchCounts:
                 + f", passed on {passed}" + (f" ({why})" if why else ""))
 
     def to_dict(self) -> dict:
-        return {"served": self.served, "precision": self.precision, "fp8_min_keys": self.fp8_min_keys,
-                "paths": dict(sorted(self.paths.items())),
-                "parallel": dict(sorted(self.parallel.items())), "passed_on": dict(sorted(self.passed_on.items()))}
+        out = {"served": self.served, "precision": self.precision, "paths": dict(sorted(self.paths.items())),
+               "parallel": dict(sorted(self.parallel.items())), "passed_on": dict(sorted(self.passed_on.items()))}
+        if self.precision == "fp8":  # the keys from which calls ran fp8 (0: all)
+            out["fp8_min_keys"] = self.fp8_min_keys
+        return out
 
 
 def _refusal(lib_for, query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> str | None:
