@@ -338,3 +338,35 @@ def test_hostile_statement_strings_are_escaped_in_error_lines(dist, keys, capsys
     assert rc == EXIT_USAGE and out == "" and len(err.splitlines()) == 2
     assert "##[" not in err and "\x1b" not in err and "\u202e" not in err
     assert all(line.startswith("error: ") for line in err.splitlines())
+
+
+def test_file_names_that_are_not_utf8_are_attested_by_their_bytes(dist, keys, capsys):
+    """A file, a wheel and a policy whose names hold bytes that are not UTF-8 (as a fuzzer found:
+    exit 4 from the resourceUri's percent-encoding): the run's own exit code, the names'
+    bytes percent-encoded in the URIs, each subject named as the file is, and the envelope verifies
+    with those files as artifacts."""
+    import os
+    import shutil
+
+    odd = os.fsdecode(b"lib\xff\xfe.so")
+    shutil.copy(dist["clean"], odd)
+    rc, _, err = cli(capsys, "check", odd, "--attest", "c.intoto.jsonl", "--key", keys / "signer.key")
+    assert rc == EXIT_OK, err
+    stmt = payload(Path("c.intoto.jsonl"))
+    assert stmt["predicate"]["resourceUri"] == "lib%FF%FE.so"
+    assert [s["name"] for s in stmt["subject"]] == [odd]
+    rc, out, err = cli(capsys, "verify-attestation", "c.intoto.jsonl", "--key", keys / "signer.pub", "--artifact", odd)
+    assert rc == EXIT_OK and err == "", err
+
+    wheel = os.fsdecode(b"pkg_name-1.0\xff-cp311-cp311-linux_x86_64.whl")
+    shutil.copy(dist["wheel"], wheel)
+    rc, _, err = cli(capsys, "check", wheel, "--attest", "w.intoto.jsonl", "--key", keys / "signer.key")
+    assert rc == EXIT_VIOLATION, err
+    assert payload(Path("w.intoto.jsonl"))["predicate"]["resourceUri"] == "pkg:pypi/pkg-name@1.0%FF"
+
+    policy = os.fsdecode(b"p\xff.toml")
+    shutil.copy(Path(__file__).resolve().parent.parent / "policies" / "sovereign.toml", policy)
+    rc, _, err = cli(capsys, "check", dist["clean"], "--policy", policy, "--attest", "p.intoto.jsonl",
+                     "--key", keys / "signer.key")
+    assert rc == EXIT_OK, err
+    assert payload(Path("p.intoto.jsonl"))["predicate"]["policy"]["uri"] == "p%FF.toml"

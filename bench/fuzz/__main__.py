@@ -196,7 +196,8 @@ def save_repro(out: Path, kind: str, i: int, case, argvs, detail: str, canary: s
         if envs:
             lines.append(": > summary.md")
         lines.append(f"{envs + ' ' if envs else ''}python3 -m audit {' '.join(_sh(x) for x in args)}; echo \"{tag}: exit $?\"")
-    (dest / "repro.sh").write_text("\n".join(lines) + "\n")
+    # file names may hold bytes that are not UTF-8 (os.fsdecode's surrogates): written back as those bytes
+    (dest / "repro.sh").write_bytes(("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
     os.chmod(dest / "repro.sh", 0o755)
     (dest / "case.json").write_text(json.dumps({"case": i, "family": case.family, "kind": kind, "detail": detail,
                                                 "notes": case.notes, "runs": [a for _t, a, _e in argvs]}, indent=1,

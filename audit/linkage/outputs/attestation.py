@@ -158,6 +158,12 @@ def _rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(int(seconds), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def _uri(text: str) -> str:
+    """Percent-encoded for a URI: a name's bytes that are not UTF-8 (kept by os.fsdecode as
+    surrogates) as the bytes they were, %FF, never an error."""
+    return quote(text, errors="surrogateescape")
+
+
 def default_resource_uri(inputs: list[str]) -> str | None:
     """pkg:pypi/NAME@VERSION for one wheel, the path as a URI reference for one other input, else None."""
     if len(inputs) != 1:
@@ -165,22 +171,22 @@ def default_resource_uri(inputs: list[str]) -> str | None:
     m = _WHEEL.match(os.path.basename(inputs[0]))
     if m and os.path.isfile(inputs[0]):
         name = re.sub(r"[-_.]+", "-", m["name"]).lower()  # the purl spec's PyPI name normalisation
-        return f"pkg:pypi/{quote(name)}@{quote(m['version'])}"
-    return quote(inputs[0].replace(os.sep, "/"))
+        return f"pkg:pypi/{_uri(name)}@{_uri(m['version'])}"
+    return _uri(inputs[0].replace(os.sep, "/"))
 
 
 def policy_descriptor(policy: dict) -> tuple[dict, list[dict]]:
     """(the VSA's `policy`, every source base first) from CheckReport.policy."""
     sources = [{"uri": _policy_uri(s["path"]), "digest": {"sha256": s["sha256"]}} for s in policy.get("sources", [])]
     if not sources:  # a policy built in code (tests): its name only
-        return {"uri": quote(str(policy.get("name", "")))}, []
+        return {"uri": _uri(str(policy.get("name", "")))}, []
     return dict(sources[-1]), sources
 
 
 def _policy_uri(label: str) -> str:
     if label.endswith(" (shipped)"):
-        return f"pkg:pypi/sovereign-audit@{__version__}#audit/policies/{quote(label[:-len(' (shipped)')])}.toml"
-    return quote(label.replace(os.sep, "/"))
+        return f"pkg:pypi/sovereign-audit@{__version__}#audit/policies/{_uri(label[:-len(' (shipped)')])}.toml"
+    return _uri(label.replace(os.sep, "/"))
 
 
 def statement(report: CheckReport, subjects: list[Subject], resource_uri: str, when: str,
