@@ -31,25 +31,21 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from audit.evidence.pipeline.model import cast_like_from_pretrained  # noqa: E402
+from audit.evidence.pipeline.options import TEXT_SHAPE, WAN_1_3B  # noqa: E402
 
-MODELS = {  # transformer/config.json of the Wan-AI *-Diffusers repositories (num_layers overridable)
-    "wan-1.3b": {"patch_size": (1, 2, 2), "num_attention_heads": 12, "attention_head_dim": 128, "in_channels": 16,
-                 "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 8960, "num_layers": 30,
-                 "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None,
-                 "added_kv_proj_dim": None, "rope_max_seq_len": 1024},
-    "wan-14b": {"patch_size": (1, 2, 2), "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
-                "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40,
-                "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None,
-                "added_kv_proj_dim": None, "rope_max_seq_len": 1024},
+# The pipeline's Wan2.1-T2V-1.3B transformer config; 14B differs in heads, FFN width and depth
+# (Wan-AI/Wan2.1-T2V-14B-Diffusers, transformer/config.json).
+MODELS = {
+    "wan-1.3b": dict(WAN_1_3B),
+    "wan-14b": dict(WAN_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40),
     # a few thousand parameters: checks the script, not a measurement
-    "tiny": {"patch_size": (1, 2, 2), "num_attention_heads": 2, "attention_head_dim": 32, "in_channels": 4,
-             "out_channels": 4, "text_dim": 32, "freq_dim": 32, "ffn_dim": 64, "num_layers": 2,
-             "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None,
-             "added_kv_proj_dim": None, "rope_max_seq_len": 1024},
+    "tiny": dict(WAN_1_3B, num_attention_heads=2, attention_head_dim=32, in_channels=4, out_channels=4,
+                 text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2),
 }
 # latents (frames, height, width) after Wan's VAE (81 frames -> 21, 8x space); tokens = f * h/2 * w/2
 SIZES = {"480p": (21, 60, 104), "720p": (21, 90, 160), "tiny": (2, 8, 8)}
-TEXT_TOKENS = 512
+TEXT_TOKENS = TEXT_SHAPE[1]  # umT5's tokens for one prompt
 ATTENTIONS = ("sdpa-cudnn", "ours", "ours-fp8")
 # GPU kernels that are attention: ours (fk::), cuDNN's fused attention, PyTorch's flash/efficient
 ATTENTION_KERNEL = re.compile(r"fk::|sdpa|fmha|flash|attention", re.IGNORECASE)
@@ -133,21 +129,14 @@ def main(argv=None) -> int:
         print(f"error: diffusers is needed ({exc})", file=sys.stderr)
         return 2
 
-    from diffusers.utils import logging as diffusers_logging
-
-    diffusers_logging.set_verbosity_error()  # its note on casting: the float32 modules are restored below
-    cfg = dict(MODELS[args.model])
+    cfg = dict(MODELS[args.model], patch_size=tuple(MODELS[args.model]["patch_size"]))
     if args.layers:
         cfg["num_layers"] = args.layers
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     torch.manual_seed(0)
     with torch.device(args.device):
-        model = WanTransformer3DModel(**cfg).to(dtype).eval()
-        # as from_pretrained(torch_dtype=...) leaves them: the modules diffusers keeps in float32
-        keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
-        for name, t in [*model.named_parameters(), *model.named_buffers()]:
-            if keep & set(name.split(".")) and t.is_floating_point():
-                t.data = t.data.float()
+        model = WanTransformer3DModel(**cfg).eval()
+        cast_like_from_pretrained(model, dtype)  # as from_pretrained(torch_dtype=...): its float32 modules kept
         f, h, w = SIZES[args.size]
         latents = torch.randn(1, cfg["in_channels"], f, h, w, dtype=dtype)
         text = torch.randn(1, TEXT_TOKENS, cfg["text_dim"], dtype=dtype)
