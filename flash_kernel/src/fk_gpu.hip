@@ -16,6 +16,7 @@
 #include "gpu/fk_wgmma.h"
 #include "gpu/fk_fp8.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 
@@ -255,8 +256,7 @@ int32_t run_wgmma(const fk::FlashParams &p, int32_t dtype, int64_t batch, hipStr
     // the narrow kernels' tiles (their consumer count, so BM, threads and shared memory, may differ)
     using TileN = fk::WgmmaTile<D, Tile::kNarrowKD>;
     using TileN2 = fk::WgmmaTile<D, Tile::kNarrowKD2>;
-    constexpr int kMaxBM = Tile::BM > TileN::BM ? (Tile::BM > TileN2::BM ? Tile::BM : TileN2::BM)
-                                                : (TileN::BM > TileN2::BM ? TileN::BM : TileN2::BM);
+    constexpr int kMaxBM = std::max({Tile::BM, TileN::BM, TileN2::BM});
     if (p.nq > INT32_MAX - kMaxBM || p.nk > INT32_MAX - Tile::BN) return kNotTaken;
     const int sms = kPersist ? sm_count(dev) : 0;
     if (kPersist && sms == 0) return kNotTaken;  // the runtime cannot say how many SMs: mma_sync
