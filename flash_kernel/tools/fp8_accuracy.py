@@ -66,13 +66,13 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--drop-bits", type=int, default=fp8.FP22_DROP_BITS)
     a = ap.parse_args(argv)
-    unknown = [n for n in a.variants.split(",") if n not in VARIANTS]
+    names = a.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
     if unknown or not 0 <= a.drop_bits <= 22:
         ap.error(f"unknown variants {unknown} (known: {', '.join(VARIANTS)})" if unknown
                  else "--drop-bits is 0..22 (float32 has 23 mantissa bits)")
     fp8.FP22_DROP_BITS = a.drop_bits  # read by fp8.fp22 at each call
     torch.set_num_threads(1)
-    names = a.variants.split(",")
     print("| inputs | D | Nk | scheme | worst cosine | worst rel-L2 | median rel-L2 |")
     print("|---|---|---|---|---|---|---|")
     for kind in a.kinds.split(","):
