@@ -11,16 +11,20 @@ Schemes (measured in docs/kernel.md, "FP8 attention"):
 * `int8-smooth` (CHOSEN): K smoothed (its mean over the keys subtracted, per head and channel:
   softmax is invariant to it), Q and K rounded to INT8 with one scale per block (Q: the 64 rows
   of a consumer warpgroup; K: one K/V tile), Q K^T exact in int32; P scaled by 448 and V by one
-  scale per channel, both e4m3, P V accumulated in FP32 across tiles (two-level: the tensor
-  core's FP8 accumulator only inside a tile).
+  scale per channel, both e4m3; P V in the FP8 tensor core, accumulated in FP32 across tiles
+  (two-level) at head dims up to 64 and in the tensor core's accumulator across all of Nk (one
+  level) above; each row's sum of P taken by the tensor core too, over P as rounded (a column of
+  ones beside V), so O / l weighs V by weights that sum to one.
 * `e4m3`: Q, K, V in e4m3 with the same block scales, both GEMMs accumulated by the FP8 tensor
   core (single-level: the running O is the wgmma accumulator).
 * `e4m3-smooth`: `e4m3` with K smoothed.
 
-The Hopper FP8 tensor core does not accumulate in full FP32: products are summed with about 13
-mantissa bits kept (an FP22 accumulator, as SageAttention2 measured). `accumulator="fp22"`
-models that by truncating the running sum to 13 mantissa bits after every k=32 step of a wgmma;
-`"fp32"` is the ideal accumulator. INT8 products accumulate exactly in int32.
+The Hopper FP8 tensor core does not accumulate in full FP32. `accumulator="fp22"` models that by
+truncating the running sum to 23 - FP22_DROP_BITS mantissa bits after every k=32 step of a wgmma;
+`"fp32"` is the ideal accumulator. INT8 products accumulate exactly in int32. SageAttention2
+reports 13 bits kept (FP22); on an H100 the loss of a one-level sum over 32k-119k keys is what 16
+bits predict and 5-50x less than 13 bits do (docs/kernel.md, "The model against the hardware"),
+so the model keeps 16.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ INT8_MAX = 127.0  # symmetric INT8 (-128 is never produced)
 P_SCALE = E4M3_MAX  # P in [0, 1] is multiplied by this before its e4m3 rounding (static scale)
 Q_BLOCK = 64  # query rows per Q scale: one consumer warpgroup's wgmma (M = 64)
 MMA_K = 32  # reduction depth of one FP8 wgmma (k = 32): the accumulator is rounded after each
-FP22_DROP_BITS = 10  # float32 keeps 23 mantissa bits, the FP8 accumulator about 13
+FP22_DROP_BITS = 7  # float32 keeps 23 mantissa bits, the FP8 accumulator (as fitted to an H100) 16
 PRECISIONS = ("exact", "fp8")
 
 
@@ -62,8 +66,11 @@ class Scheme:
     q_block: int = Q_BLOCK
     k_block: int | None = None  # None: kv_tile(D)
     # head dims above this sum P V in one level whatever two_level says (64: the kernel's bucket
-    # 128 built with FK_FP8_SINGLE_LEVEL_D128=1, bucket 64 two-level); None: two_level everywhere
+    # 128 one level, FK_FP8_SINGLE_LEVEL_D128=1, bucket 64 two-level); None: two_level everywhere
     one_level_above: int | None = None
+    # each row's sum of P: "fp32", P unrounded summed in float32 (a softmax's FADDs); "mma", P as
+    # rounded summed by the tensor core beside P V (V with a column of ones: FK_FP8_ROWSUM_MMA=1)
+    rowsum: str = "fp32"
 
     def two_level_at(self, head_dim: int) -> bool:
         """Whether P V is summed two-level at this head dim."""
@@ -73,11 +80,12 @@ class Scheme:
         return (f"{self.name}: Q K^T {self.qk}{' (K smoothed)' if self.smooth_k else ''}, "
                 f"P V {self.pv}, {self.accumulator} accumulator"
                 f"{', two-level' if self.two_level else ''}"
-                f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}")
+                f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}"
+                f"{', row sums in the tensor core' if self.rowsum == 'mma' else ''}")
 
 
 SCHEMES = {
-    "int8-smooth": Scheme("int8-smooth", "int8", True, "e4m3", "fp22", True),
+    "int8-smooth": Scheme("int8-smooth", "int8", True, "e4m3", "fp22", True, one_level_above=64, rowsum="mma"),
     "e4m3": Scheme("e4m3", "e4m3", False, "e4m3", "fp22", False),
     "e4m3-smooth": Scheme("e4m3-smooth", "e4m3", True, "e4m3", "fp22", False),
     "unquantized": Scheme("unquantized", "none", False, "none", "fp32", True),
@@ -96,8 +104,8 @@ def _torch():
 
 
 def fp22(x):
-    """A float32 tensor with its lowest 10 mantissa bits cleared (truncation toward zero): the
-    precision the FP8 tensor core keeps in its accumulator."""
+    """A float32 tensor with its lowest FP22_DROP_BITS mantissa bits cleared (truncation toward
+    zero): the precision the FP8 tensor core keeps in its accumulator."""
     torch = _torch()
     bits = x.contiguous().view(torch.int32)
     return (bits & ~((1 << FP22_DROP_BITS) - 1)).view(torch.float32)
@@ -194,18 +202,23 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
     qk_acc = "fp32" if scheme.qk in ("int8", "none") else scheme.accumulator
 
     lead = q.shape[:-2]
+    # rowsum "mma": V^T gains a row of ones, so O's column d is l (times p_scale), summed as P V is
+    mma_rows = scheme.rowsum == "mma" and scheme.pv == "e4m3"
     m = torch.full((*lead, nq, 1), -math.inf, dtype=torch.float32)
     l = torch.zeros((*lead, nq, 1), dtype=torch.float32)
-    o = torch.zeros((*lead, nq, d), dtype=torch.float32)
+    o = torch.zeros((*lead, nq, d + mma_rows), dtype=torch.float32)
     for t, k0 in enumerate(range(0, nk, kb)):
         acc = _mma(qv, kv_[..., k0:k0 + kb, :], qk_acc)
         s = acc * (q_rows * (sk[..., t:t + 1].unsqueeze(-1) * sm_scale))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         alpha = torch.exp(m - m_new)
         p = torch.exp(s - m_new)
-        l = l * alpha + p.sum(dim=-1, keepdim=True)
+        if not mma_rows:
+            l = l * alpha + p.sum(dim=-1, keepdim=True)
         pq = (to_e4m3(p * p_scale) if scheme.pv == "e4m3" else p).double()
         vt = vv[..., k0:k0 + kb, :].transpose(-1, -2)
+        if mma_rows:
+            vt = torch.cat([vt, torch.ones_like(vt[..., :1, :])], dim=-2)
         if scheme.pv == "none" or scheme.accumulator == "fp32":
             o = o * alpha + (pq @ vt.transpose(-1, -2)).to(torch.float32)
         elif scheme.two_level_at(d):
@@ -213,6 +226,8 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
         else:
             o = _mma(pq, vt, "fp22", acc=o * alpha)
         m = m_new
+    if mma_rows:
+        o, l = o[..., :d], o[..., d:] / p_scale
     out = o / (l * p_scale) * sv
     if return_lse:
         lse = m + torch.log(l)

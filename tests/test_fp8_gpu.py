@@ -251,7 +251,8 @@ def test_more_than_65535_heads(lib):
 
 def test_public_call_and_its_refusals(lib, monkeypatch):
     """flash_kernel.attention(precision="fp8") on CUDA runs the FP8 kernel; a head dim past 128 is
-    Fp8Unavailable (never exact attention); a short, NULL or misaligned workspace FK_ERR_WORKSPACE."""
+    Fp8Unavailable (never exact attention); a short, NULL or misaligned workspace FK_ERR_WORKSPACE;
+    a tensor that is not element-aligned (an odd byte address for 2-byte elements) FK_ERR_ALIGNMENT."""
     gen = _fresh()
     q, k, v = _inputs(1, 2, 100, 300, 96, torch.float16, gen)
     out = fp8.attention(q, k, v, library=lib)
@@ -271,6 +272,14 @@ def test_public_call_and_its_refusals(lib, monkeypatch):
         with pytest.raises(_binding.KernelError) as exc:
             lib._invoke(args, q.device, False)
         assert exc.value.status == _binding.FK_ERR_WORKSPACE
+    args.workspace, args.workspace_bytes = ws.data_ptr(), int(need.value)
+    for name in ("q", "k", "v", "o"):
+        good = getattr(args, name)
+        setattr(args, name, good + 1)
+        with pytest.raises(_binding.KernelError, match=f"{name} is not 2-byte aligned") as exc:
+            lib._invoke(args, q.device, False)
+        assert exc.value.status == _binding.FK_ERR_ALIGNMENT
+        setattr(args, name, good)
     torch.cuda.synchronize()
     assert torch.isnan(o).all()
 
