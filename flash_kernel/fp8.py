@@ -13,8 +13,7 @@ Schemes (measured in docs/kernel.md, "FP8 attention"):
   of a consumer warpgroup; K: one K/V tile), Q K^T exact in int32; P scaled by 448 and V by one
   scale per channel, both e4m3; P V in the FP8 tensor core, accumulated in FP32 across tiles
   (two-level) at head dims up to 64 and in the tensor core's accumulator across all of Nk (one
-  level) above; each row's sum of P taken by the tensor core too, over P as rounded (a column of
-  ones beside V), so O / l weighs V by weights that sum to one.
+  level) above; each row's sum of P in float32, over P unrounded.
 * `e4m3`: Q, K, V in e4m3 with the same block scales, both GEMMs accumulated by the FP8 tensor
   core (single-level: the running O is the wgmma accumulator).
 * `e4m3-smooth`: `e4m3` with K smoothed.
@@ -68,9 +67,6 @@ class Scheme:
     # head dims above this sum P V in one level whatever two_level says (64: the kernel's bucket
     # 128 one level, FK_FP8_SINGLE_LEVEL_D128=1, bucket 64 two-level); None: two_level everywhere
     one_level_above: int | None = None
-    # each row's sum of P: "fp32", P unrounded summed in float32 (a softmax's FADDs); "mma", P as
-    # rounded summed by the tensor core beside P V (V with a column of ones: FK_FP8_ROWSUM_MMA=1)
-    rowsum: str = "fp32"
 
     def two_level_at(self, head_dim: int) -> bool:
         """Whether P V is summed two-level at this head dim."""
@@ -80,12 +76,11 @@ class Scheme:
         return (f"{self.name}: Q K^T {self.qk}{' (K smoothed)' if self.smooth_k else ''}, "
                 f"P V {self.pv}, {self.accumulator} accumulator"
                 f"{', two-level' if self.two_level else ''}"
-                f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}"
-                f"{', row sums in the tensor core' if self.rowsum == 'mma' else ''}")
+                f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}")
 
 
 SCHEMES = {
-    "int8-smooth": Scheme("int8-smooth", "int8", True, "e4m3", "fp22", True, one_level_above=64, rowsum="mma"),
+    "int8-smooth": Scheme("int8-smooth", "int8", True, "e4m3", "fp22", True, one_level_above=64),
     "e4m3": Scheme("e4m3", "e4m3", False, "e4m3", "fp22", False),
     "e4m3-smooth": Scheme("e4m3-smooth", "e4m3", True, "e4m3", "fp22", False),
     "unquantized": Scheme("unquantized", "none", False, "none", "fp32", True),
@@ -202,23 +197,18 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
     qk_acc = "fp32" if scheme.qk in ("int8", "none") else scheme.accumulator
 
     lead = q.shape[:-2]
-    # rowsum "mma": V^T gains a row of ones, so O's column d is l (times p_scale), summed as P V is
-    mma_rows = scheme.rowsum == "mma" and scheme.pv == "e4m3"
     m = torch.full((*lead, nq, 1), -math.inf, dtype=torch.float32)
     l = torch.zeros((*lead, nq, 1), dtype=torch.float32)
-    o = torch.zeros((*lead, nq, d + mma_rows), dtype=torch.float32)
+    o = torch.zeros((*lead, nq, d), dtype=torch.float32)
     for t, k0 in enumerate(range(0, nk, kb)):
         acc = _mma(qv, kv_[..., k0:k0 + kb, :], qk_acc)
         s = acc * (q_rows * (sk[..., t:t + 1].unsqueeze(-1) * sm_scale))
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         alpha = torch.exp(m - m_new)
         p = torch.exp(s - m_new)
-        if not mma_rows:
-            l = l * alpha + p.sum(dim=-1, keepdim=True)
+        l = l * alpha + p.sum(dim=-1, keepdim=True)
         pq = (to_e4m3(p * p_scale) if scheme.pv == "e4m3" else p).double()
         vt = vv[..., k0:k0 + kb, :].transpose(-1, -2)
-        if mma_rows:
-            vt = torch.cat([vt, torch.ones_like(vt[..., :1, :])], dim=-2)
         if scheme.pv == "none" or scheme.accumulator == "fp32":
             o = o * alpha + (pq @ vt.transpose(-1, -2)).to(torch.float32)
         elif scheme.two_level_at(d):
@@ -226,8 +216,6 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
         else:
             o = _mma(pq, vt, "fp22", acc=o * alpha)
         m = m_new
-    if mma_rows:
-        o, l = o[..., :d], o[..., d:] / p_scale
     out = o / (l * p_scale) * sv
     if return_lse:
         lse = m + torch.log(l)

@@ -33,7 +33,6 @@ VARIANTS = {
     "int8 (no smoothing)": replace(fp8.SCHEMES["int8-smooth"], name="int8", smooth_k=False),
     "int8-smooth single-level fp22": replace(fp8.SCHEMES["int8-smooth"], two_level=False),
     "int8-smooth two-level": replace(fp8.SCHEMES["int8-smooth"], one_level_above=None),
-    "int8-smooth row sums fp32": replace(fp8.SCHEMES["int8-smooth"], rowsum="fp32"),
     "e4m3 (FA3-style)": fp8.SCHEMES["e4m3"],
     "e4m3 ideal fp32 accumulator": replace(fp8.SCHEMES["e4m3"], accumulator="fp32"),
     "e4m3-smooth": fp8.SCHEMES["e4m3-smooth"],

@@ -67,22 +67,6 @@ constexpr float kE4m3Max = 448.0f, kInt8Max = 127.0f;
 // straight to 448 P, adding log2(448) to the exponent
 constexpr float kLog2PScale = 8.807354922057604f;
 
-// The row sums of 448 P taken by the tensor core (1): a wgmma m64n8k32 per k32 group of keys, P
-// (the e4m3 A fragments P V reads) against a B of e4m3 ones, so the rows sum P as rounded, in the
-// same accumulator form as P V (fp8.reference's rowsum="mma": V with a column of ones); or by the
-// softmax (0), one FADD a score over P unrounded. The FADDs were one instruction in nine of a
-// tile's softmax (SASS of the head-dim-128 loop). FK_FP8_ROWSUM_MMA sets both buckets; _D64 /
-// _D128 one each.
-#ifndef FK_FP8_ROWSUM_MMA
-#define FK_FP8_ROWSUM_MMA 1
-#endif
-#ifndef FK_FP8_ROWSUM_MMA_D64
-#define FK_FP8_ROWSUM_MMA_D64 FK_FP8_ROWSUM_MMA
-#endif
-#ifndef FK_FP8_ROWSUM_MMA_D128
-#define FK_FP8_ROWSUM_MMA_D128 FK_FP8_ROWSUM_MMA
-#endif
-
 template <int D> struct Fp8Tile {
     static_assert(D == 64 || D == 128, "fp8 buckets: 64 and 128");
     static constexpr int kConsumers = D == 64 ? FK_FP8_CONSUMERS_D64 : FK_FP8_CONSUMERS_D128;
@@ -93,10 +77,7 @@ template <int D> struct Fp8Tile {
     static constexpr int kConsumerRegs = kConsumers == 2 ? 240 : 160;
     static constexpr int kVTileBytes = D * kRowBytes;  // V^T: D rows of BN keys
     static constexpr int kQBytes = kConsumers * kQTileBytes;
-    // the row sums' all-ones B operand (FK_FP8_ROWSUM_MMA)
-    static constexpr int kOnesBytes = (D == 64 ? FK_FP8_ROWSUM_MMA_D64 : FK_FP8_ROWSUM_MMA_D128) ? 1024 : 0;
-    static constexpr int kSmemBytes =
-        1024 + kQBytes + kStages * (kKTileBytes + kVTileBytes) + kOnesBytes + 8 * (kConsumers + 3 * kStages);
+    static constexpr int kSmemBytes = 1024 + kQBytes + kStages * (kKTileBytes + kVTileBytes) + 8 * (kConsumers + 3 * kStages);
     static constexpr int kKSteps = D / 32;  // k32 steps of Q K^T over the columns that can hold data
 };
 
@@ -243,11 +224,14 @@ FK_DEVICE float qk_to_float(uint32_t bits) {
 // (FlashAttention-3's form; 1), or two-level (0): each tile's P V in a fresh accumulator added to O
 // in float32. One level frees the 64 registers a thread of the tile accumulator and the 64 FMAs a
 // tile of the add, and carries the FP8 tensor core's accumulator across all of Nk. Measured on an
-// H100 (docs/perf.md "FP8 attention on an H100"): 0.88-0.98x the time at head dim 128, its error
-// what fp8.reference predicts with the accumulator keeping 16 mantissa bits (FP22_DROP_BITS = 7;
-// docs/kernel.md, "The model against the hardware"); 0.87-1.06x at 64, where three consumers fit
-// with two levels, which stay. The defaults: one level at bucket 128, two at 64 (fp8.CHOSEN's
-// one_level_above = 64). FK_FP8_SINGLE_LEVEL sets both buckets; _D64 / _D128 one each.
+// H100 (docs/perf.md "FP8 attention on an H100"): 0.92-0.96x the time at the long head-dim-128
+// shapes, its error what fp8.reference predicts with the accumulator keeping 16 mantissa bits
+// (FP22_DROP_BITS = 7; docs/kernel.md, "The model against the hardware"); 0.87-1.06x at 64, where
+// three consumers fit with two levels, which stay. The defaults: one level at bucket 128, two at
+// 64 (fp8.CHOSEN's one_level_above = 64). l, a positive sum growing with Nk, stays the softmax's
+// float32 sum: summed by the tensor core beside P V (a column of ones) in one level, it put three
+// GPU tests 6e-2 from the reference (docs/perf.md, "What was tried"). FK_FP8_SINGLE_LEVEL sets
+// both buckets; _D64 / _D128 one each.
 #ifndef FK_FP8_SINGLE_LEVEL_D64
 #ifdef FK_FP8_SINGLE_LEVEL
 #define FK_FP8_SINGLE_LEVEL_D64 FK_FP8_SINGLE_LEVEL
@@ -498,8 +482,7 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
     const uint32_t sq = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sk = sq + T::kQBytes;                 // slot s: sk + s * kKTileBytes
     const uint32_t sv = sk + S * kKTileBytes;            // slot s: sv + s * kVTileBytes
-    const uint32_t ones = sv + S * T::kVTileBytes;       // T::kOnesBytes of e4m3 1.0 (FK_FP8_ROWSUM_MMA)
-    const uint32_t q_full = ones + T::kOnesBytes;        // consumer c: + 8c
+    const uint32_t q_full = sv + S * T::kVTileBytes;     // consumer c: + 8c
     const uint32_t k_full = q_full + 8 * kConsumers, v_full = k_full + 8 * S, empty = v_full + 8 * S;
 
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, warp = (threadIdx.x % 128) / 32;
@@ -515,13 +498,6 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
             mbar_init(empty + 8 * s, 4 * kConsumers);  // lane 0 of every consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    if constexpr (T::kOnesBytes > 0) {
-        // written through the generic proxy, read by wgmma through the async proxy: fenced
-        // before the barrier that orders every consumer's first wgmma after it
-        uint32_t *w = reinterpret_cast<uint32_t *>(smem_raw + (ones - smem_u32(smem_raw)));
-        for (int i = threadIdx.x; i < T::kOnesBytes / 4; i += blockDim.x) w[i] = 0x38383838u;  // e4m3 1.0 x 4
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     }
     __syncthreads();
 
@@ -573,11 +549,6 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
     float ot[kSingle ? 1 : D / 2];  // one tile's P V (the FP8 tensor core's accumulator; single level: O's)
     uint32_t pf[BN / 32][4]; // P as e4m3 A fragments, one per k32 group of keys
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, pa0 = 0.0f, pa1 = 0.0f;
-    // FK_FP8_ROWSUM_MMA: the tensor core's row sums of 448 P, lt[0] (= lt[1]) row r and lt[2] row
-    // r + 8, whole rows (the wgmma sums across the quad): one tile's (two-level, added to l as O's
-    // tile is to O) or all so far (one level, rescaled with O and read as l at the end)
-    constexpr bool kRowSum = T::kOnesBytes > 0;
-    float lt[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
     auto my_turn = [&] { named_sync(my_bar, kPair); };
     auto their_turn = [&] { named_arrive(other_bar, kPair); };
@@ -600,17 +571,12 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
                 else wgmma::OpsFp8::rs_e4m3_n64(ot, pf[kk], db, kk > 0);
             }
         }
-        if constexpr (kRowSum) {
-            const uint64_t d1 = smem_desc(ones, 16, 1024);  // every byte 1.0: any address in it will do
-#pragma unroll
-            for (int kk = 0; kk < BN / 32; ++kk) wgmma::OpsFp8::rs_e4m3_n8(lt, pf[kk], d1, kSingle || kk > 0);
-        }
     };
     // S(j) to 448 P (fp32 bits, in si) against the new running maxima; a0, a1: the rescale factors.
     // The row maxima are taken on the int32 sums (the dequantizing factor f is positive, so the
     // largest sum is the largest score), and each 448 P = 2^(f * sum - m + log2 448) is one
     // exact convert (qk_to_float), one fma and one exp2 (mma::ex2_fma for FK_FP8_POLY_EXP of every
-    // 4, MUFU for the rest). Without FK_FP8_ROWSUM_MMA, l sums 448 P unrounded here.
+    // 4, MUFU for the rest). l sums 448 P unrounded (fp8.reference sums P, unrounded).
     auto probs = [&](int j, float kscale_j, float &a0, float &a1) {
         const float f = f0 * kscale_j;
         const int n0 = j * BN;
@@ -640,6 +606,7 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
         m0 = mn0;
         m1 = mn1;
         const float b0 = kLog2PScale - mn0, b1 = kLog2PScale - mn1;
+        float sum0 = 0.0f, sum1 = 0.0f;
         // every exponential first, in one branch-free block, then the masked keys zeroed under one
         // test a tile, then the sums in two chains a row. (Masking inside the exponentials' loop
         // compiled to a branch for each n8 tile; this form took 0.86-0.96x its time at 13 of 18
@@ -660,20 +627,18 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
                 if (col + 1 >= p.nk) si[4 * t + 1] = si[4 * t + 3] = 0u;
             }
         }
-        if constexpr (!kRowSum) {
-            float sum0 = 0.0f, sum1 = 0.0f, sum0b = 0.0f, sum1b = 0.0f;
+        float sum0b = 0.0f, sum1b = 0.0f;
 #pragma unroll
-            for (int t = 0; t < BN / 8; ++t) {
-                sum0 += __uint_as_float(si[4 * t]);
-                sum0b += __uint_as_float(si[4 * t + 1]);
-                sum1 += __uint_as_float(si[4 * t + 2]);
-                sum1b += __uint_as_float(si[4 * t + 3]);
-            }
-            sum0 += sum0b;
-            sum1 += sum1b;
-            l0 = l0 * a0 + sum0;
-            l1 = l1 * a1 + sum1;
+        for (int t = 0; t < BN / 8; ++t) {
+            sum0 += __uint_as_float(si[4 * t]);
+            sum0b += __uint_as_float(si[4 * t + 1]);
+            sum1 += __uint_as_float(si[4 * t + 2]);
+            sum1b += __uint_as_float(si[4 * t + 3]);
         }
+        sum0 += sum0b;
+        sum1 += sum1b;
+        l0 = l0 * a0 + sum0;
+        l1 = l1 * a1 + sum1;
     };
     // 448 P as e4m3 A fragments (the order of the top comment)
     auto pack_p = [&] {
@@ -688,12 +653,8 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
             pf[g][3] = e4m3x4(x[10], x[11], x[14], x[15]);
         }
     };
-    // O = O * (the factors that came with this P) + the tile's P V (and l likewise, its row sums)
+    // O = O * (the factors that came with this P) + the tile's P V
     auto add_tile = [&] {
-        if constexpr (!kSingle && kRowSum) {
-            l0 = fmaf(l0, pa0, lt[0]);
-            l1 = fmaf(l1, pa1, lt[2]);
-        }
         if constexpr (!kSingle) {
 #pragma unroll
             for (int t = 0; t < D / 8; ++t) {
@@ -707,15 +668,11 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
     // single level: O (its P V done) rescaled to the new row maxima before the next P V adds to it,
     // skipped where no row maximum of the warp moved
     auto rescale_o = [&](float a0, float a1) {
-        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
-            wgmma::scale_rows(o, a0, a1);
-            if constexpr (kRowSum) wgmma::scale_rows(lt, a0, a1);
-        }
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) wgmma::scale_rows(o, a0, a1);
     };
-    auto fence_acc = [&] {  // the P V accumulator's registers (and the row sums'), around their wgmma
+    auto fence_acc = [&] {  // the P V accumulator's registers, around its wgmma
         if constexpr (kSingle) wgmma::fence_regs(o);
         else wgmma::fence_regs(ot);
-        if constexpr (kRowSum) wgmma::fence_regs(lt);
     };
     auto release = [&](int st) {  // both the K and the V of slot st are read
         __syncwarp();
@@ -789,16 +746,11 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
     if (c == 0) named_sync(my_bar, kPair);  // the last consumer's last arrive: leave no barrier half-used
 
     // O / l * V's channel scale (O and l both carry the 448), stored in the output's dtype; rows
-    // past nq are not stored. l: a quad's partial sums (softmax), or whole rows (the tensor core's)
-    if constexpr (kRowSum && kSingle) {
-        l0 = lt[0];
-        l1 = lt[2];
-    } else if constexpr (!kRowSum) {
-        l0 += fk_shfl_xor(l0, 1);
-        l0 += fk_shfl_xor(l0, 2);
-        l1 += fk_shfl_xor(l1, 1);
-        l1 += fk_shfl_xor(l1, 2);
-    }
+    // past nq are not stored
+    l0 += fk_shfl_xor(l0, 1);
+    l0 += fk_shfl_xor(l0, 2);
+    l1 += fk_shfl_xor(l1, 1);
+    l1 += fk_shfl_xor(l1, 2);
     const float i0 = 1.0f / l0, i1 = 1.0f / l1;
     const int64_t r0 = int64_t(blockIdx.x) * T::BM + 64 * c + 16 * warp + lane / 4, r1 = r0 + 8;
     const float *vsc = reinterpret_cast<const float *>(ws + p.lay.v_scale) + bh * kMaxDim;
