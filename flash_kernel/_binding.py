@@ -121,11 +121,20 @@ def _bhnd(t, layout: str) -> tuple[tuple[int, int, int, int], tuple[int, int, in
     return (b, h, n, d), (sb, sh, sn, sd)
 
 
+VECTOR_BYTES = 16  # fk::kVectorBytes: the GPU library's flash paths load 16 bytes at a time
+
+
 def _addressable(t, layout: str) -> bool:
-    """True when the kernels can address `t` through its strides as it is (mirrors fk::validate)."""
+    """True when the kernels can address `t` through its strides as it is (mirrors fk::validate):
+    D stride 1, rows apart, and on a GPU the pointer and the B/H/N strides in whole 16-byte loads
+    (a view one element into a row is copied, not refused; the CPU library has no such loads)."""
     (_, _, n, d), (sb, sh, sn, sd) = _bhnd(t, layout)
     if sd != 1 or min(sb, sh, sn) < 0:
         return False
+    if t.is_cuda:
+        es = t.element_size()
+        if t.data_ptr() % VECTOR_BYTES or any(s * es % VECTOR_BYTES for s in (sb, sh, sn)):
+            return False
     return n <= 1 or sn >= d  # rows may not overlap
 
 
@@ -329,8 +338,8 @@ class Library:
             raise KernelError(f"o must be a tensor shaped like q {tuple(q.shape)} {q.dtype} on {q.device}",
                               FK_ERR_SIZE)
         if not _addressable(o, layout):
-            raise KernelError(f"o's strides {tuple(o.stride())} are not addressable (D stride 1, rows apart)",
-                              FK_ERR_STRIDE)
+            raise KernelError(f"o's strides {tuple(o.stride())} are not addressable (D stride 1, rows apart; on a GPU "
+                              f"the pointer and strides in whole {VECTOR_BYTES}-byte units)", FK_ERR_STRIDE)
         if lse is not None:
             shape = _bhnd(q, layout)[0][:3]
             if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape or lse.dtype != torch.float32 \
@@ -425,6 +434,10 @@ class Library:
                 kind = self._new_kind(key, q, k, v, layout)
             if kind is not False:
                 return kind.run(api, q, k, v, scale, naive, return_lse)
+        return self._checked_call(api, q, k, v, scale, layout, naive, return_lse)
+
+    def _checked_call(self, api, q, k, v, scale, layout, naive, return_lse):
+        """The call with every check, inputs copied where the kernel cannot address them as they are."""
         _op = op_layer()  # registers the torch ops on first use (a dict lookup after)
 
         q, k, v = check_inputs(q, k, v, layout, self.head_dims)
@@ -472,13 +485,17 @@ class _Kind:
     """Inputs of one kind (input_key) checked against one library: their argument struct filled
     but for the pointers and the scale, which are each call's own."""
 
-    __slots__ = ("dense", "forwards", "host", "lib", "lse_shape", "lse_template", "lse_transposed", "template")
+    __slots__ = ("dense", "forwards", "host", "layout", "lib", "lse_shape", "lse_template", "lse_transposed",
+                 "misaligned", "template")
 
     def __init__(self, lib: Library, template: AttentionArgs, dense: bool, layout: str):
         self.lib = lib
         self.template = template
         self.forwards = lib._forwards
         self.host = lib.is_host
+        self.layout = layout
+        # the low pointer bits a GPU library's 16-byte loads need clear (the strides are the kind's)
+        self.misaligned = 0 if lib.is_host else VECTOR_BYTES - 1
         self.dense = dense  # q's strides are already those of a dense tensor of its shape
         # the return_lse calls' template: the same, with the strides of lse_like's output
         b, h, n = template.batch, template.heads, template.nq
@@ -489,7 +506,11 @@ class _Kind:
 
     def run(self, api, q, k, v, scale, naive: bool, return_lse: bool = False):
         """One call: the output allocated, the struct copied and completed, the C function called.
-        Only the scale is checked (quickly where it is a float well inside fp32's positive range)."""
+        Only the scale and the pointers' alignment are checked (the scale quickly where it is a float
+        well inside fp32's positive range)."""
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if (qp | kp | vp) & self.misaligned:  # a view off 16 bytes, strides of its kind: copied
+            return self.lib._checked_call(api, q, k, v, scale, self.layout, naive, return_lse)
         if scale is None:
             s = 0.0
         elif type(scale) is float and 1e-37 < scale < 1e38:
@@ -505,7 +526,7 @@ class _Kind:
             args.lse = lse.data_ptr()
         else:
             args = _copy_args(self.template)
-        _pack_pointers(args, _POINTERS_AT, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+        _pack_pointers(args, _POINTERS_AT, qp, kp, vp, o.data_ptr())
         args.scale = s
         fn = self.forwards[naive]
         # the struct itself is passed: ctypes passes it by reference (argtypes), cheaper than byref()

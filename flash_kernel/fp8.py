@@ -11,19 +11,16 @@ Schemes (measured in docs/kernel.md, "FP8 attention"):
 * `int8-smooth` (CHOSEN): K smoothed (its mean over the keys subtracted, per head and channel:
   softmax is invariant to it), Q and K rounded to INT8 with one scale per block (Q: the 64 rows
   of a consumer warpgroup; K: one K/V tile), Q K^T exact in int32; P scaled by 448 and V by one
-  scale per channel, both e4m3; P V in the FP8 tensor core, accumulated in FP32 across tiles
-  (two-level) at head dims up to 64 and in the tensor core's accumulator across all of Nk (one
-  level) above; each row's sum of P in float32, over P unrounded.
+  scale per channel, both e4m3, P V accumulated in FP32 across tiles (two-level: the tensor
+  core's FP8 accumulator only inside a tile).
 * `e4m3`: Q, K, V in e4m3 with the same block scales, both GEMMs accumulated by the FP8 tensor
   core (single-level: the running O is the wgmma accumulator).
 * `e4m3-smooth`: `e4m3` with K smoothed.
 
-The Hopper FP8 tensor core does not accumulate in full FP32. `accumulator="fp22"` models that by
-truncating the running sum to 23 - FP22_DROP_BITS mantissa bits after every k=32 step of a wgmma;
-`"fp32"` is the ideal accumulator. INT8 products accumulate exactly in int32. SageAttention2
-reports 13 bits kept (FP22); on an H100 the loss of a one-level sum over 32k-119k keys is what 16
-bits predict and 5-50x less than 13 bits do (docs/kernel.md, "The model against the hardware"),
-so the model keeps 16.
+The Hopper FP8 tensor core does not accumulate in full FP32: products are summed with about 13
+mantissa bits kept (an FP22 accumulator, as SageAttention2 measured). `accumulator="fp22"`
+models that by truncating the running sum to 13 mantissa bits after every k=32 step of a wgmma;
+`"fp32"` is the ideal accumulator. INT8 products accumulate exactly in int32.
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ INT8_MAX = 127.0  # symmetric INT8 (-128 is never produced)
 P_SCALE = E4M3_MAX  # P in [0, 1] is multiplied by this before its e4m3 rounding (static scale)
 Q_BLOCK = 64  # query rows per Q scale: one consumer warpgroup's wgmma (M = 64)
 MMA_K = 32  # reduction depth of one FP8 wgmma (k = 32): the accumulator is rounded after each
-FP22_DROP_BITS = 7  # float32 keeps 23 mantissa bits, the FP8 accumulator (as fitted to an H100) 16
+FP22_DROP_BITS = 10  # float32 keeps 23 mantissa bits, the FP8 accumulator about 13
 PRECISIONS = ("exact", "fp8")
 
 
@@ -65,7 +62,7 @@ class Scheme:
     q_block: int = Q_BLOCK
     k_block: int | None = None  # None: kv_tile(D)
     # head dims above this sum P V in one level whatever two_level says (64: the kernel's bucket
-    # 128 one level, FK_FP8_SINGLE_LEVEL_D128=1, bucket 64 two-level); None: two_level everywhere
+    # 128 built with FK_FP8_SINGLE_LEVEL_D128=1, bucket 64 two-level); None: two_level everywhere
     one_level_above: int | None = None
 
     def two_level_at(self, head_dim: int) -> bool:
@@ -80,7 +77,7 @@ class Scheme:
 
 
 SCHEMES = {
-    "int8-smooth": Scheme("int8-smooth", "int8", True, "e4m3", "fp22", True, one_level_above=64),
+    "int8-smooth": Scheme("int8-smooth", "int8", True, "e4m3", "fp22", True),
     "e4m3": Scheme("e4m3", "e4m3", False, "e4m3", "fp22", False),
     "e4m3-smooth": Scheme("e4m3-smooth", "e4m3", True, "e4m3", "fp22", False),
     "unquantized": Scheme("unquantized", "none", False, "none", "fp32", True),
@@ -99,8 +96,8 @@ def _torch():
 
 
 def fp22(x):
-    """A float32 tensor with its lowest FP22_DROP_BITS mantissa bits cleared (truncation toward
-    zero): the precision the FP8 tensor core keeps in its accumulator."""
+    """A float32 tensor with its lowest 10 mantissa bits cleared (truncation toward zero): the
+    precision the FP8 tensor core keeps in its accumulator."""
     torch = _torch()
     bits = x.contiguous().view(torch.int32)
     return (bits & ~((1 << FP22_DROP_BITS) - 1)).view(torch.float32)

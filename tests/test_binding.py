@@ -280,6 +280,41 @@ def test_d_stride_not_one_is_made_contiguous(lib):
     assert rel(lib.attention(qt, kt, vt), F.scaled_dot_product_attention(qt, kt, vt)) <= 1e-5, f"seed {seed}"
 
 
+class _OnAGpu:
+    """A CPU tensor's sizes, strides and pointer, presented as a GPU tensor's (is_cuda): what the
+    binding's alignment rule reads, without a GPU."""
+
+    is_cuda = True
+
+    def __init__(self, t):
+        self.t, self.shape = t, t.shape
+
+    def stride(self):
+        return self.t.stride()
+
+    def element_size(self):
+        return self.t.element_size()
+
+    def data_ptr(self):
+        return self.t.data_ptr()
+
+
+def test_views_off_16_byte_loads_are_copied_for_a_gpu_library_only():
+    """A GPU library loads 16 bytes at a time (fk::validate refuses anything else): a view one
+    element into its rows, or with rows a multiple of neither, is not addressable there, so the
+    binding copies it instead of passing on a refusal; the CPU library takes it as it is."""
+    buf = torch.zeros(1, 2, 5, 72, dtype=torch.bfloat16)  # rows of 144 bytes
+    assert buf.data_ptr() % 16 == 0
+    aligned, shifted = buf[..., :64], buf[..., 1:65]
+    odd_rows = torch.zeros(1, 2, 5, 67, dtype=torch.bfloat16)[..., :64]  # rows of 134 bytes
+    assert B._addressable(_OnAGpu(aligned), "bhnd")
+    assert not B._addressable(_OnAGpu(shifted), "bhnd")
+    assert not B._addressable(_OnAGpu(odd_rows), "bhnd")
+    assert B._addressable(_OnAGpu(shifted.contiguous()), "bhnd")
+    for t in (aligned, shifted, odd_rows):
+        assert B._addressable(t, "bhnd")  # the CPU library: no such loads
+
+
 def test_broadcast_kv_with_zero_head_stride(lib):
     seed, gen = seeded()
     q = torch.randn(2, 4, 30, 64, generator=gen)

@@ -141,9 +141,9 @@ def test_int8_rounds_half_to_even_and_clamps_to_127():
         [0, 2, 2, 0, 127, 127, -127]
 
 
-def test_fp22_truncates_to_the_16_mantissa_bits_fitted_to_the_hardware():
-    one = torch.tensor([1.0 + 2 ** -16, 1.0 + 2 ** -17 + 2 ** -20, -(1.0 + 2 ** -19)], dtype=torch.float32)
-    assert fp8.fp22(one).tolist() == [1.0 + 2 ** -16, 1.0, -1.0]
+def test_fp22_truncates_to_13_mantissa_bits():
+    one = torch.tensor([1.0 + 2 ** -13, 1.0 + 2 ** -14 + 2 ** -20, -(1.0 + 2 ** -16)], dtype=torch.float32)
+    assert fp8.fp22(one).tolist() == [1.0 + 2 ** -13, 1.0, -1.0]
 
 
 def test_constant_blocks_get_a_unit_scale_and_no_nan():

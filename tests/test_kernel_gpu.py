@@ -242,15 +242,34 @@ def test_one_pointer_in_turn_as_other_shapes_and_layouts(lib):
             assert err <= TOL[torch.bfloat16], f"{tuple(q.shape)} {layout}: rel L2 {err:.3g} (seed {gen.initial_seed()})"
 
 
-def test_misaligned_pointer_is_refused(lib):
-    """The flash paths load 16 bytes at a time: a 2-byte-offset view is an error, not a fault."""
+def test_misaligned_view_is_refused_by_the_c_abi_and_copied_by_the_binding(lib):
+    """The flash paths load 16 bytes at a time: a 2-byte-offset view handed to the C ABI is an
+    error (FK_ERR_ALIGNMENT, nothing written), not a fault; the binding copies it first, so its
+    output is exactly its contiguous copy's."""
     base = torch.randn(1, 1, 65 * 64 + 1, device="cuda").to(torch.float16)
     q = base[0, 0, 1:].view(1, 1, 65, 64)  # storage offset 1 element
-    o = torch.empty(1, 1, 65, 64, device="cuda", dtype=torch.float16)
+    o = torch.full((1, 1, 65, 64), float("nan"), device="cuda", dtype=torch.float16)
     with pytest.raises(_binding.KernelError) as exc:
-        lib.run_into(q, q, q, o, 0.0, "bhnd", False)
+        lib._invoke(_binding.fill_args(q, q, q, o, "bhnd", 0.0, None), q.device, False)
     assert exc.value.status == _binding.FK_ERR_ALIGNMENT
     assert "aligned" in exc.value.message
+    torch.cuda.synchronize()
+    assert torch.isnan(o).all()
+    lib.run_into(q, q, q, o, 0.0, "bhnd", False)
+    c = q.contiguous()
+    want = torch.full_like(o, float("nan"))
+    lib.run_into(c, c, c, want, 0.0, "bhnd", False)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all() and torch.equal(o, want)
+    # a kind first seen 16-byte aligned, then a view with its strides 2 bytes off: the remembered
+    # kind's fast path must copy it too, not pass the C ABI's refusal on
+    buf = torch.randn(1, 2, 65, 72, device="cuda").to(torch.float16)  # rows of 144 bytes
+    aligned, shifted = buf[..., :64], buf[..., 1:65]
+    for _ in range(2):
+        lib.attention(aligned, aligned, aligned)
+    got = lib.attention(shifted, shifted, shifted)
+    c = shifted.contiguous()
+    assert torch.equal(got, lib.attention(c, c, c))
 
 
 def test_unsupported_head_dim_is_refused(lib):

@@ -611,12 +611,9 @@ const char *fk_last_flash_path(void) { return fk::ran_path(); }
 int32_t fk_flash_forward(const fk_attention_args *args) {
     fk::ran_path() = "";
     fk::Validated v{};
-    // The exact flash paths load 16 bytes at a time: pointers and row strides must allow it. The
-    // FP8 quantization loads 16 bytes where a row's address allows and one element where not, and
-    // stores O one element a store: an element's alignment is all it needs.
-    const bool fp8 = args != nullptr && args->precision == FK_PRECISION_FP8;
-    if (int32_t st = fk::validate(args, fp8 ? fk::dtype_size(args->dtype) : fk::kVectorBytes, &v)) return st;
-    if (fp8) {
+    // Both flash paths load 16 bytes at a time: pointers and row strides must allow it.
+    if (int32_t st = fk::validate(args, fk::kVectorBytes, &v)) return st;
+    if (args->precision == FK_PRECISION_FP8) {
         if (int32_t st = dispatch_fp8(args, v)) return st;
         return fk::ok();
     }
