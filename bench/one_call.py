@@ -1,5 +1,6 @@
 """Calls flash_kernel.attention on one shape a few times and exits: a program for a profiler
-(`ncu -k regex:attention ...`) to wrap, on the device machine.
+(`ncu -k regex:attention_kernel ...` for the FP8 kernel, `regex:flash_` for the exact ones) to
+wrap, on the device machine.
 
     python3 bench/one_call.py 1,4,32760,128 [--precision fp8] [--dtype bf16] [--calls 3] [--lib PATH] [--kernels]
 

@@ -677,8 +677,9 @@ struct MmaTile {
 #define FK_WGMMA_CONSUMERS_D64 3
 #endif
 // Consumer warpgroups of bucket 128's narrow kernels (head dims 66..96, KD 80 and 96): 2, or 3
-// (BM 192, 160 registers a consumer thread; compiled, not yet run), where O takes 40 or 48 registers
-// a thread instead of 64, as bucket 64's 32, so three may fit as they do there. The exact and padded
+// (BM 192, 160 registers a consumer thread, two K/V stages), where O takes 40 or 48 registers a
+// thread instead of 64. Three ran at 0.47-0.61x the speed of two at head dims 72, 80 and 96 on an
+// H100 (docs/perf.md, "Ours beside FlashAttention-4, the latest run"). The exact and padded
 // bucket-128 kernels keep two.
 #ifndef FK_WGMMA_CONSUMERS_NARROW_D128
 #define FK_WGMMA_CONSUMERS_NARROW_D128 2
