@@ -64,6 +64,10 @@ class Scheme:
     # head dims above this sum P V in one level whatever two_level says (64: the kernel's bucket
     # 128 built with FK_FP8_SINGLE_LEVEL_D128=1, bucket 64 two-level); None: two_level everywhere
     one_level_above: int | None = None
+    # V's mean over the keys (per head and channel) subtracted before its e4m3 rounding and added
+    # back to the output (softmax's weights sum to one): P V then sums values centred on zero,
+    # which the FP8 accumulator keeps far better than a sum that grows with Nk. Not in the kernel.
+    smooth_v: bool = False
 
     def two_level_at(self, head_dim: int) -> bool:
         """Whether P V is summed two-level at this head dim."""
@@ -73,7 +77,8 @@ class Scheme:
         return (f"{self.name}: Q K^T {self.qk}{' (K smoothed)' if self.smooth_k else ''}, "
                 f"P V {self.pv}, {self.accumulator} accumulator"
                 f"{', two-level' if self.two_level else ''}"
-                f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}")
+                f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}"
+                f"{', V smoothed' if self.smooth_v else ''}")
 
 
 SCHEMES = {
@@ -184,6 +189,10 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
         kv_, sk = quantize_blocks(k, kb, scheme.qk)
         qv, kv_ = qv.double(), kv_.double()
         q_rows = sq.repeat_interleave(scheme.q_block, dim=-1)[..., :nq].unsqueeze(-1)
+    v_mean = None
+    if scheme.smooth_v:
+        v_mean = v.mean(dim=-2, keepdim=True)
+        v = v - v_mean
     if scheme.pv == "none":
         vv, sv = v.double(), torch.ones(*v.shape[:-2], 1, d, dtype=torch.float32)
     else:
@@ -214,6 +223,8 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
             o = _mma(pq, vt, "fp22", acc=o * alpha)
         m = m_new
     out = o / (l * p_scale) * sv
+    if v_mean is not None:
+        out = out + v_mean
     if return_lse:
         lse = m + torch.log(l)
         return out, (lse if shift is None else lse + shift).squeeze(-1)

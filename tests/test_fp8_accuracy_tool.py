@@ -36,7 +36,26 @@ def test_fewer_dropped_bits_shrink_the_one_level_loss_and_leave_two_level_alone(
     assert at13[SINGLE] - at13["int8-smooth"] > 5 * abs(at19[SINGLE] - at19["int8-smooth"])
 
 
-@pytest.mark.parametrize("args", [("--variants", "nope"), ("--drop-bits", "23"), ("--drop-bits", "-1")])
+def test_v_offsets_cost_one_level_and_smoothing_v_wins_it_back():
+    """A constant per V channel (--v-offset) makes one-level P V sums grow with Nk, which the 13-bit
+    model truncates: one level loses to two levels there, and V smoothed (its mean subtracted before
+    the rounding, added back after) is more accurate than either."""
+    p = subprocess.run([sys.executable, str(TOOL), "--seeds", "1", "--nq", "64", "--d", "64", "--nk", "16384",
+                        "--kinds", "random", "--drop-bits", "10", "--v-offset", "2", "--variants",
+                        f"int8-smooth,{SINGLE},int8-smooth single-level V smoothed"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    got = {}
+    for line in p.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 7 and cells[0] == "random":
+            got[cells[3]] = float(cells[5])
+    two, one, smoothed = got["int8-smooth"], got[SINGLE], got["int8-smooth single-level V smoothed"]
+    assert one > 3 * two and smoothed < two / 2, got
+
+
+@pytest.mark.parametrize("args", [("--variants", "nope"), ("--drop-bits", "23"), ("--drop-bits", "-1"),
+                                  ("--v-offset", "-1"), ("--v-offset", "nan"), ("--v-offset", "inf")])
 def test_bad_arguments_are_usage_errors(args):
     p = subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "error:" in p.stderr and "Traceback" not in p.stderr
