@@ -37,12 +37,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-WAN_14B = {  # Wan-AI/Wan2.1-T2V-14B-Diffusers, transformer/config.json
-    "patch_size": (1, 2, 2), "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
-    "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40,
-    "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "image_dim": None,
-    "added_kv_proj_dim": None, "rope_max_seq_len": 1024,
-}
+from audit.evidence.pipeline.options import WAN_14B  # noqa: E402
 LATENTS_720P = (1, 16, 21, 90, 160)  # 81 frames at 1280x720 through Wan's VAE (4x time, 8x space)
 
 

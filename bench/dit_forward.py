@@ -32,13 +32,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from audit.evidence.pipeline.model import cast_like_from_pretrained  # noqa: E402
-from audit.evidence.pipeline.options import TEXT_SHAPE, WAN_1_3B  # noqa: E402
+from audit.evidence.pipeline.options import TEXT_SHAPE, WAN_1_3B, WAN_14B  # noqa: E402
 
-# The pipeline's Wan2.1-T2V-1.3B transformer config; 14B differs in heads, FFN width and depth
-# (Wan-AI/Wan2.1-T2V-14B-Diffusers, transformer/config.json).
+# The pipeline's Wan2.1-T2V transformer configs.
 MODELS = {
     "wan-1.3b": dict(WAN_1_3B),
-    "wan-14b": dict(WAN_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40),
+    "wan-14b": dict(WAN_14B),
     # a few thousand parameters: checks the script, not a measurement
     "tiny": dict(WAN_1_3B, num_attention_heads=2, attention_head_dim=32, in_channels=4, out_channels=4,
                  text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2),

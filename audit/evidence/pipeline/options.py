@@ -18,6 +18,8 @@ WAN_1_3B = {
     "num_layers": 30, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6,
     "image_dim": None, "added_kv_proj_dim": None, "rope_max_seq_len": 1024,
 }
+# Wan2.1-T2V-14B's (Wan-AI/Wan2.1-T2V-14B-Diffusers, transformer/config.json): heads, FFN width, depth
+WAN_14B = dict(WAN_1_3B, num_attention_heads=40, ffn_dim=13824, num_layers=40)
 # Wan's scheduler: UniPC in flow-prediction mode, flow shift 3.0 for 480p (diffusers' Wan docs).
 WAN_SCHEDULER = {"prediction_type": "flow_prediction", "use_flow_sigmas": True,
                  "num_train_timesteps": 1000, "flow_shift": 3.0, "solver_order": 2}

@@ -600,7 +600,7 @@ struct MmaTile {
 // Bucket 128's padded head dims likewise: 66..80 on 80 columns (five k16 steps of Q K^T, P V as one
 // n80 wgmma a k16 step, O in 40 fp32 registers a thread; FK_WGMMA_NARROW_D128=80) and 81..96 on 96
 // (FK_WGMMA_NARROW96_D128=1), where the padded kernel's P V runs all 128 columns; 128 and 0: off.
-// Measured on an H100 (docs/perf.md "The kernel's variants beside FlashAttention-4"), bf16, against
+// Measured on an H100 (docs/perf.md, "What was tried"), bf16, against
 // the padded kernel: 1.03x [1.01, 1.05] at head dim 80, level at 72 and 96.
 #ifndef FK_WGMMA_NARROW_D128
 #define FK_WGMMA_NARROW_D128 80
