@@ -126,16 +126,20 @@ VECTOR_BYTES = 16  # fk::kVectorBytes: the GPU library's flash paths load 16 byt
 
 def _addressable(t, layout: str) -> bool:
     """True when the kernels can address `t` through its strides as it is (mirrors fk::validate):
-    D stride 1, rows apart, and on a GPU the pointer and the B/H/N strides in whole 16-byte loads
-    (a view one element into a row is copied, not refused; the CPU library has no such loads)."""
+    D stride 1, rows apart, and on a GPU aligned for its 16-byte loads (_aligned)."""
     (_, _, n, d), (sb, sh, sn, sd) = _bhnd(t, layout)
     if sd != 1 or min(sb, sh, sn) < 0:
         return False
-    if t.is_cuda:
-        es = t.element_size()
-        if t.data_ptr() % VECTOR_BYTES or any(s * es % VECTOR_BYTES for s in (sb, sh, sn)):
-            return False
-    return n <= 1 or sn >= d  # rows may not overlap
+    return (n <= 1 or sn >= d) and _aligned(t, (sb, sh, sn))  # rows may not overlap
+
+
+def _aligned(t, strides) -> bool:
+    """On a GPU, the pointer and the B/H/N strides (elements) in whole 16-byte loads, as the flash
+    paths load (a view one element into its rows is copied, not refused); on the CPU, always."""
+    if not t.is_cuda:
+        return True
+    es = t.element_size()
+    return t.data_ptr() % VECTOR_BYTES == 0 and all(s * es % VECTOR_BYTES == 0 for s in strides)
 
 
 def resolve_scale(scale, head_dim: int) -> float:
@@ -338,8 +342,13 @@ class Library:
             raise KernelError(f"o must be a tensor shaped like q {tuple(q.shape)} {q.dtype} on {q.device}",
                               FK_ERR_SIZE)
         if not _addressable(o, layout):
-            raise KernelError(f"o's strides {tuple(o.stride())} are not addressable (D stride 1, rows apart; on a GPU "
-                              f"the pointer and strides in whole {VECTOR_BYTES}-byte units)", FK_ERR_STRIDE)
+            strides = _bhnd(o, layout)[1]
+            if strides[3] == 1 and not _aligned(o, strides[:3]):
+                raise KernelError(f"o is not {VECTOR_BYTES}-byte aligned (pointer {o.data_ptr() % VECTOR_BYTES} bytes "
+                                  f"off, strides {tuple(o.stride())}): the GPU library writes it "
+                                  f"{VECTOR_BYTES} bytes at a time", FK_ERR_ALIGNMENT)
+            raise KernelError(f"o's strides {tuple(o.stride())} are not addressable (D stride 1, rows apart)",
+                              FK_ERR_STRIDE)
         if lse is not None:
             shape = _bhnd(q, layout)[0][:3]
             if not isinstance(lse, torch.Tensor) or tuple(lse.shape) != shape or lse.dtype != torch.float32 \

@@ -270,6 +270,11 @@ def test_misaligned_view_is_refused_by_the_c_abi_and_copied_by_the_binding(lib):
     got = lib.attention(shifted, shifted, shifted)
     c = shifted.contiguous()
     assert torch.equal(got, lib.attention(c, c, c))
+    # an output of the caller's is written where it is: one 2 bytes off is refused, not copied
+    bad_o = torch.empty(2 * 65 * 64 + 8, device="cuda", dtype=torch.float16)[1:2 * 65 * 64 + 1].view(1, 2, 65, 64)
+    with pytest.raises(_binding.KernelError) as exc:
+        lib.run_into(c, c, c, bad_o, 0.0, "bhnd", False)
+    assert exc.value.status == _binding.FK_ERR_ALIGNMENT and "16-byte aligned" in exc.value.message
 
 
 def test_unsupported_head_dim_is_refused(lib):
