@@ -68,6 +68,9 @@ class Scheme:
     # back to the output (softmax's weights sum to one): P V then sums values centred on zero,
     # which the FP8 accumulator keeps far better than a sum that grows with Nk. Not in the kernel.
     smooth_v: bool = False
+    # two-level: the FP8 accumulator carries P V across this many K/V tiles (rescaled with O when
+    # a row maximum moves) before it is added into the float32 O; 1: a fresh accumulator a tile
+    flush_tiles: int = 1
 
     def two_level_at(self, head_dim: int) -> bool:
         """Whether P V is summed two-level at this head dim."""
@@ -78,6 +81,7 @@ class Scheme:
                 f"P V {self.pv}, {self.accumulator} accumulator"
                 f"{', two-level' if self.two_level else ''}"
                 f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}"
+                f"{f', added into O every {self.flush_tiles} tiles' if self.flush_tiles > 1 else ''}"
                 f"{', V smoothed' if self.smooth_v else ''}")
 
 
@@ -206,6 +210,7 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
     m = torch.full((*lead, nq, 1), -math.inf, dtype=torch.float32)
     l = torch.zeros((*lead, nq, 1), dtype=torch.float32)
     o = torch.zeros((*lead, nq, d), dtype=torch.float32)
+    ntiles, run = -(-nk // kb), None  # run: the FP8 accumulator of the current group of tiles
     for t, k0 in enumerate(range(0, nk, kb)):
         acc = _mma(qv, kv_[..., k0:k0 + kb, :], qk_acc)
         s = acc * (q_rows * (sk[..., t:t + 1].unsqueeze(-1) * sm_scale))
@@ -218,7 +223,11 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
         if scheme.pv == "none" or scheme.accumulator == "fp32":
             o = o * alpha + (pq @ vt.transpose(-1, -2)).to(torch.float32)
         elif scheme.two_level_at(d):
-            o = o * alpha + _mma(pq, vt, "fp22")
+            group = scheme.flush_tiles
+            run = _mma(pq, vt, "fp22", acc=None if t % group == 0 else run * alpha)
+            o = o * alpha
+            if t % group == group - 1 or t == ntiles - 1:
+                o = o + run
         else:
             o = _mma(pq, vt, "fp22", acc=o * alpha)
         m = m_new

@@ -36,13 +36,14 @@ def test_fewer_dropped_bits_shrink_the_one_level_loss_and_leave_two_level_alone(
     assert at13[SINGLE] - at13["int8-smooth"] > 5 * abs(at19[SINGLE] - at19["int8-smooth"])
 
 
-def test_v_offsets_cost_one_level_and_smoothing_v_wins_it_back():
+def test_v_offsets_cost_one_level_and_smoothing_v_or_groups_win_it_back():
     """A constant per V channel (--v-offset) makes one-level P V sums grow with Nk, which the 13-bit
-    model truncates: one level loses to two levels there, and V smoothed (its mean subtracted before
-    the rounding, added back after) is more accurate than either."""
+    model truncates: one level loses to two levels there; V smoothed (its mean subtracted before
+    the rounding, added back after) is more accurate than either, and the accumulator carried over
+    groups of 4 tiles (Scheme.flush_tiles) stays near two levels."""
     p = subprocess.run([sys.executable, str(TOOL), "--seeds", "1", "--nq", "64", "--d", "64", "--nk", "16384",
                         "--kinds", "random", "--drop-bits", "10", "--v-offset", "2", "--variants",
-                        f"int8-smooth,{SINGLE},int8-smooth single-level V smoothed"],
+                        f"int8-smooth,{SINGLE},int8-smooth single-level V smoothed,int8-smooth added every 4 tiles"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     got = {}
@@ -51,7 +52,9 @@ def test_v_offsets_cost_one_level_and_smoothing_v_wins_it_back():
         if len(cells) == 7 and cells[0] == "random":
             got[cells[3]] = float(cells[5])
     two, one, smoothed = got["int8-smooth"], got[SINGLE], got["int8-smooth single-level V smoothed"]
+    grouped = got["int8-smooth added every 4 tiles"]
     assert one > 3 * two and smoothed < two / 2, got
+    assert two < grouped < 1.5 * two, got
 
 
 @pytest.mark.parametrize("args", [("--variants", "nope"), ("--drop-bits", "23"), ("--drop-bits", "-1"),

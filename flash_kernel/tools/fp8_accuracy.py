@@ -34,6 +34,8 @@ VARIANTS = {
     "int8 (no smoothing)": replace(fp8.SCHEMES["int8-smooth"], name="int8", smooth_k=False),
     "int8-smooth single-level fp22": replace(fp8.SCHEMES["int8-smooth"], two_level=False),
     "int8-smooth single-level above D 64": replace(fp8.SCHEMES["int8-smooth"], one_level_above=64),
+    "int8-smooth added every 4 tiles": replace(fp8.SCHEMES["int8-smooth"], flush_tiles=4),
+    "int8-smooth added every 8 tiles": replace(fp8.SCHEMES["int8-smooth"], flush_tiles=8),
     "int8-smooth V smoothed": replace(fp8.SCHEMES["int8-smooth"], smooth_v=True),
     "int8-smooth single-level V smoothed": replace(fp8.SCHEMES["int8-smooth"], two_level=False, smooth_v=True),
     "e4m3 (FA3-style)": fp8.SCHEMES["e4m3"],

@@ -238,6 +238,18 @@ FK_DEVICE float qk_to_float(uint32_t bits) {
 #define FK_FP8_SINGLE_LEVEL_D128 FK_FP8_SINGLE_LEVEL
 #endif
 
+// Two levels, the FP8 accumulator carried across this many K/V tiles (rescaled with O when a row
+// maximum moves) before it is added into O (1: a fresh accumulator a tile). The add, 64 FMAs a tile
+// at bucket 128 (one SASS instruction in nine of a turn), then comes once a group; fp8.reference
+// models it (Scheme.flush_tiles): every 4 tiles, 2.12e-3 from float64 against 1.88e-3 at Nk 32768
+// with V off zero mean, where one level is 2.39e-2 (docs/kernel.md). Compiled, not yet run on a GPU.
+#ifndef FK_FP8_FLUSH_TILES_D64
+#define FK_FP8_FLUSH_TILES_D64 1
+#endif
+#ifndef FK_FP8_FLUSH_TILES_D128
+#define FK_FP8_FLUSH_TILES_D128 1
+#endif
+
 // Block-wide maximum of non-negative floats (every thread gets it). `red`: 32 floats of shared memory.
 FK_DEVICE float block_max(float x, float *red) {
 #pragma unroll
@@ -538,6 +550,11 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
     constexpr bool kSingle = (D == 64 ? FK_FP8_SINGLE_LEVEL_D64 : FK_FP8_SINGLE_LEVEL_D128) != 0;
     static_assert(kConsumers == 2 || kSingle || D == 64, "fp8: three consumers at head dim 128 fit their registers with one level of P V only");
     float ot[kSingle ? 1 : D / 2];  // one tile's P V (the FP8 tensor core's accumulator; single level: O's)
+    // tiles a group whose P V the accumulator carries before O takes it (FK_FP8_FLUSH_TILES_*); with
+    // groups, O and the accumulator follow the running maxima at once (no lag, as with one level)
+    constexpr int kGroup = D == 64 ? FK_FP8_FLUSH_TILES_D64 : FK_FP8_FLUSH_TILES_D128;
+    static_assert(kGroup >= 1, "fp8: a group is one tile or more");
+    constexpr bool kGrouped = kGroup > 1 && !kSingle;
     uint32_t pf[BN / 32][4]; // P as e4m3 A fragments, one per k32 group of keys
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f, pa0 = 0.0f, pa1 = 0.0f;
 
@@ -549,7 +566,8 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
         for (int ks = 0; ks < T::kKSteps; ++ks)
             wgmma::OpsFp8::ss_s8_n128(si, smem_desc(sq_wg + ks * 32, 16, 1024), smem_desc(kb + ks * 32, 16, 1024), ks > 0);
     };
-    auto issue_pv = [&](int st) {
+    auto issue_pv = [&](int st, int t) {  // tile t's P V from slot st
+        const bool fresh = !kGrouped || t % kGroup == 0;  // the accumulator starts over
         const uint32_t vb = sv + st * T::kVTileBytes;
 #pragma unroll
         for (int kk = 0; kk < BN / 32; ++kk) {
@@ -558,8 +576,8 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
                 if constexpr (D == 128) wgmma::OpsFp8::rs_e4m3_n128(o, pf[kk], db, 1);
                 else wgmma::OpsFp8::rs_e4m3_n64(o, pf[kk], db, 1);
             } else {
-                if constexpr (D == 128) wgmma::OpsFp8::rs_e4m3_n128(ot, pf[kk], db, kk > 0);
-                else wgmma::OpsFp8::rs_e4m3_n64(ot, pf[kk], db, kk > 0);
+                if constexpr (D == 128) wgmma::OpsFp8::rs_e4m3_n128(ot, pf[kk], db, kk > 0 || !fresh);
+                else wgmma::OpsFp8::rs_e4m3_n64(ot, pf[kk], db, kk > 0 || !fresh);
             }
         }
     };
@@ -646,7 +664,10 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
     };
     // O = O * (the factors that came with this P) + the tile's P V
     auto add_tile = [&] {
-        if constexpr (!kSingle) {
+        if constexpr (kGrouped) {  // the group's sum, in O's scale already
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] += ot[i];
+        } else if constexpr (!kSingle) {
 #pragma unroll
             for (int t = 0; t < D / 8; ++t) {
                 o[4 * t] = fmaf(o[4 * t], pa0, ot[4 * t]);
@@ -701,7 +722,7 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
         wg_fence();
         issue_s(st);
         wg_commit();
-        issue_pv(pst);
+        issue_pv(pst, j - 1);
         wg_commit();
         their_turn();
         wg_wait<1>();
@@ -713,6 +734,15 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
         release(pst);
         if constexpr (kSingle) {
             rescale_o(a0, a1);
+        } else if constexpr (kGrouped) {
+            // tile j - 1 closes its group: O takes the sum and the accumulator starts over; then O
+            // (and a group still open) to the new maxima before P(j) V adds to them
+            const bool closes = (j - 1) % kGroup == kGroup - 1;
+            if (closes) add_tile();
+            if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
+                wgmma::scale_rows(o, a0, a1);
+                if (!closes) wgmma::scale_rows(ot, a0, a1);
+            }
         } else {
             add_tile();
             pa0 = a0;
@@ -726,7 +756,7 @@ __global__ void __launch_bounds__(Fp8Tile<D>::kThreads, 1) attention_kernel(Fp8P
         my_turn();
         fence_acc();
         wg_fence();
-        issue_pv(pst);
+        issue_pv(pst, ntiles - 1);
         wg_commit();
         their_turn();
         wg_wait<0>();
