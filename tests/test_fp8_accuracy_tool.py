@@ -15,9 +15,10 @@ TOOL = ROOT / "flash_kernel" / "tools" / "fp8_accuracy.py"
 SINGLE = "int8-smooth single-level fp22"
 
 
-def rows(*args: str) -> dict[str, float]:
+def rows(*args: str, variants: str = f"int8-smooth,{SINGLE}") -> dict[str, float]:
+    """Worst rel-L2 per variant of one tool run (D 64, Nk 16384, one seed, random inputs)."""
     p = subprocess.run([sys.executable, str(TOOL), "--seeds", "1", "--nq", "64", "--d", "64", "--nk", "16384",
-                        "--kinds", "random", "--variants", f"int8-smooth,{SINGLE}", *args],
+                        "--kinds", "random", "--variants", variants, *args],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     out = {}
@@ -41,16 +42,8 @@ def test_v_offsets_cost_one_level_and_smoothing_v_or_groups_win_it_back():
     model truncates: one level loses to two levels there; V smoothed (its mean subtracted before
     the rounding, added back after) is more accurate than either, and the accumulator carried over
     groups of 4 tiles (Scheme.flush_tiles) stays near two levels."""
-    p = subprocess.run([sys.executable, str(TOOL), "--seeds", "1", "--nq", "64", "--d", "64", "--nk", "16384",
-                        "--kinds", "random", "--drop-bits", "10", "--v-offset", "2", "--variants",
-                        f"int8-smooth,{SINGLE},int8-smooth single-level V smoothed,int8-smooth added every 4 tiles"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
-    got = {}
-    for line in p.stdout.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 7 and cells[0] == "random":
-            got[cells[3]] = float(cells[5])
+    got = rows("--drop-bits", "10", "--v-offset", "2",
+               variants=f"int8-smooth,{SINGLE},int8-smooth single-level V smoothed,int8-smooth added every 4 tiles")
     two, one, smoothed = got["int8-smooth"], got[SINGLE], got["int8-smooth single-level V smoothed"]
     grouped = got["int8-smooth added every 4 tiles"]
     assert one > 3 * two and smoothed < two / 2, got
