@@ -71,6 +71,9 @@ class Scheme:
     # two-level: the FP8 accumulator carries P V across this many K/V tiles (rescaled with O when
     # a row maximum moves) before it is added into the float32 O; 1: a fresh accumulator a tile
     flush_tiles: int = 1
+    # each row's sum of P: "fp32", P unrounded summed in float32 (a softmax's FADDs); "mma", P as
+    # rounded summed by the tensor core beside P V (V with a column of ones), in P V's accumulator
+    rowsum: str = "fp32"
 
     def two_level_at(self, head_dim: int) -> bool:
         """Whether P V is summed two-level at this head dim."""
@@ -82,7 +85,8 @@ class Scheme:
                 f"{', two-level' if self.two_level else ''}"
                 f"{f' (one level above head dim {self.one_level_above})' if self.two_level and self.one_level_above else ''}"
                 f"{f', added into O every {self.flush_tiles} tiles' if self.flush_tiles > 1 else ''}"
-                f"{', V smoothed' if self.smooth_v else ''}")
+                f"{', V smoothed' if self.smooth_v else ''}"
+                f"{', row sums in the tensor core' if self.rowsum == 'mma' else ''}")
 
 
 SCHEMES = {
@@ -207,9 +211,11 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
     qk_acc = "fp32" if scheme.qk in ("int8", "none") else scheme.accumulator
 
     lead = q.shape[:-2]
+    # rowsum "mma": V^T gains a row of ones, so O's column d is l (times p_scale), summed as P V is
+    mma_rows = scheme.rowsum == "mma" and scheme.pv == "e4m3"
     m = torch.full((*lead, nq, 1), -math.inf, dtype=torch.float32)
     l = torch.zeros((*lead, nq, 1), dtype=torch.float32)
-    o = torch.zeros((*lead, nq, d), dtype=torch.float32)
+    o = torch.zeros((*lead, nq, d + mma_rows), dtype=torch.float32)
     ntiles, run = -(-nk // kb), None  # run: the FP8 accumulator of the current group of tiles
     for t, k0 in enumerate(range(0, nk, kb)):
         acc = _mma(qv, kv_[..., k0:k0 + kb, :], qk_acc)
@@ -217,9 +223,12 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         alpha = torch.exp(m - m_new)
         p = torch.exp(s - m_new)
-        l = l * alpha + p.sum(dim=-1, keepdim=True)
+        if not mma_rows:
+            l = l * alpha + p.sum(dim=-1, keepdim=True)
         pq = (to_e4m3(p * p_scale) if scheme.pv == "e4m3" else p).double()
         vt = vv[..., k0:k0 + kb, :].transpose(-1, -2)
+        if mma_rows:
+            vt = torch.cat([vt, torch.ones_like(vt[..., :1, :])], dim=-2)
         if scheme.pv == "none" or scheme.accumulator == "fp32":
             o = o * alpha + (pq @ vt.transpose(-1, -2)).to(torch.float32)
         elif scheme.two_level_at(d):
@@ -231,6 +240,8 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
         else:
             o = _mma(pq, vt, "fp22", acc=o * alpha)
         m = m_new
+    if mma_rows:
+        o, l = o[..., :d], o[..., d:] / p_scale
     out = o / (l * p_scale) * sv
     if v_mean is not None:
         out = out + v_mean

@@ -146,6 +146,34 @@ def test_fp22_truncates_to_13_mantissa_bits():
     assert fp8.fp22(one).tolist() == [1.0 + 2 ** -13, 1.0, -1.0]
 
 
+def test_row_sums_in_the_tensor_core_weigh_v_by_weights_that_sum_to_one():
+    """rowsum="mma" sums P as rounded to e4m3, in the same accumulator as P V: with every key's V
+    the same, O / l is that V to float32 rounding. P summed unrounded (rowsum="fp32") is off by
+    the e4m3 rounding of P."""
+    g = gen(29)
+    q, k = (normal((1, 2, n, 128), g) for n in (64, 700))
+    v = torch.full((1, 2, 700, 128), 0.75)
+    ideal = replace(fp8.CHOSEN, accumulator="fp32")
+    mma = fp8.reference(q, k, v, scheme=replace(ideal, rowsum="mma"))
+    summed = fp8.reference(q, k, v, scheme=replace(ideal, rowsum="fp32"))
+    assert (mma - 0.75).abs().max() < 1e-6, SEED
+    assert (summed - 0.75).abs().max() > 1e-4, SEED
+
+
+def test_one_level_row_sums_in_the_accumulator_lose_as_o_does_and_cancel():
+    """One level with V off zero mean: O's sums grow with Nk and the truncating accumulator model
+    loses a share of them; l summed beside them (rowsum="mma") loses the same share, so O / l
+    keeps close to two levels' error, where l summed in float32 does not."""
+    g = gen(31)
+    q, k = (normal((1, 1, n, 64), g) for n in (32, 16384))
+    v = (torch.randn(1, 1, 16384, 64, generator=g) + 2.0 * torch.randn(1, 1, 1, 64, generator=g)).bfloat16()
+    exact = torch.softmax((q.double() @ k.double().transpose(-1, -2)) / 8.0, -1) @ v.double()
+    one = replace(fp8.CHOSEN, two_level=False, one_level_above=None)
+    err = {rs: errors(fp8.reference(q, k, v, scheme=replace(one, rowsum=rs)), exact)[1] for rs in ("fp32", "mma")}
+    two = errors(fp8.reference(q, k, v, scheme=replace(fp8.CHOSEN, one_level_above=None)), exact)[1]
+    assert err["mma"] < 2 * two < err["fp32"] / 2, (SEED, err, two)
+
+
 def test_constant_blocks_get_a_unit_scale_and_no_nan():
     # every key the same (0.7 in every channel): smoothed K is all zero, its scale must not be 0
     q = torch.full((1, 1, 70, 64), 0.25).bfloat16()
