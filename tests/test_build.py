@@ -224,6 +224,32 @@ def test_defaults_skip_missing_toolchains_and_reuse_a_current_cpu_build(cpu_buil
 
 # ---- the command line ---------------------------------------------------------------------------
 
+def test_a_define_builds_a_variant_recorded_in_its_provenance(tmp_path):
+    """--define FK_NAME=INT reaches the compiler as -DFK_NAME=INT after the target's own flags and
+    is recorded in provenance.json (flags, note) and build.json, so a variant's library says what
+    it is; ensure_built (the default build) does not take that folder's build as current."""
+    out = tmp_path / "variant"
+    cp = run_cli("build", "--target", "cpu", "--define", "FK_FP8_FLUSH_TILES_D128=4", "-D", "FK_SOME_SWITCH=-1",
+                 "--out", str(out))
+    assert cp.returncode == 0, cp.stderr
+    prov = json.loads((out / "cpu" / "provenance.json").read_text())
+    assert prov["flags"][-2:] == ["-DFK_FP8_FLUSH_TILES_D128=4", "-DFK_SOME_SWITCH=-1"]
+    assert prov["command"][1:len(prov["flags"]) + 1] == prov["flags"]
+    assert "variant build" in prov["note"]
+    assert "-DFK_FP8_FLUSH_TILES_D128=4" in (out / "build.json").read_text()
+    assert ensure_built(["cpu"], out).targets[0].reason != "up to date (provenance matches)"
+
+
+@pytest.mark.parametrize("define", ["FK_X", "FK_X=", "X=1", "fk_x=1", "FK_X=abc", "FK_X=1 -o/tmp/x", "FK_X=1;id",
+                                    "FK_X=1\n##[warning]x", "FK_X=99999999999", "FK_TARGET=1", "FK_WGMMA=0"])
+def test_a_bad_define_is_a_usage_error_before_any_compile(tmp_path, define):
+    cp = run_cli("build", "--target", "sm_90a", "--target", "cpu", "--define", define, "--out", str(tmp_path / "o"))
+    assert cp.returncode == 2, cp.stderr
+    line = cp.stderr.strip()
+    assert line.startswith("error: --define ") and "\n" not in line and "Traceback" not in cp.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_unknown_target_is_a_usage_error(tmp_path):
     cp = run_cli("build", "--target", "gfx9999", "--target", "cpu", "--out", str(tmp_path / "o"))
     assert cp.returncode == 2

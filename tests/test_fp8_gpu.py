@@ -6,13 +6,17 @@ Two bars, both on fresh random inputs every run, outputs poisoned with NaN first
   sits to exact attention (half that distance), or the kernel is not running the scheme;
 * the accuracy gates (audit.evidence.precision) against float64: random inputs and DiT-shaped ones.
 
-Marker `gpu`: skipped where torch sees no CUDA device (CI) or the device is not cc 9.0.
+Marker `gpu`: skipped where torch sees no CUDA device (CI) or the device is not cc 9.0. A variant
+build: FLASH_KERNEL_BUILD names its folder (`sovereign-audit build --define ...`) and
+FK_FP8_TEST_SCHEME the oracle's fields it changes (e.g. "flush_tiles=4"; see _oracle).
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import os
+from dataclasses import replace
 
 import pytest
 
@@ -29,6 +33,24 @@ from audit.evidence.precision import FP8_DIT_GATES, FP8_GATES  # noqa: E402
 from test_kernel_gpu import _assert_built_from_this_tree, _build  # noqa: E402
 
 FP8_DIMS = list(range(32, 129, 8))  # the FP8 kernel's head dims
+
+
+def _oracle():
+    """The scheme the library under test runs: fp8.CHOSEN, or for a variant build (FLASH_KERNEL_BUILD
+    naming the folder of `sovereign-audit build --define ...`) CHOSEN with the fields that
+    FK_FP8_TEST_SCHEME sets, e.g. "flush_tiles=4" or "one_level_above=64,rowsum=mma"."""
+    kinds = {"flush_tiles": int, "one_level_above": lambda x: None if x == "none" else int(x),
+             "two_level": lambda x: {"0": False, "1": True}[x], "rowsum": lambda x: {"fp32": x, "mma": x}[x]}
+    fields = {}
+    for item in filter(None, os.environ.get("FK_FP8_TEST_SCHEME", "").split(",")):
+        name, _, value = item.partition("=")
+        if name not in kinds:
+            raise ValueError(f"FK_FP8_TEST_SCHEME: {name!r} is not one of {', '.join(kinds)}")
+        fields[name] = kinds[name](value)
+    return replace(fp8.CHOSEN, **fields)
+
+
+ORACLE = _oracle()
 SHAPES = [  # (B, H, Nq, Nk): ragged query and key tiles, Nq != Nk, one key, one query
     (2, 3, 77, 1000),
     (1, 2, 1000, 77),
@@ -110,7 +132,7 @@ def _cos(a, b):
 
 def _check(out, q, k, v, gates, scale=None):
     assert torch.isfinite(out).all(), "NaN/Inf in the output: an element was not written?"
-    ref = fp8.reference(q.cpu(), k.cpu(), v.cpu(), scale)
+    ref = fp8.reference(q.cpu(), k.cpu(), v.cpu(), scale, scheme=ORACLE)
     exact, _ = _f64(q, k, v, scale)
     to_ref, ref_err = _rel(out, ref), _rel(ref, exact)
     assert to_ref <= 0.5 * ref_err + 1e-3, f"kernel vs the fp8 reference {to_ref:.3e}, reference vs float64 {ref_err:.3e}"
@@ -197,7 +219,7 @@ def test_layout_lse_and_scale(lib, layout, dit):
     else:
         out, lse = _fp8_into(lib, q, k, v, layout, lse=True, scale=scale)
     _check(out, q, k, v, FP8_DIT_GATES if dit else FP8_GATES, scale)
-    _, ref_lse = fp8.reference(q.cpu(), k.cpu(), v.cpu(), scale, return_lse=True)
+    _, ref_lse = fp8.reference(q.cpu(), k.cpu(), v.cpu(), scale, scheme=ORACLE, return_lse=True)
     _, exact_lse = _f64(q, k, v, scale)
     assert torch.isfinite(lse).all()
     got = lse.double().cpu()
@@ -252,7 +274,7 @@ def test_more_than_65535_heads(lib):
     q, k, v = _inputs(1, 65535 + 7, 3, 5, 64, torch.bfloat16, gen)
     out = _fp8_into(lib, q, k, v)
     assert torch.isfinite(out).all()
-    ref = fp8.reference(q.cpu(), k.cpu(), v.cpu())
+    ref = fp8.reference(q.cpu(), k.cpu(), v.cpu(), scheme=ORACLE)
     assert _rel(out, ref) < 2e-2
 
 

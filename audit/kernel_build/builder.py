@@ -119,20 +119,29 @@ def first_error_line(log: str, returncode: int | None) -> str:
     return f"the compiler exited with status {returncode}"
 
 
-def build_targets(targets: list[str] | None, out: Path, jobs: int | None = None) -> BuildResult:
+def build_targets(targets: list[str] | None, out: Path, jobs: int | None = None,
+                  defines: tuple[str, ...] = ()) -> BuildResult:
     """Build each target into out/<target>/ (defaults: gfx1030, sm_90a and sm_90 where their
-    toolchains exist, and cpu always). Never raises for a failed compile: see each TargetBuild's status."""
+    toolchains exist, and cpu always), with `defines` ("FK_NAME=INTEGER", the kernel's switches)
+    added to every compile. Never raises for a failed compile: see each TargetBuild's status; a bad
+    define is a UsageError before anything is compiled."""
     names, explicit = resolve_targets(targets)
-    return _build_names(names, explicit, Path(out), jobs)
+    try:
+        parsed = tuple(tg.parse_define(d) for d in defines)
+        specs = {n: tg.with_defines(s, parsed) for n, s in tg.all_specs().items() if n in names}
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return _build_names(names, explicit, Path(out), jobs, specs)
 
 
-def _build_names(names: list[str], explicit: bool, out: Path, jobs: int | None = None) -> BuildResult:
+def _build_names(names: list[str], explicit: bool, out: Path, jobs: int | None = None,
+                 specs: dict[str, tg.TargetSpec] | None = None) -> BuildResult:
     result = BuildResult(out_dir=str(out), requested=names if explicit else [], started_at=_now())
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"cannot create the build folder {str(out)!r}: {exc.strerror or exc}") from None
-    specs = tg.all_specs()
+    specs = specs or tg.all_specs()
     root = source_root()
     toolchains: dict[str, Toolchain | ToolchainMissing] = {}
     for name in names:

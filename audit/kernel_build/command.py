@@ -24,16 +24,20 @@ def _one_line(text: str) -> str:
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=Path("build"),
               show_default=True, help="Build folder: DIR/<target>/libflash_kernel.so + provenance.json.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None, help="Parallel compiles (default: CPUs).")
+@click.option("--define", "-D", "defines", multiple=True, metavar="FK_NAME=INT",
+              help="A kernel switch for a variant build (flash_kernel's FK_* macros, integer values, e.g. "
+                   "FK_FP8_FLUSH_TILES_D128=4); repeatable; recorded in each provenance.json's flags. "
+                   "Build variants into their own --out folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the BuildResult as JSON.")
 @click.pass_context
-def build(ctx, targets, out, jobs, as_json):
+def build(ctx, targets, out, jobs, defines, as_json):
     """Build the flash kernel for each target, with provenance.json beside each library.
 
     \b
     Exit codes: 0 every requested target built; 1 one failed (or a requested
-    target's toolchain is missing); 2 unknown target.
+    target's toolchain is missing); 2 unknown target or a bad --define.
     """
-    result = build_targets(list(targets) or None, out, jobs=jobs)
+    result = build_targets(list(targets) or None, out, jobs=jobs, defines=tuple(defines))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:

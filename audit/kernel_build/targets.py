@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 CPU_SOURCE = "flash_kernel/src/fk_cpu.cpp"
@@ -130,6 +130,35 @@ def cuda_cubins(name: str) -> tuple[str, ...]:
 def amd_spec(name: str) -> TargetSpec:
     return TargetSpec(name, "amd", "hipcc", GPU_SOURCE, HIPCC_FLAGS + (f"--offload-arch={name}", f'-DFK_TARGET="{name}"'),
                       env=dict(HIPCC_ENV), flash_path="generic")
+
+
+# --define NAME=VALUE: one of the kernel's own switches (flash_kernel's FK_* macros, integers), so a
+# variant is built through the same command and provenance as the default; nothing else reaches
+# the compiler's command line.
+_DEFINE = re.compile(r"(FK_[A-Z0-9_]{1,60})=(-?[0-9]{1,9})")
+
+
+def parse_define(text: str) -> tuple[str, str]:
+    """(NAME, VALUE) of one --define, or ValueError saying what a define must be."""
+    m = _DEFINE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"--define {text!r}: expected FK_NAME=INTEGER (one of the kernel's switches, "
+                         f"e.g. FK_FP8_FLUSH_TILES_D128=4)")
+    return m.group(1), m.group(2)
+
+
+def with_defines(spec: TargetSpec, defines: tuple[tuple[str, str], ...]) -> TargetSpec:
+    """spec with -DNAME=VALUE appended to its flags (recorded in provenance like the rest); a name
+    the target itself defines (FK_TARGET, FK_WGMMA, ...) is a ValueError."""
+    if not defines:
+        return spec
+    own = {f[2:].split("=", 1)[0] for f in spec.flags if f.startswith("-D")}
+    for name, _ in defines:
+        if name in own:
+            raise ValueError(f"--define {name}: target {spec.name} sets {name} itself")
+    extra = tuple(f"-D{n}={v}" for n, v in defines)
+    return replace(spec, flags=spec.flags + extra, note=(spec.note + "; " if spec.note else "") +
+                   "variant build: " + " ".join(extra))
 
 
 def all_specs() -> dict[str, TargetSpec]:
