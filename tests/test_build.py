@@ -250,6 +250,12 @@ def test_a_bad_define_is_a_usage_error_before_any_compile(tmp_path, define):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_define_given_twice_is_a_usage_error(tmp_path):
+    cp = run_cli("build", "--target", "cpu", "-D", "FK_X=1", "-D", "FK_X=2", "--out", str(tmp_path / "o"))
+    assert cp.returncode == 2 and cp.stderr.strip() == "error: --define FK_X: given more than once"
+    assert not (tmp_path / "o").exists()
+
+
 def test_unknown_target_is_a_usage_error(tmp_path):
     cp = run_cli("build", "--target", "gfx9999", "--target", "cpu", "--out", str(tmp_path / "o"))
     assert cp.returncode == 2

@@ -153,7 +153,10 @@ def with_defines(spec: TargetSpec, defines: tuple[tuple[str, str], ...]) -> Targ
     if not defines:
         return spec
     own = {f[2:].split("=", 1)[0] for f in spec.flags if f.startswith("-D")}
-    for name, _ in defines:
+    names = [n for n, _ in defines]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"--define {name}: given more than once")
         if name in own:
             raise ValueError(f"--define {name}: target {spec.name} sets {name} itself")
     extra = tuple(f"-D{n}={v}" for n, v in defines)
