@@ -504,7 +504,7 @@ class _Kind:
         self.host = lib.is_host
         self.layout = layout
         # the low pointer bits a GPU library's 16-byte loads need clear (the strides are the kind's)
-        self.misaligned = 0 if lib.is_host else VECTOR_BYTES - 1
+        self.misaligned = 0 if self.host else VECTOR_BYTES - 1
         self.dense = dense  # q's strides are already those of a dense tensor of its shape
         # the return_lse calls' template: the same, with the strides of lse_like's output
         b, h, n = template.batch, template.heads, template.nq

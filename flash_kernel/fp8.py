@@ -216,7 +216,7 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
     m = torch.full((*lead, nq, 1), -math.inf, dtype=torch.float32)
     l = torch.zeros((*lead, nq, 1), dtype=torch.float32)
     o = torch.zeros((*lead, nq, d + mma_rows), dtype=torch.float32)
-    ntiles, run = -(-nk // kb), None  # run: the FP8 accumulator of the current group of tiles
+    run = None  # the FP8 accumulator of the current group of tiles
     for t, k0 in enumerate(range(0, nk, kb)):
         acc = _mma(qv, kv_[..., k0:k0 + kb, :], qk_acc)
         s = acc * (q_rows * (sk[..., t:t + 1].unsqueeze(-1) * sm_scale))
@@ -235,7 +235,7 @@ def reference(q, k, v, scale: float | None = None, scheme: Scheme = CHOSEN, retu
             group = scheme.flush_tiles
             run = _mma(pq, vt, "fp22", acc=None if t % group == 0 else run * alpha)
             o = o * alpha
-            if t % group == group - 1 or t == ntiles - 1:
+            if t % group == group - 1 or k0 + kb >= nk:  # a group's last tile, or Nk's
                 o = o + run
         else:
             o = _mma(pq, vt, "fp22", acc=o * alpha)

@@ -669,10 +669,10 @@ struct MmaTile {
 #endif
 // Consumer warpgroups at bucket 64: 3 (BM 192, FlashAttention-3's tile at head dim 64; 160
 // registers a consumer thread, Q from shared memory; taking turns in rotation), or 2 (BM 128, Q in
-// registers with FK_WGMMA_Q_REGS_D64=1). Measured on an H100 (docs/perf.md "The kernel's variants
-// beside FlashAttention-4 (H100)"), bf16: three consumers 1.09-1.20x the speed of two at head dims
-// 32 and 64 (16k-18k tokens, LTX-Video), level with FlashAttention-4 or ahead where two trailed it
-// by 5-12 %.
+// registers with FK_WGMMA_Q_REGS_D64=1). Measured on an H100 (docs/perf.md, "What was tried" and
+// "The current defaults' correctness runs"), bf16: three consumers 1.09-1.20x the speed of two at
+// head dims 32 and 64 (16k-18k tokens, LTX-Video), level with FlashAttention-4 or ahead where two
+// trailed it by 5-12 %.
 #ifndef FK_WGMMA_CONSUMERS_D64
 #define FK_WGMMA_CONSUMERS_D64 3
 #endif
